@@ -1,0 +1,1 @@
+"""ngcx: version-pinned GPU containers from catalog to cloud GPU."""

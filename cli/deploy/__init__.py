@@ -1,0 +1,1 @@
+"""Deploy targets: one module per target (local, aliyun, aws), same interface."""

@@ -1,0 +1,1 @@
+"""ngcx-runtime: optimize, serve, bench and inspect models inside every ngcx image."""

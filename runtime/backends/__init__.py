@@ -1,0 +1,1 @@
+"""Inference backends: real engines only (TensorRT, ONNX Runtime, PyTorch)."""
