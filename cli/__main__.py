@@ -1,0 +1,3 @@
+from ngcx.main import main
+
+main()

@@ -1,0 +1,72 @@
+"""The `ngcx` command: a typer app whose subcommands live one module per stage of the flow.
+
+Start-up must stay fast (`ngcx --help` < 0.3 s): command modules import only typer and the
+standard library at module level; catalogs, Jinja2, the Docker SDK and cloud SDKs are imported
+inside the command functions that need them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+from ngcx.errors import CheckFailed, UserError
+
+# Each module exposes register(app: typer.Typer). Order = order in `ngcx --help`.
+COMMAND_MODULES = (
+    "catalog", "render", "base", "build", "test", "push", "login", "run", "images", "doctor",
+)
+
+
+def build_app() -> typer.Typer:
+    """Assemble the CLI from the stage modules."""
+    app = typer.Typer(
+        name="ngcx",
+        help="Version-pinned GPU containers: catalog -> Dockerfile -> verified image -> registry -> GPU.",
+        no_args_is_help=True,
+        add_completion=False,
+        rich_markup_mode=None,
+        pretty_exceptions_enable=False,
+    )
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"ngcx.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"ngcx.{name}":
+                raise
+            continue  # stage not implemented in this checkout
+        module.register(app)
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the app, turning user errors into one line and exit code 2."""
+    app = build_app()
+    try:
+        app(args=argv, standalone_mode=False)
+    except UserError as exc:
+        print(f"ngcx: error: {exc.line()}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except CheckFailed:
+        sys.exit(CheckFailed.exit_code)
+    except KeyboardInterrupt:
+        print("ngcx: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except SystemExit:
+        raise
+    except Exception as exc:  # click usage errors arrive here in non-standalone mode
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            sys.exit(2)
+        if isinstance(exc, click.exceptions.Abort):
+            sys.exit(1)
+        raise
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Where ngcx finds its data (catalog, recipes, images) and keeps its state.
+
+Why two data locations: in a source checkout or editable install the catalog lives at the repo
+root (the design card's layout); an installed wheel carries the same files as ngcx/_data.
+State (SQLite, credentials, build contexts) lives outside the repo and outside any image.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def data_dir() -> Path:
+    """Folder holding registry.yaml, images/ and recipes/."""
+    override = os.environ.get("NGCX_DATA_DIR")
+    if override:
+        return Path(override)
+    here = Path(__file__).resolve().parent
+    packaged = here / "_data"
+    if (packaged / "registry.yaml").is_file():
+        return packaged
+    return here.parent
+
+
+def registry_file() -> Path:
+    return data_dir() / "registry.yaml"
+
+
+def recipes_dir() -> Path:
+    return data_dir() / "recipes"
+
+
+def images_dir() -> Path:
+    return data_dir() / "images"
+
+
+def runtime_src_dir() -> Path:
+    """The ngcx_runtime package source, copied into every build context."""
+    return Path(__file__).resolve().parent.parent / "runtime" if not (
+        Path(__file__).resolve().parent / "_data").is_dir() else _installed_runtime()
+
+
+def _installed_runtime() -> Path:
+    import ngcx_runtime
+
+    return Path(ngcx_runtime.__file__).resolve().parent
+
+
+def state_dir() -> Path:
+    """Per-user state: $NGCX_STATE_DIR, else $XDG_STATE_HOME/ngcx, else ~/.local/state/ngcx."""
+    override = os.environ.get("NGCX_STATE_DIR")
+    if override:
+        base = Path(override)
+    else:
+        xdg = os.environ.get("XDG_STATE_HOME")
+        base = Path(xdg) / "ngcx" if xdg else Path.home() / ".local" / "state" / "ngcx"
+    base.mkdir(parents=True, exist_ok=True)
+    return base
+
+
+def config_dir() -> Path:
+    """Per-user config (credentials file fallback): $NGCX_CONFIG_DIR or ~/.config/ngcx."""
+    override = os.environ.get("NGCX_CONFIG_DIR")
+    base = Path(override) if override else Path(
+        os.environ.get("XDG_CONFIG_HOME", str(Path.home() / ".config"))) / "ngcx"
+    base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return base
