@@ -1,0 +1,165 @@
+"""`ngcx catalog ls | show | check`: read and validate the catalog (registry.yaml).
+
+This module stays light (typer + stdlib) so the CLI starts fast; the schema, rules and
+completion live in ngcx.catalog.model and are imported on first use.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from ngcx.catalog.model import Catalog, Release
+
+# Option types live at module level: typer resolves annotations against module globals.
+CatalogOpt = Annotated[Path | None, typer.Option("--catalog", help="Catalog file (default: shipped registry.yaml).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+def load_catalog(path: str | Path | None = None) -> Catalog:
+    """Load, validate and complete a catalog (default: the shipped registry.yaml)."""
+    from ngcx.catalog.model import load_catalog as _load
+
+    return _load(path)
+
+
+def release_summary(rel: Release) -> dict:
+    """What `catalog show` reports for one release (also used by --json)."""
+    return {
+        "image": rel.image,
+        "release": rel.tag,
+        "ref": rel.ref,
+        "base": {"profile": rel.spec.base, "image": rel.base.image, "offline": rel.base.offline},
+        "python": rel.spec.python,
+        "cuda": rel.cuda,
+        "pins": {p.component: {"wheel": p.wheel, "version": p.version} for p in rel.pins},
+        "framework": {"wheel": rel.framework.wheel, "version": rel.framework.version} if rel.framework else None,
+        "extras": list(rel.extras),
+        "min_driver": rel.min_driver,
+        "min_driver_by_gpu": rel.arch_min_driver,
+        "full_feature_driver": rel.full_driver,
+        "compute_capabilities": list(rel.compute_capabilities),
+        "nvidia_require_cuda": rel.require_cuda,
+    }
+
+
+def _ls(json_out: bool, catalog_file: Path | None) -> None:
+    from ngcx import output
+
+    cat = load_catalog(catalog_file)
+    rows = []
+    for rel in cat.all_releases():
+        img = cat.image(rel.image)
+        rows.append({
+            "ref": rel.ref, "cuda": rel.cuda,
+            "cudnn": rel.pin("cudnn").version if rel.pin("cudnn") else None,
+            "nccl": rel.pin("nccl").version if rel.pin("nccl") else None,
+            "framework": rel.framework.requirement if rel.framework else None,
+            "python": rel.spec.python, "min_driver": rel.min_driver,
+            "buildable_here": img.buildable,
+            "newest": cat.newest(rel.image).tag == rel.tag,
+        })
+    if json_out:
+        output.emit_json(rows)
+        return
+    output.table(f"ngcx catalog ({cat.source})",
+                 ["image:release", "CUDA", "cuDNN", "NCCL", "framework", "python", "min driver", "note"],
+                 [[r["ref"] + (" *" if r["newest"] else ""), r["cuda"], r["cudnn"], r["nccl"],
+                   r["framework"] or "-", r["python"], r["min_driver"],
+                   "" if r["buildable_here"] else "render-only"] for r in rows])
+    print("* = newest release (what a bare image name means)")
+
+
+def _show(ref: str, json_out: bool, catalog_file: Path | None) -> None:
+    from ngcx import output
+
+    cat = load_catalog(catalog_file)
+    rel = cat.resolve(ref)
+    data = release_summary(rel)
+    data["built"] = _built_images(rel)
+    if json_out:
+        output.emit_json(data)
+        return
+    print(f"{rel.ref}  —  {cat.image(rel.image).description}")
+    print(f"  base      {rel.base.image}  (offline: {rel.base.offline or '-'}), python {rel.spec.python}")
+    print(f"  CUDA      {rel.cuda}")
+    for p in rel.pins:
+        print(f"  {p.component:<9} {p.wheel}=={p.version}")
+    if rel.framework:
+        print(f"  framework {rel.framework.requirement}")
+    for extra in rel.extras:
+        print(f"  extra     {extra}")
+    print(f"  driver    >= {rel.min_driver} (full feature set: >= {rel.full_driver})")
+    for cc, drv in rel.arch_min_driver.items():
+        print(f"            compute capability {cc} needs >= {drv}")
+    print(f"  GPUs      compute capability {', '.join(rel.compute_capabilities)}")
+    print(f"  NVIDIA_REQUIRE_CUDA {rel.require_cuda.split(' ')[0]} (+{len(rel.require_cuda.split(' ')) - 1} branch groups)")
+    for b in data["built"]:
+        print(f"  built     {b['tag']}  {output.human_size(b['size_bytes'])}  {b['digest'] or b['image_id']}")
+
+
+def _built_images(rel: Release) -> list[dict]:
+    """Builds of this release recorded in the state store (empty when none or no store)."""
+    try:
+        from ngcx import state
+    except ImportError:
+        return []
+    try:
+        return [b for b in state.list_builds() if b["image"] == rel.image and b["release"] == rel.tag]
+    except Exception:  # a missing/locked state store must not break `catalog show`
+        return []
+
+
+def _check(catalog_file: Path | None, json_out: bool) -> None:
+    from ngcx import output, paths
+    from ngcx.catalog.model import complete, problems_of
+    from ngcx.errors import UserError
+
+    file = catalog_file or paths.registry_file()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"cannot read catalog {file}: {exc.strerror or exc}") from None
+    try:
+        spec, problems = problems_of(text, str(file))
+    except UserError as exc:  # malformed YAML: one problem, with its line
+        spec, problems = None, [exc.line()]
+    if json_out:
+        output.emit_json({"file": str(file), "ok": not problems, "problems": problems})
+    elif problems:
+        for line in problems:
+            print(line)
+    if problems:
+        if not json_out:
+            print(f"{len(problems)} problem(s) in {file}", file=__import__("sys").stderr)
+        raise typer.Exit(2)
+    cat = complete(spec, str(file))
+    if not json_out:
+        n = len(cat.all_releases())
+        print(f"{file}: ok — {len(cat.image_names())} images, {n} releases, all compatibility rules hold")
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="Inspect and validate the catalog (registry.yaml).", no_args_is_help=True)
+
+    @group.command("ls")
+    def ls(json_out: JsonOpt = False, catalog_file: CatalogOpt = None) -> None:
+        """List every image:release with its CUDA stack."""
+        _ls(json_out, catalog_file)
+
+    @group.command("show")
+    def show(ref: Annotated[str, typer.Argument(help="IMAGE[:RELEASE]; a bare image = newest release.")],
+             json_out: JsonOpt = False, catalog_file: CatalogOpt = None) -> None:
+        """Pins, minimum driver and supported GPUs of one release."""
+        _show(ref, json_out, catalog_file)
+
+    @group.command("check")
+    def check(file: Annotated[Path | None, typer.Argument(help="Catalog to check (default: shipped).")] = None,
+              json_out: JsonOpt = False) -> None:
+        """Validate schema and every compatibility rule; exit 2 listing each violation."""
+        _check(file, json_out)
+
+    app.add_typer(group, name="catalog")
