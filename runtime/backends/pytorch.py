@@ -1,0 +1,243 @@
+"""PyTorch backend for torch.export programs (.pt2): torch.compile + CUDA graphs on a GPU.
+
+What optimize() records: the source program (copied as model.pt2), the precision, and the batch
+buckets. The compiled kernels cannot be saved portably, so loading recompiles, but the Inductor
+cache is kept inside the plan (inductor-cache/, filled while optimize warms every bucket), which
+makes the second compile on the same GPU mostly a cache read.
+
+Why buckets: mode="reduce-overhead" captures one CUDA graph per input shape; a server's dynamic
+batcher sends arbitrary batch sizes, so infer() pads each request up to the next profile size
+(and splits above the largest), keeping the set of graphs small and known in advance.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from ngcx_runtime.engine import TensorSpec
+from ngcx_runtime.errors import RuntimeUserError
+
+NAME = "pytorch"
+MODEL_SUFFIXES = (".pt2",)
+TORCH_TO_KSERVE = {
+    "float32": "FP32",
+    "float16": "FP16",
+    "bfloat16": "FP32",
+    "float64": "FP64",
+    "int64": "INT64",
+    "int32": "INT32",
+    "int8": "INT8",
+    "uint8": "UINT8",
+    "bool": "BOOL",
+}
+
+
+def availability() -> tuple[bool, str]:
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        return False, f"torch is not installed ({exc})"
+    return True, ""
+
+
+def version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def describe() -> dict[str, Any]:
+    import torch
+
+    return {"version": torch.__version__, "device": "cuda" if torch.cuda.is_available() else "cpu"}
+
+
+def _export_load(path: Path):
+    import torch
+
+    try:
+        return torch.export.load(str(path))
+    except Exception as exc:  # noqa: BLE001 - any failure means "not a torch.export program"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RuntimeUserError(
+            f"{path}: not a torch.export program ({first[:200]}); save one with "
+            "torch.export.save(torch.export.export(model, args), 'model.pt2')"
+        ) from None
+
+
+def _input_specs(ep, dtype_name: str) -> list[TensorSpec]:
+    """Inputs from the exported graph's placeholders; symbolic dims become -1."""
+    specs = []
+    user_inputs = set(ep.graph_signature.user_inputs)
+    for node in ep.graph.nodes:
+        if node.op != "placeholder" or node.name not in user_inputs:
+            continue
+        val = node.meta.get("val")
+        shape = tuple(d if isinstance(d, int) else -1 for d in val.shape)
+        dt = str(val.dtype).removeprefix("torch.")
+        if dt in ("float32", "float16", "bfloat16"):
+            dt = dtype_name
+        specs.append(TensorSpec(node.name, TORCH_TO_KSERVE.get(dt, "FP32"), shape))
+    return specs
+
+
+def _io_dtype(precision: str) -> str:
+    """Host-side dtype for float tensors: FP16 travels natively, BF16 travels as FP32 (engine.py)."""
+    return "float16" if precision == "fp16" else "float32"
+
+
+class TorchEngine:
+    """An exported program, cast to the plan's precision, compiled, behind the Engine protocol."""
+
+    backend = NAME
+
+    def __init__(self, ep, name: str, precision: str, buckets: list[int], compile_mode: str | None):
+        import torch
+
+        self.name, self.precision = name, precision
+        self._torch = torch
+        self.device = "cuda:0" if torch.cuda.is_available() else "cpu"
+        self._dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
+        self._buckets = sorted(buckets) if buckets else []
+        self.max_batch = self._buckets[-1] if self._buckets else 0
+        mod = ep.module().to(self.device)
+        if self._dtype != torch.float32:
+            mod = mod.to(self._dtype)
+        self._channels_last = any(len(s.shape) == 4 for s in _input_specs(ep, "float32"))
+        if self._channels_last:
+            mod = mod.to(memory_format=torch.channels_last)
+        self.compile_note = None
+        if compile_mode and self.device.startswith("cuda"):
+            import torch._dynamo
+
+            torch._dynamo.config.cache_size_limit = max(64, len(self._buckets) * 4)
+            mod = torch.compile(mod, mode=compile_mode, dynamic=False)
+        elif compile_mode:
+            self.compile_note = "torch.compile skipped on CPU: CUDA graphs need a GPU; running eager"
+        self._mod = mod
+        self.inputs = _input_specs(ep, _io_dtype(precision))
+        self.outputs: list[TensorSpec] = []
+        self._out_names: list[str] = []
+        self._discover_outputs(ep)
+
+    def _discover_outputs(self, ep) -> None:
+        names = list(ep.graph_signature.user_outputs)
+        out_node = next(n for n in ep.graph.nodes if n.op == "output")
+        vals = [a.meta.get("val") for a in out_node.args[0]][-len(names) :]
+        for n, v in zip(names, vals, strict=True):
+            dt = str(v.dtype).removeprefix("torch.")
+            kd = TORCH_TO_KSERVE.get(
+                _io_dtype(self.precision) if dt.startswith(("float", "bfloat")) else dt, "FP32"
+            )
+            self.outputs.append(TensorSpec(n, kd, tuple(d if isinstance(d, int) else -1 for d in v.shape)))
+            self._out_names.append(n)
+
+    def _run(self, tensors: list) -> list:
+        with self._torch.inference_mode():
+            out = self._mod(*tensors)
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        return list(outs)
+
+    def infer_device(self, tensors: list) -> list:
+        """Run on tensors already on the device (bench uses this for compute-only figures)."""
+        return self._run(tensors)
+
+    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        missing = [s.name for s in self.inputs if s.name not in feeds]
+        if missing:
+            raise RuntimeUserError(f"missing input(s) {', '.join(missing)} for model {self.name}")
+        n = len(next(iter(feeds.values())))
+        chunks = []
+        step = self.max_batch or n
+        for start in range(0, n, step):
+            part = {k: v[start : start + step] for k, v in feeds.items()}
+            chunks.append(self._infer_bucket(part, min(step, n - start)))
+        return {
+            k: np.concatenate([c[k] for c in chunks]) if len(chunks) > 1 else chunks[0][k]
+            for k in self._out_names
+        }
+
+    def _infer_bucket(self, feeds: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
+        torch = self._torch
+        bucket = next((b for b in self._buckets if b >= n), n)
+        tensors = []
+        for spec in self.inputs:
+            arr = np.ascontiguousarray(feeds[spec.name])
+            if bucket > n:
+                pad = np.zeros((bucket - n, *arr.shape[1:]), arr.dtype)
+                arr = np.concatenate([arr, pad])
+            t = torch.from_numpy(arr).to(self.device, non_blocking=False)
+            if t.is_floating_point():
+                t = t.to(self._dtype)
+            if t.dim() == 4 and self._channels_last:
+                t = t.contiguous(memory_format=torch.channels_last)
+            tensors.append(t)
+        outs = self._run(tensors)
+        result = {}
+        for name, t in zip(self._out_names, outs, strict=True):
+            t = t[:n]
+            if t.dtype == torch.bfloat16:
+                t = t.float()
+            result[name] = t.detach().cpu().numpy()
+        return result
+
+
+def _warm(engine: TorchEngine) -> float:
+    """Compile + capture every bucket once (fills the Inductor cache); returns seconds."""
+    start = time.perf_counter()
+    for b in engine._buckets:
+        feeds = {}
+        for s in engine.inputs:
+            shape = tuple(b if i == 0 else (d if d > 0 else 1) for i, d in enumerate(s.shape))
+            feeds[s.name] = np.zeros(shape, s.numpy_dtype)
+        for _ in range(3):  # reduce-overhead records the graph on the 2nd/3rd call
+            engine.infer(feeds)
+    return time.perf_counter() - start
+
+
+def _set_inductor_cache(plan_dir: Path) -> None:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(plan_dir / "inductor-cache")
+
+
+def optimize(src: Path, out_dir: Path, opts) -> dict[str, Any]:
+    ep = _export_load(src)
+    shutil.copyfile(src, out_dir / "model.pt2")
+    _set_inductor_cache(out_dir)
+    mode = "reduce-overhead"
+    engine = TorchEngine(ep, opts.name, opts.precision, opts.batch_profile, mode)
+    notes = [engine.compile_note] if engine.compile_note else []
+    warm_s = _warm(engine)
+    return {
+        "artifact": "model.pt2",
+        "device": engine.device,
+        "compile": {
+            "mode": mode if engine.device != "cpu" else None,
+            "dynamic": False,
+            "channels_last": engine._channels_last,
+            "warmup_seconds": round(warm_s, 2),
+        },
+        "inputs": [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in engine.inputs],
+        "outputs": [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in engine.outputs],
+        "notes": notes,
+    }
+
+
+def load(plan_dir: Path, manifest: dict, gpu: bool) -> TorchEngine:
+    _set_inductor_cache(plan_dir)
+    ep = _export_load(plan_dir / manifest["artifact"])
+    mode = (manifest.get("compile") or {}).get("mode") or "reduce-overhead"
+    engine = TorchEngine(
+        ep, manifest["name"], manifest["precision"], manifest.get("batch_profile") or [], mode
+    )
+    _warm(engine)
+    return engine
+
+
+def load_model(src: Path, gpu: bool, name: str) -> TorchEngine:
+    """A raw .pt2 runs eager in FP32: optimization is what `optimize` is for."""
+    return TorchEngine(_export_load(src), name, "fp32", [], None)

@@ -1,0 +1,15 @@
+"""The runtime's one user-facing error type.
+
+Why its own: ngcx-runtime ships inside slim images without the `ngcx` package, but follows the
+same rule: bad input gets one clear line and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+
+class RuntimeUserError(Exception):
+    """A problem the user can fix (bad model file, wrong flag, plan built for another GPU).
+
+    The message is one line: what is wrong, where, and how to fix it. cli.main prints it and
+    exits 2.
+    """

@@ -1,0 +1,259 @@
+"""`ngcx-runtime optimize MODEL -o PLAN_DIR`: model -> optimized artifact + manifest, cached.
+
+Why a cache: building is the slow phase (TensorRT builds take minutes; torch.compile and
+calibration take seconds to minutes), and a plan is fully determined by (model hash, backend,
+backend version, precision, batch profile, GPU arch, calibration data hash). The same inputs give
+the cached plan back at once. The plan is built in a temp dir and renamed into place, so a failed
+build leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from ngcx_runtime.errors import RuntimeUserError
+from ngcx_runtime.plan import (
+    MANIFEST,
+    PLAN_FORMAT,
+    PRECISIONS,
+    OptimizeOptions,
+    host_target,
+    runtime_version,
+    sha256_file,
+)
+
+
+@dataclass
+class OptimizeResult:
+    plan_dir: Path
+    manifest: dict[str, Any]
+    cache_hit: bool
+    seconds: float
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("NGCX_RUNTIME_CACHE") or Path.home() / ".cache" / "ngcx-runtime")
+
+
+def parse_batches(text: str) -> list[int]:
+    try:
+        sizes = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        sizes = []
+    if not sizes or sizes[0] < 1:
+        raise RuntimeUserError(
+            f"--batch {text!r}: give positive batch sizes separated by commas, e.g. 1,8,64"
+        )
+    return sizes
+
+
+def load_calibration(path: Path) -> tuple[dict[str, np.ndarray], str]:
+    """Read calibration data: an .npz whose arrays are keyed by model input name."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            data = {k: npz[k] for k in npz.files}
+    except (OSError, ValueError) as exc:
+        raise RuntimeUserError(
+            f"{path}: not a readable .npz ({str(exc).splitlines()[0]}); save it with "
+            "numpy.savez(path, input_name=array, ...)"
+        ) from None
+    if not data:
+        raise RuntimeUserError(f"{path}: holds no arrays; save one per model input, keyed by input name")
+    return data, sha256_file(path)
+
+
+def cache_key(
+    model_sha: str, backend: str, backend_version: str, opts: OptimizeOptions, target: dict[str, Any]
+) -> str:
+    parts = {
+        "model": model_sha,
+        "backend": backend,
+        "backend_version": backend_version,
+        "precision": opts.precision,
+        "batch_profile": opts.batch_profile,
+        "target": [target["name"], target["compute_capability"]],
+        "calibration": [opts.calibration_sha256, opts.calibration_method]
+        if opts.precision == "int8"
+        else None,
+        "plan_format": PLAN_FORMAT,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def options_from_manifest(manifest: dict[str, Any]) -> OptimizeOptions:
+    """Options to rebuild a plan from its manifest (used when a plan meets another GPU)."""
+    calib = manifest.get("calibration") or {}
+    data = sha = None
+    if calib.get("path") and Path(calib["path"]).is_file():
+        data, sha = load_calibration(Path(calib["path"]))
+    return OptimizeOptions(
+        precision=manifest["precision"],
+        batch_profile=manifest.get("batch_profile") or [1],
+        calibration=data,
+        calibration_sha256=sha,
+        calibration_method=calib.get("method", "entropy"),
+        name=manifest.get("name", "model"),
+    )
+
+
+def optimize(
+    model: Path,
+    out_dir: Path | None,
+    opts: OptimizeOptions,
+    backend: str | None = None,
+    calibration_path: Path | None = None,
+) -> OptimizeResult:
+    """Build (or fetch from the cache) the plan for `model`, copy it to out_dir if given."""
+    from ngcx_runtime import backends
+
+    start = time.perf_counter()
+    model = Path(model).resolve()
+    if not model.is_file():
+        raise RuntimeUserError(f"{model}: no such model file")
+    if opts.precision not in PRECISIONS:
+        raise RuntimeUserError(f"--precision {opts.precision}: choose one of {', '.join(PRECISIONS)}")
+    mod = backends.choose(model, backend)
+    target = host_target()
+    opts.gpu = target["kind"] == "gpu"
+    model_sha = sha256_file(model)
+    key = cache_key(model_sha, mod.NAME, mod.version(), opts, target)
+    entry = cache_root() / key
+    hit = (entry / MANIFEST).is_file()
+    if not hit:
+        _build(mod, model, model_sha, entry, opts, target, key, calibration_path)
+    manifest = json.loads((entry / MANIFEST).read_text())
+    plan_dir = entry
+    if out_dir is not None:
+        plan_dir = Path(out_dir)
+        _place(entry, plan_dir)
+    return OptimizeResult(plan_dir, manifest, hit, time.perf_counter() - start)
+
+
+def _build(
+    mod,
+    model: Path,
+    model_sha: str,
+    entry: Path,
+    opts: OptimizeOptions,
+    target: dict[str, Any],
+    key: str,
+    calibration_path: Path | None,
+) -> None:
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=entry.parent))
+    try:
+        fields = mod.optimize(model, tmp, opts)
+        manifest = {
+            "plan_format": PLAN_FORMAT,
+            "name": opts.name,
+            "backend": mod.NAME,
+            "backend_version": mod.version(),
+            "precision": opts.precision,
+            "batch_profile": opts.batch_profile,
+            "target": target,
+            "gpu": target["name"] if target["kind"] == "gpu" else "cpu",
+            "compute_capability": target["compute_capability"],
+            "source": {"path": str(model), "sha256": model_sha, "size": model.stat().st_size},
+            "calibration": (
+                {
+                    "path": str(calibration_path) if calibration_path else None,
+                    "sha256": opts.calibration_sha256,
+                    "method": opts.calibration_method,
+                }
+                if opts.precision == "int8"
+                else None
+            ),
+            "ngcx_runtime_version": runtime_version(),
+            "cache_key": key,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **fields,
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        try:
+            tmp.rename(entry)
+        except OSError:  # another process built the same key meanwhile: keep theirs
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _place(entry: Path, plan_dir: Path) -> None:
+    """Copy the cached plan to the user's PLAN_DIR (replacing an older plan there)."""
+    if plan_dir.exists() and not (plan_dir / MANIFEST).is_file() and any(plan_dir.iterdir()):
+        raise RuntimeUserError(
+            f"-o {plan_dir}: exists and is not a plan directory; choose an empty or new path"
+        )
+    tmp = plan_dir.with_name(f".{plan_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(entry, tmp)
+    if plan_dir.exists():
+        shutil.rmtree(plan_dir)
+    tmp.rename(plan_dir)
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("optimize", help="optimize a model into a plan directory (cached)")
+    p.add_argument("model", type=Path, help="source model: .onnx or .pt2 (torch.export.save)")
+    p.add_argument("-o", "--output", type=Path, required=True, help="plan directory to write")
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS)
+    p.add_argument("--calibration-data", type=Path, help=".npz keyed by input name (int8)")
+    p.add_argument("--calibration-method", default="entropy", choices=("entropy", "percentile", "minmax"))
+    p.add_argument("--batch", default="1,8,64", help="batch profile min..max, e.g. 1,8,64")
+    p.add_argument("--backend", choices=("tensorrt", "onnxruntime", "pytorch"))
+    p.add_argument("--name", help="model name used when serving (default: file stem)")
+    p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    calib = sha = None
+    if args.calibration_data is not None:
+        calib, sha = load_calibration(args.calibration_data)
+    from ngcx_runtime.plan import _model_name
+
+    opts = OptimizeOptions(
+        precision=args.precision,
+        batch_profile=parse_batches(args.batch),
+        calibration=calib,
+        calibration_sha256=sha,
+        calibration_method=args.calibration_method,
+        name=args.name or _model_name(args.model),
+    )
+    res = optimize(
+        args.model,
+        args.output,
+        opts,
+        backend=args.backend,
+        calibration_path=args.calibration_data.resolve() if args.calibration_data else None,
+    )
+    m = res.manifest
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "plan_dir": str(res.plan_dir),
+                    "cache_hit": res.cache_hit,
+                    "seconds": round(res.seconds, 3),
+                    "manifest": m,
+                },
+                indent=2,
+            )
+        )
+    else:
+        how = "cache hit" if res.cache_hit else "built"
+        print(
+            f"{res.plan_dir}: {m['backend']} {m['backend_version']} {m['precision']} on {m['gpu']} "
+            f"({how} in {res.seconds:.2f}s, cache key {m['cache_key']})"
+        )
+    return 0

@@ -1,0 +1,150 @@
+"""Plans: a PLAN_DIR (artifact + manifest.json) written by `optimize`, and loading one as an Engine.
+
+Why a manifest: optimized artifacts are not portable (TensorRT plans and ORT's offline-optimized
+graphs are tied to the GPU architecture and engine version, runtime.md §3), so every plan records
+what it was built for and where its source model came from. `load()` compares that with this
+host and refuses with a clear message, or rebuilds when the source model is still at hand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from ngcx_runtime.engine import Engine
+from ngcx_runtime.errors import RuntimeUserError
+
+MANIFEST = "manifest.json"
+PLAN_FORMAT = 1
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+
+
+@dataclass
+class OptimizeOptions:
+    """Everything that changes the artifact (and therefore the cache key)."""
+
+    precision: str = "fp32"
+    batch_profile: list[int] = field(default_factory=lambda: [1, 8, 64])
+    calibration: dict[str, np.ndarray] | None = None
+    calibration_sha256: str | None = None
+    calibration_method: str = "entropy"
+    gpu: bool = False
+    name: str = "model"
+
+
+def runtime_version() -> str:
+    """ngcx-runtime's version (the installed distribution's), part of every manifest."""
+    try:
+        from importlib.metadata import version
+
+        return version("ngcx")
+    except Exception:  # noqa: BLE001 - running from a source tree without metadata
+        return "0+unknown"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def host_target() -> dict[str, Any]:
+    """What a plan built here is tied to: the first GPU's name + compute capability, or "cpu"."""
+    from ngcx_runtime import probe
+
+    gpus = probe.gpus()
+    if not gpus:
+        return {"kind": "cpu", "name": "cpu", "compute_capability": None}
+    g = gpus[0]
+    return {"kind": "gpu", "name": g["name"], "compute_capability": g["compute_capability"]}
+
+
+def read_manifest(plan_dir: Path) -> dict[str, Any]:
+    path = plan_dir / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise RuntimeUserError(
+            f"{path}: unreadable plan manifest ({exc}); rebuild the plan with "
+            "ngcx-runtime optimize MODEL -o PLAN_DIR"
+        ) from None
+    for key in ("backend", "backend_version", "precision", "artifact", "target"):
+        if key not in manifest:
+            raise RuntimeUserError(
+                f"{path}: manifest lacks {key!r}; rebuild the plan with ngcx-runtime optimize"
+            )
+    return manifest
+
+
+def mismatch(manifest: dict[str, Any], target: dict[str, Any], backend_version: str) -> str | None:
+    """Why this plan cannot run here, or None when it can."""
+    built = manifest["target"]
+    if manifest["backend_version"] != backend_version:
+        return (
+            f"built with {manifest['backend']} {manifest['backend_version']}, this host has {backend_version}"
+        )
+    if (built.get("name"), built.get("compute_capability")) != (target["name"], target["compute_capability"]):
+        cc = f" (sm {built.get('compute_capability')})" if built.get("compute_capability") else ""
+        here = f" (sm {target['compute_capability']})" if target["compute_capability"] else ""
+        return f"built for {built.get('name')}{cc}, this host has {target['name']}{here}"
+    return None
+
+
+def load(path: str | Path, backend: str | None = None, rebuild: bool = True) -> Engine:
+    """Load a PLAN_DIR (written by optimize) or a raw model (.onnx / .pt2) as an Engine.
+
+    A plan built for another GPU or engine version is rebuilt from its source model when that
+    file is present with the recorded hash (rebuild=True), otherwise refused with the fix.
+    """
+    from ngcx_runtime import backends
+
+    path = Path(path)
+    if not path.exists():
+        raise RuntimeUserError(f"{path}: no such model or plan directory")
+    if path.is_dir():
+        return _load_plan(path, backend, rebuild)
+    target = host_target()
+    mod = backends.choose(path, backend)
+    return mod.load_model(path, gpu=target["kind"] == "gpu", name=_model_name(path))
+
+
+def _model_name(path: Path) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in path.stem) or "model"
+
+
+def _load_plan(plan_dir: Path, backend: str | None, rebuild: bool) -> Engine:
+    from ngcx_runtime import backends
+
+    manifest = read_manifest(plan_dir)
+    if backend and backend != manifest["backend"]:
+        raise RuntimeUserError(
+            f"{plan_dir} is a {manifest['backend']} plan, not {backend}: "
+            f"drop --backend or run optimize with --backend {backend}"
+        )
+    mod = backends.get(manifest["backend"])
+    ok, reason = mod.availability()
+    if not ok:
+        raise RuntimeUserError(f"{plan_dir} needs the {manifest['backend']} backend: {reason}")
+    target = host_target()
+    why = mismatch(manifest, target, mod.version())
+    if why is None:
+        return mod.load(plan_dir, manifest, gpu=target["kind"] == "gpu")
+    source = manifest.get("source", {})
+    src = Path(source.get("path", ""))
+    if rebuild and src.is_file() and sha256_file(src) == source.get("sha256"):
+        from ngcx_runtime.optimize import optimize, options_from_manifest
+
+        print(f"ngcx-runtime: plan {plan_dir} {why}; rebuilding from {src}", file=sys.stderr)
+        result = optimize(src, None, options_from_manifest(manifest), backend=manifest["backend"])
+        return _load_plan(result.plan_dir, manifest["backend"], rebuild=False)
+    raise RuntimeUserError(
+        f"plan {plan_dir} cannot run here: {why}; plans are tied to GPU architecture and engine version, "
+        f"rebuild it on this host with ngcx-runtime optimize {source.get('path', 'MODEL')} -o {plan_dir}"
+    )
