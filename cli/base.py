@@ -1,0 +1,331 @@
+"""`ngcx base`: bootstrap an offline base image from a Debian mirror (debootstrap -> docker import).
+
+Why: behind a firewall (or in mainland China) Docker Hub is often unreachable, yet a Debian
+mirror almost always is. `ngcx base bootstrap` builds the equivalent of debian:<suite>-slim from
+a mirror only, so `ngcx build --base ngcx/base:bookworm` works with no registry at all. The
+image carries OCI labels saying which suite and mirror it came from (never mirror credentials).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import deque
+from pathlib import Path
+
+import typer
+from ngcx.errors import UserError
+
+DEFAULT_SUITE = "bookworm"
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+BASE_REPO = "ngcx/base"
+VARIANTS = ("minbase", "buildd", "default")
+DEBOOTSTRAP_SCRIPTS = Path("/usr/share/debootstrap/scripts")
+LABEL_SUITE = "ai.ngcx.base.suite"
+LABEL_MIRROR = "ai.ngcx.base.mirror"
+LABEL_VARIANT = "ai.ngcx.base.variant"
+
+# Same trimming as the official debian:*-slim images (debuerreotype's slimify): docs, man pages and
+# translations are excluded now and for every package installed later in the image.
+DPKG_SLIM = """\
+# ngcx base: keep images small, like debian:*-slim
+path-exclude /usr/share/doc/*
+path-include /usr/share/doc/*/copyright
+path-exclude /usr/share/man/*
+path-exclude /usr/share/groff/*
+path-exclude /usr/share/info/*
+path-exclude /usr/share/lintian/*
+path-exclude /usr/share/linda/*
+path-exclude /usr/share/locale/*
+path-include /usr/share/locale/locale.alias
+"""
+APT_CLEAN = """\
+# ngcx base: no .deb files or package lists left in image layers
+DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/*.bin || true"; };
+APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/*.bin || true"; };
+Dir::Cache::pkgcache "";
+Dir::Cache::srcpkgcache "";
+Acquire::Languages "none";
+"""
+# NAME:TAG where NAME may carry a registry host:port; the tag is after the last colon, no '/' in it.
+TAG_RE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+
+def register(app: typer.Typer) -> None:
+    base_app = typer.Typer(help="Offline base images bootstrapped from a Debian mirror.",
+                           no_args_is_help=True)
+    base_app.command("bootstrap")(bootstrap_command)
+    base_app.command("ls")(ls_command)
+    app.add_typer(base_app, name="base")
+
+
+def bootstrap_command(
+    suite: str = typer.Option(DEFAULT_SUITE, "--suite", help="Debian suite (bookworm, trixie, ...)."),
+    mirror: str = typer.Option(DEFAULT_MIRROR, "--mirror", help="Debian mirror URL (http, https, file)."),
+    tag: str = typer.Option("", "--tag", help="Image tag [default: ngcx/base:<suite>]."),
+    variant: str = typer.Option("minbase", "--variant", help="minbase, buildd or default."),
+    slim: bool = typer.Option(True, "--slim/--no-slim", help="Drop docs/man/locales like debian:*-slim."),
+    workdir: str = typer.Option("/var/tmp", "--workdir",
+                                help="Where the temporary root filesystem is built (needs ~400 MB)."),
+) -> None:
+    """debootstrap SUITE from MIRROR into a temp dir and import it as a Docker image."""
+    tag = tag or f"{BASE_REPO}:{suite}"
+    check_inputs(suite, mirror, tag, variant)
+    from ngcx.docker_util import engine_client, human_size
+
+    client = engine_client()
+    check_mirror(mirror, suite)
+    started = time.monotonic()
+    image = bootstrap(client, suite=suite, mirror=mirror, tag=tag, variant=variant, slim=slim,
+                      workdir=Path(workdir))
+    print(f"{tag}  {image.id}  {human_size(image.attrs.get('Size', 0))}  "
+          f"({time.monotonic() - started:.0f} s, suite {suite}, {variant})")
+
+
+def check_inputs(suite: str, mirror: str, tag: str, variant: str) -> None:
+    """Everything we can reject in milliseconds, before the 30 s debootstrap starts."""
+    if os.geteuid() != 0:
+        raise UserError("ngcx base bootstrap must run as root (debootstrap creates device nodes "
+                        "and chowns files)", hint="run it with sudo, or as root")
+    if not shutil.which("debootstrap"):
+        raise UserError("debootstrap is not installed", hint="apt-get install debootstrap")
+    if variant not in VARIANTS:
+        raise UserError(f"unknown --variant {variant!r}", hint=f"use one of: {', '.join(VARIANTS)}")
+    if not re.fullmatch(r"[a-z][a-z0-9-]*", suite) or not (DEBOOTSTRAP_SCRIPTS / suite).exists():
+        known = sorted(p.name for p in DEBOOTSTRAP_SCRIPTS.glob("*") if p.name in (
+            "bullseye", "bookworm", "trixie", "sid", "stable", "testing", "unstable"))
+        raise UserError(f"unknown Debian suite {suite!r} (debootstrap has no script for it)",
+                        hint=f"use one of: {', '.join(known) or 'bookworm'}")
+    scheme = urllib.parse.urlsplit(mirror).scheme
+    if scheme not in ("http", "https", "file"):
+        raise UserError(f"--mirror {public_url(mirror)!r} is not an http(s):// or file:// URL",
+                        hint=f"e.g. --mirror {DEFAULT_MIRROR}")
+    if not TAG_RE.match(tag):
+        raise UserError(f"--tag {tag!r} is not a valid image reference NAME:TAG",
+                        hint=f"e.g. --tag {BASE_REPO}:{suite}")
+
+
+def public_url(url: str) -> str:
+    """The URL without user:password, safe for labels, logs and error messages."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    netloc = parts.hostname or ""
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def check_mirror(mirror: str, suite: str) -> None:
+    """Fetch dists/SUITE/Release so a dead mirror or a missing suite fails in seconds, not minutes."""
+    url = f"{mirror.rstrip('/')}/dists/{suite}/Release"
+    request = urllib.request.Request(url, method="GET")
+    parts = urllib.parse.urlsplit(mirror)
+    if parts.username:
+        import base64
+
+        token = base64.b64encode(f"{urllib.parse.unquote(parts.username)}:"
+                                 f"{urllib.parse.unquote(parts.password or '')}".encode()).decode()
+        request = urllib.request.Request(public_url(url), headers={"Authorization": f"Basic {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=20) as resp:
+            resp.read(64)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            raise UserError(f"suite {suite!r} not found on mirror {public_url(mirror)} "
+                            f"(no dists/{suite}/Release)", hint="check --suite and --mirror") from None
+        raise UserError(f"mirror {public_url(mirror)} answered HTTP {exc.code} for dists/{suite}/Release",
+                        hint="check --mirror (and http_proxy/https_proxy)") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise UserError(f"mirror {public_url(mirror)} is unreachable: {reason}",
+                        hint="check --mirror and your proxy settings (http_proxy/https_proxy)") from None
+
+
+def bootstrap(client, *, suite: str, mirror: str, tag: str, variant: str, slim: bool, workdir: Path):
+    """Build the root filesystem and import it; the temp dir is removed whatever happens."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix=f"ngcx-base-{suite}-", dir=workdir))
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        run_debootstrap(root / "rootfs", suite=suite, mirror=mirror, variant=variant, tag=tag)
+        finish_rootfs(root / "rootfs", slim=slim)
+        return import_rootfs(client, root / "rootfs", tag=tag, labels=image_labels(suite, mirror, variant))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        remove_tree(root)
+
+
+def _raise_interrupt(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+    raise KeyboardInterrupt
+
+
+def run_debootstrap(target: Path, *, suite: str, mirror: str, variant: str, tag: str) -> None:
+    """Run debootstrap, showing its current step; on failure one line plus the full log on disk."""
+    from ngcx import paths
+    from rich.console import Console
+
+    log_path = paths.state_dir() / "logs" / f"base-{re.sub(r'[^A-Za-z0-9_.-]', '_', tag)}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    cmd = ["debootstrap"]
+    if variant != "default":
+        cmd.append(f"--variant={variant}")
+    cmd += [suite, str(target), mirror]
+    tail: deque[str] = deque(maxlen=30)
+    console = Console(stderr=True)
+    with log_path.open("w") as log, console.status(f"debootstrap {suite} ...") as status:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log.write(line.replace(mirror, public_url(mirror)))
+                tail.append(line.strip())
+                if line.startswith(("I:", "W:", "E:")):
+                    status.update(f"debootstrap {suite}: {line[3:].strip()[:90]}")
+            code = proc.wait()
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+    if code != 0:
+        errors = [t for t in tail if t.startswith("E:")] or [t for t in tail if t] or ["no output"]
+        reason = errors[-1].replace(mirror, public_url(mirror))[:200]
+        raise UserError(f"debootstrap {suite} failed (exit {code}): {reason}", hint=f"full log: {log_path}")
+
+
+def finish_rootfs(rootfs: Path, *, slim: bool) -> None:
+    """Drop caches and (with slim) docs/man/locales, and make later apt installs stay small."""
+    for pattern in ("var/cache/apt/archives/*.deb", "var/cache/apt/*.bin", "var/lib/apt/lists/*",
+                    "var/log/*.log", "var/log/apt/*"):
+        for path in rootfs.glob(pattern):
+            if path.is_file() and not path.is_symlink():
+                path.unlink()
+    (rootfs / "etc/apt/apt.conf.d").mkdir(parents=True, exist_ok=True)
+    (rootfs / "etc/apt/apt.conf.d/docker-clean").write_text(APT_CLEAN)
+    if not slim:
+        return
+    (rootfs / "etc/dpkg/dpkg.cfg.d").mkdir(parents=True, exist_ok=True)
+    (rootfs / "etc/dpkg/dpkg.cfg.d/docker").write_text(DPKG_SLIM)
+    for folder in ("usr/share/man", "usr/share/info", "usr/share/groff", "usr/share/lintian"):
+        _empty_dir(rootfs / folder)
+    locale = rootfs / "usr/share/locale"
+    if locale.is_dir():
+        for child in locale.iterdir():
+            if child.name != "locale.alias":
+                _remove(child)
+    doc = rootfs / "usr/share/doc"
+    if doc.is_dir():
+        for path in sorted(doc.rglob("*"), reverse=True):
+            if path.name == "copyright" or (path.is_dir() and not path.is_symlink()):
+                if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+                    path.rmdir()
+                continue
+            path.unlink()
+
+
+def _empty_dir(folder: Path) -> None:
+    if folder.is_dir():
+        for child in folder.iterdir():
+            _remove(child)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def image_labels(suite: str, mirror: str, variant: str) -> dict[str, str]:
+    """OCI labels saying what this base is; the mirror without credentials."""
+    return {
+        "org.opencontainers.image.title": f"ngcx offline base (Debian {suite})",
+        "org.opencontainers.image.description": f"debootstrap --variant={variant} {suite} from a mirror",
+        "org.opencontainers.image.created": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "org.opencontainers.image.version": suite,
+        "org.opencontainers.image.vendor": "ngcx",
+        "org.opencontainers.image.source": public_url(mirror),
+        LABEL_SUITE: suite,
+        LABEL_MIRROR: public_url(mirror),
+        LABEL_VARIANT: variant,
+    }
+
+
+def import_rootfs(client, rootfs: Path, *, tag: str, labels: dict[str, str]):
+    """Stream `tar -C rootfs -c .` into the engine's image import (no tarball on disk)."""
+    import json
+
+    changes = ['CMD ["bash"]', "ENV LANG=C.UTF-8"]
+    changes += [f"LABEL {key}={json.dumps(value)}" for key, value in labels.items()]
+    repository, _, image_tag = tag.rpartition(":")
+    tar = subprocess.Popen(["tar", "--numeric-owner", "--xattrs", "-C", str(rootfs), "-c", "."],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert tar.stdout is not None
+        result = client.api.import_image(src=tar.stdout, repository=repository, tag=image_tag,
+                                         changes=changes, stream_src=True)
+    finally:
+        if tar.poll() is None:
+            tar.kill()
+        _, err = tar.communicate()
+    if tar.returncode != 0:
+        raise UserError(f"tar of the root filesystem failed: {err.decode(errors='replace').strip()[:200]}")
+    if '"error"' in str(result):
+        raise UserError(f"docker import of {tag} failed: {str(result)[:200]}")
+    return client.images.get(tag)
+
+
+def remove_tree(root: Path) -> None:
+    """Unmount anything debootstrap left mounted inside `root` (proc, sys), then delete it.
+
+    Why: an interrupted debootstrap can leave /proc or /sys mounted in the target; deleting
+    through such a mount would walk into the host's /proc or /sys.
+    """
+    real = str(root.resolve())
+    mounts = []
+    with open("/proc/mounts") as handle:
+        for line in handle:
+            point = line.split()[1].replace("\\040", " ")
+            if point == real or point.startswith(real + "/"):
+                mounts.append(point)
+    for point in sorted(mounts, key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def ls_command() -> None:
+    """List the offline base images (ngcx/base:*) present in the engine."""
+    from ngcx.docker_util import engine_client, human_size
+    from rich.console import Console
+    from rich.table import Table
+
+    client = engine_client()
+    images = client.images.list(name=BASE_REPO)
+    if not images:
+        print(f"no {BASE_REPO}:* images; make one with: ngcx base bootstrap", file=sys.stderr)
+        return
+    table = Table("TAG", "ID", "SIZE", "SUITE", "MIRROR", "CREATED", box=None)
+    for image in images:
+        labels = image.labels or {}
+        for image_tag in image.tags:
+            if image_tag.startswith(f"{BASE_REPO}:"):
+                created = labels.get("org.opencontainers.image.created", image.attrs.get("Created", "")[:19])
+                size = human_size(image.attrs.get("Size", 0))
+                table.add_row(image_tag, image.short_id.split(":")[-1], size,
+                              labels.get(LABEL_SUITE, "?"), labels.get(LABEL_MIRROR, "?"), created)
+    Console(width=200).print(table)
