@@ -1,0 +1,250 @@
+"""`ngcx render`: catalog release -> Dockerfile (and a build context) from the Jinja2 recipes.
+
+Why templates + data: the catalog says WHAT is pinned, images/NAME/image.yaml says WHICH recipe
+blocks make the image, and recipes/*.j2 say HOW each layer is written. Layer order is chosen for
+caching: OS packages, then python, then the heavy CUDA wheels, the framework, devel tools, the
+small fast-changing ngcx-runtime, and the app layer (tests, labels, entrypoint) last.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from ngcx.catalog.model import Catalog, Release
+
+# The OS packages every image needs; image.yaml adds its own. Python comes from the base OS.
+BASE_APT = ("ca-certificates", "python3", "python3-venv", "libgomp1")
+DEVEL_APT = ("build-essential", "python3-dev", "git", "pkg-config")
+RUNTIME_VERSION = "0.1.0"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """images/NAME/image.yaml, validated."""
+
+    name: str
+    blocks: tuple[str, ...]
+    apt: tuple[str, ...]
+    entrypoint: tuple[str, ...]
+    cmd: tuple[str, ...]
+    ports: tuple[int, ...]
+    tests_dir: Path
+
+
+KNOWN_BLOCKS = ("base", "python", "cuda", "framework", "devel", "runtime", "app")
+RECIPE_KEYS = {"blocks", "apt", "entrypoint", "cmd", "ports"}
+
+
+def load_recipe(image: str) -> Recipe:
+    """Read and check images/IMAGE/image.yaml (unknown keys or blocks -> UserError)."""
+    import yaml
+
+    from ngcx import paths
+    from ngcx.errors import UserError
+
+    folder = paths.images_dir() / image
+    file = folder / "image.yaml"
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise UserError(f"image {image!r} has no recipe file {file}",
+                        hint="add images/<name>/image.yaml listing its blocks") from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"{file}: malformed YAML: {exc}") from None
+    unknown = set(data) - RECIPE_KEYS
+    if unknown:
+        raise UserError(f"{file}: unknown key(s) {', '.join(sorted(unknown))}",
+                        hint=f"allowed: {', '.join(sorted(RECIPE_KEYS))}")
+    blocks = tuple(data.get("blocks") or ())
+    bad = [b for b in blocks if b not in KNOWN_BLOCKS]
+    if bad or not blocks or blocks[0] != "base" or blocks[-1] != "app":
+        raise UserError(f"{file}: blocks must start with base, end with app and use only "
+                        f"{', '.join(KNOWN_BLOCKS)} (got {', '.join(blocks) or 'none'})")
+    return Recipe(
+        name=image, blocks=blocks, apt=tuple(data.get("apt") or ()),
+        entrypoint=tuple(data.get("entrypoint") or ("ngcx-runtime",)),
+        cmd=tuple(data.get("cmd") or ("info",)), ports=tuple(data.get("ports") or ()),
+        tests_dir=folder / "tests",
+    )
+
+
+def _config_base() -> str | None:
+    """The user's base preference: $NGCX_BASE, else `base = ...` under [build] in config.toml."""
+    env = os.environ.get("NGCX_BASE")
+    if env:
+        return env
+    import tomllib
+
+    from ngcx import paths
+
+    file = paths.config_dir() / "config.toml"
+    if not file.is_file():
+        return None
+    try:
+        return tomllib.loads(file.read_text()).get("build", {}).get("base")
+    except tomllib.TOMLDecodeError as exc:
+        from ngcx.errors import UserError
+
+        raise UserError(f"{file}: malformed TOML: {exc}") from None
+
+
+def resolve_base(release: Release, base: str | None) -> str:
+    """Which image to build FROM.
+
+    `--base offline` (or config/env NGCX_BASE=offline) picks the catalog's offline base, the
+    tag `ngcx base bootstrap` makes; `--base IMAGE` any image; default: the catalog's public base.
+    """
+    from ngcx.errors import UserError
+
+    choice = base or _config_base()
+    if not choice:
+        return release.base.image
+    if choice == "offline":
+        if not release.base.offline:
+            raise UserError(f"{release.ref}: base profile {release.spec.base!r} has no offline base",
+                            hint="pass --base IMAGE explicitly")
+        return release.base.offline
+    if any(c.isspace() for c in choice) or choice.startswith("-"):
+        raise UserError(f"--base {choice!r} is not an image reference")
+    return choice
+
+
+def _environment():
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+    from ngcx import paths
+
+    return Environment(
+        loader=FileSystemLoader(str(paths.recipes_dir())),
+        undefined=StrictUndefined, keep_trailing_newline=True,
+        trim_blocks=True, lstrip_blocks=True, autoescape=False,
+    )
+
+
+def render_dockerfile(release: Release, variant: str = "runtime", base: str | None = None,
+                      catalog: Catalog | None = None) -> str:
+    """The Dockerfile text for one release and variant."""
+    from ngcx import naming
+    from ngcx.errors import UserError
+
+    if variant not in naming.VARIANTS:
+        raise UserError(f"unknown variant {variant!r}", hint=f"use one of {', '.join(naming.VARIANTS)}")
+    recipe = load_recipe(release.image)
+    if "framework" in recipe.blocks and release.framework is None:
+        raise UserError(f"{release.ref}: image recipe has a framework block but the release pins no framework")
+    blocks = [b for b in recipe.blocks if b != "framework" or release.framework]
+    description = catalog.image(release.image).description if catalog else release.image
+    text = _environment().get_template("Dockerfile.j2").render(
+        release=release, variant=variant, blocks=blocks, recipe=recipe,
+        base_image=resolve_base(release, base),
+        apt_packages=sorted(set(BASE_APT) | set(recipe.apt)),
+        devel_packages=sorted(DEVEL_APT),
+        labels=release.labels(), description=description,
+        site=f"/opt/ngcx/venv/lib/python{release.spec.python}/site-packages",
+    )
+    return _tidy(text)
+
+
+def _tidy(text: str) -> str:
+    """Collapse runs of blank lines the block includes leave behind."""
+    out: list[str] = []
+    for line in text.splitlines():
+        if not line.strip() and out and not out[-1].strip():
+            continue
+        out.append(line.rstrip())
+    return "\n".join(out).strip() + "\n"
+
+
+def runtime_package_files() -> dict[str, bytes]:
+    """ngcx_runtime sources + a rendered pyproject, as the build context's ngcx-runtime/ folder."""
+    from ngcx import paths
+
+    src = paths.runtime_src_dir()
+    files: dict[str, bytes] = {}
+    packages = []
+    for path in sorted(src.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        rel = path.relative_to(src)
+        files[f"ngcx_runtime/{rel.as_posix()}"] = path.read_bytes()
+        if path.name == "__init__.py":
+            packages.append(".".join(("ngcx_runtime", *rel.parent.parts)))
+    pyproject = _environment().get_template("runtime-pyproject.toml.j2").render(
+        version=RUNTIME_VERSION, packages=sorted(packages))
+    files["pyproject.toml"] = pyproject.encode()
+    return files
+
+
+@dataclass(frozen=True)
+class Context:
+    """A build context on disk: Dockerfile, ngcx-runtime/, tests/."""
+
+    path: Path
+    dockerfile: Path
+    digest: str  # sha256 of the Dockerfile text, recorded with each build
+
+
+def write_context(release: Release, out_dir: Path, variant: str = "runtime", base: str | None = None,
+                  catalog: Catalog | None = None) -> Context:
+    """Materialize the build context. Nothing secret is ever written here."""
+    text = render_dockerfile(release, variant, base, catalog)
+    recipe = load_recipe(release.image)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    (out_dir / "ngcx-runtime").mkdir(parents=True)
+    for rel, data in runtime_package_files().items():
+        target = out_dir / "ngcx-runtime" / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    tests = out_dir / "tests"
+    if recipe.tests_dir.is_dir():
+        shutil.copytree(recipe.tests_dir, tests, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    else:
+        tests.mkdir()
+    (out_dir / ".dockerignore").write_text("**/__pycache__\n**/*.pyc\n")
+    dockerfile = out_dir / "Dockerfile"
+    dockerfile.write_text(text)
+    return Context(out_dir, dockerfile, hashlib.sha256(text.encode()).hexdigest())
+
+
+# ----------------------------------------------------------------------------- command
+
+VariantOpt = Annotated[str, typer.Option("--variant", help="runtime (slim) or devel (compilers, headers).")]
+BaseOpt = Annotated[str | None, typer.Option(
+    "--base", help="Base image to build FROM; 'offline' = the catalog's bootstrapped base (ngcx base bootstrap).")]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("render")
+    def render(
+        ref: Annotated[str, typer.Argument(help="IMAGE[:RELEASE]; a bare image = newest release.")],
+        output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the Dockerfile here.")] = None,
+        variant: VariantOpt = "runtime",
+        base: BaseOpt = None,
+        context: Annotated[Path | None, typer.Option(
+            "--context", help="Write a whole build context (Dockerfile, ngcx-runtime/, tests/) here.")] = None,
+        catalog_file: Annotated[Path | None, typer.Option("--catalog", help="Catalog file.")] = None,
+    ) -> None:
+        """Render the Dockerfile of one image release (stdout unless -o/--context)."""
+        from ngcx.catalog import load_catalog
+
+        cat = load_catalog(catalog_file)
+        release = cat.resolve(ref)
+        if context:
+            ctx = write_context(release, context, variant, base, cat)
+            print(f"wrote build context {ctx.path} (Dockerfile sha256 {ctx.digest[:12]})")
+            return
+        text = render_dockerfile(release, variant, base, cat)
+        if output:
+            output.write_text(text)
+            print(f"wrote {output}")
+        else:
+            print(text, end="")
