@@ -1,0 +1,214 @@
+"""Dynamic batching: merge concurrent requests along dim 0, run the engine once, split results.
+
+Why: one small request cannot fill a GPU; merging what arrives within a short window raises
+throughput at a bounded latency cost (the seeds' MPS + batching lesson, Triton's dynamic
+batcher). One worker thread owns the engine, so engine.infer() is never called concurrently
+(the Engine contract), while HTTP threads keep parsing the next requests.
+
+Rules: requests merge only when every input has the same dtype and the same non-batch dims
+(the batch key); a batch never exceeds max_batch; the oldest request waits at most
+max_queue_delay_ms for company. Requests larger than max_batch are refused before they get here.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from ngcx_runtime.engine import Engine
+
+
+@dataclass
+class Stats:
+    """Counters the server exposes (/v2/models/NAME/stats) and the tests assert on.
+
+    Kept per server (no module-level state); guarded by one lock because HTTP threads and the
+    batch worker both update it.
+    """
+
+    requests: int = 0               # inference requests received (any outcome)
+    success: int = 0
+    failed: int = 0
+    engine_calls: int = 0
+    batched_requests: int = 0       # requests that shared an engine call with at least one other
+    inferences: int = 0             # samples (sum of batch sizes) run by the engine
+    batch_sizes: Counter = field(default_factory=Counter)     # merged batch size -> engine calls
+    requests_per_call: Counter = field(default_factory=Counter)
+    queue_ns: int = 0
+    compute_ns: int = 0
+    last_inference_ms: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "requests": self.requests, "success": self.success, "failed": self.failed,
+                "engine_calls": self.engine_calls, "batched_requests": self.batched_requests,
+                "inferences": self.inferences, "batch_sizes": dict(self.batch_sizes),
+                "requests_per_call": dict(self.requests_per_call), "queue_ns": self.queue_ns,
+                "compute_ns": self.compute_ns, "last_inference_ms": self.last_inference_ms,
+            }
+
+
+class EngineFailure(Exception):
+    """engine.infer() raised or returned something unusable; the server answers 500."""
+
+
+class _Pending:
+    """One queued request: its inputs, batch key, and a slot for the result."""
+
+    __slots__ = ("feeds", "batch", "key", "enqueued", "done", "result", "error")
+
+    def __init__(self, feeds: dict[str, np.ndarray], batch: int, key: tuple):
+        self.feeds = feeds
+        self.batch = batch
+        self.key = key
+        self.enqueued = time.monotonic()
+        self.done = threading.Event()
+        self.result: dict[str, np.ndarray] | None = None
+        self.error: str | None = None
+
+
+def batch_key(feeds: dict[str, np.ndarray]) -> tuple:
+    """Requests with equal keys can be concatenated along dim 0."""
+    return tuple(sorted((n, a.dtype.str, a.shape[1:]) for n, a in feeds.items()))
+
+
+class Batcher:
+    """Queue + one worker thread in front of an engine."""
+
+    def __init__(self, engine: Engine, max_batch: int, max_queue_delay_ms: float, stats: Stats,
+                 batchable: bool = True, name: str | None = None):
+        self.engine = engine
+        self.name = name or engine.name
+        self.max_batch = max_batch
+        self.delay_s = max(0.0, max_queue_delay_ms) / 1000.0
+        self.stats = stats
+        self.batchable = batchable
+        self._queue: deque[_Pending] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._flush = False
+        self._worker = threading.Thread(target=self._run, name="ngcx-batcher", daemon=True)
+        self._worker.start()
+
+    def submit(self, feeds: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:
+        """Run one request (possibly merged with others); blocks until its outputs are ready."""
+        item = _Pending(feeds, batch, batch_key(feeds) if self.batchable else ("solo", id(feeds)))
+        with self._cond:
+            if self._stopping:
+                raise EngineFailure("the server is shutting down")
+            self._queue.append(item)
+            self._cond.notify()
+        item.done.wait()
+        if item.error is not None:
+            raise EngineFailure(item.error)
+        assert item.result is not None
+        return item.result
+
+    def flush(self) -> None:
+        """Stop waiting for company: queued requests run at once (used while draining)."""
+        with self._cond:
+            self._flush = True
+            self._cond.notify_all()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Run what is queued (without waiting for the delay), then end the worker."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._worker.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                group = self._collect()
+            self._execute(group)
+
+    def _collect(self) -> list[_Pending]:
+        """Take the oldest request plus same-key requests until full or its delay has passed.
+
+        Called with the condition held; waiting on it releases the lock so submitters can add.
+        """
+        first = self._queue.popleft()
+        group, total = [first], first.batch
+        if not self.batchable:
+            return group
+        deadline = first.enqueued + self.delay_s
+        while total < self.max_batch:
+            for item in list(self._queue):
+                if item.key == first.key and total + item.batch <= self.max_batch:
+                    self._queue.remove(item)
+                    group.append(item)
+                    total += item.batch
+            remaining = deadline - time.monotonic()
+            if total >= self.max_batch or remaining <= 0 or self._stopping or self._flush:
+                break
+            self._cond.wait(remaining)
+        return group
+
+    def _execute(self, group: list[_Pending]) -> None:
+        start = time.monotonic()
+        try:
+            results = self._infer(group)
+        except Exception as exc:  # noqa: BLE001 - any engine failure becomes a 500, never a dead worker
+            msg = f"engine '{self.name}' failed: {type(exc).__name__}: {exc}".replace("\n", " ")
+            for item in group:
+                item.error = msg
+                item.done.set()
+            self._account(group, start, ok=False)
+            return
+        for item, res in zip(group, results, strict=True):
+            item.result = res
+            item.done.set()
+        self._account(group, start, ok=True)
+
+    def _infer(self, group: list[_Pending]) -> list[dict[str, np.ndarray]]:
+        if len(group) == 1:
+            return [self._checked(self.engine.infer(group[0].feeds))]
+        names = list(group[0].feeds)
+        merged = {n: np.concatenate([g.feeds[n] for g in group], axis=0) for n in names}
+        outputs = self._checked(self.engine.infer(merged))
+        total = sum(g.batch for g in group)
+        for name, arr in outputs.items():
+            if arr.ndim == 0 or arr.shape[0] != total:
+                raise EngineFailure(f"output '{name}' has shape {list(arr.shape)}, expected batch {total} "
+                                    "in dimension 0; start the server with --max-batch 1 for this model")
+        split: list[dict[str, np.ndarray]] = []
+        start = 0
+        for g in group:
+            split.append({n: a[start:start + g.batch] for n, a in outputs.items()})
+            start += g.batch
+        return split
+
+    @staticmethod
+    def _checked(outputs: Any) -> dict[str, np.ndarray]:
+        if not isinstance(outputs, dict) or not all(isinstance(a, np.ndarray) for a in outputs.values()):
+            got = type(outputs).__name__
+            raise EngineFailure(f"infer() returned {got}, expected dict[str, numpy.ndarray]")
+        return outputs
+
+    def _account(self, group: list[_Pending], start: float, ok: bool) -> None:
+        end = time.monotonic()
+        size = sum(max(g.batch, 1) for g in group)   # an unbatchable request counts as one
+        s = self.stats
+        with s.lock:
+            s.engine_calls += 1
+            s.inferences += size
+            s.batch_sizes[size] += 1
+            s.requests_per_call[len(group)] += 1
+            if len(group) > 1:
+                s.batched_requests += len(group)
+            s.compute_ns += int((end - start) * 1e9)
+            s.queue_ns += sum(int((start - g.enqueued) * 1e9) for g in group)
+            s.last_inference_ms = int(time.time() * 1000)
+            if ok:                        # failures are counted where the HTTP error is sent
+                s.success += len(group)

@@ -1,0 +1,608 @@
+"""`ngcx-runtime serve`: one model over the KServe v2 / Triton HTTP protocol, with dynamic batching.
+
+Why this shape: tritonclient and curl must work unchanged (runtime.md §8), so the server speaks
+JSON tensors AND Triton's binary tensor extension (tritonclient's default both ways), gzip /
+deflate bodies, and answers every bad request with {"error": "..."} instead of dying. It is
+stdlib only (ThreadingHTTPServer, HTTP/1.1 keep-alive) so the image stays slim; large bodies
+are read with readinto into a per-connection buffer that is reused across keep-alive requests
+and become numpy views without copies.
+
+Batch limit: a request whose batch (dim 0) exceeds --max-batch is refused with 400, the way
+Triton refuses requests above max_batch_size; it is never split.
+
+Python API (used by bench and tests): start_server(engine, ...) -> ServerHandle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import socket
+import sys
+import threading
+import time
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from ngcx_runtime.batching import Batcher, EngineFailure, Stats
+from ngcx_runtime.engine import Engine, TensorSpec
+from ngcx_runtime.errors import RuntimeUserError
+from ngcx_runtime.protocol import ProtocolError, build_response, parse_header, parse_infer_request
+
+SERVER_NAME = "ngcx-runtime"
+MODEL_VERSION = "1"
+EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration"]
+PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan", "pytorch": "pytorch_torchscript"}
+DEFAULT_MAX_BATCH = 256          # for engines without a bound of their own (max_batch == 0)
+SMALL_WRITE = 64 * 1024          # responses below this go out in one send
+DISCARD_FACTOR = 16            # an oversized body up to this multiple is read and dropped
+SOCKET_TIMEOUT_S = 120.0         # a client stalled mid-body this long loses its connection
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("ngcx")
+    except Exception:  # noqa: BLE001 - source tree without metadata
+        return "0+unknown"
+
+
+class ServeError(RuntimeUserError):
+    """A bad serve configuration (flags that contradict the engine); one line, exit 2."""
+
+
+class _App:
+    """Everything a request handler needs: the model, its batcher, limits and counters."""
+
+    def __init__(self, engine: Engine, name: str, max_batch: int, max_queue_delay_ms: float,
+                 max_body_bytes: int, verbose: bool):
+        self.engine = engine
+        self.name = name
+        self.batchable = _batchable(engine)
+        self.max_batch = max_batch
+        self.max_queue_delay_ms = max_queue_delay_ms
+        self.max_body = max_body_bytes
+        self.max_body_text = f"{max_body_bytes / 2**20:.4g} MB ({max_body_bytes} bytes)"
+        self.verbose = verbose
+        self.stats = Stats()
+        self.batcher = Batcher(engine, max_batch, max_queue_delay_ms, self.stats, self.batchable, name)
+        self.draining = False
+        self.inflight = 0
+        self.cond = threading.Condition()
+        self.connections: set[socket.socket] = set()
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "versions": [MODEL_VERSION],
+            "platform": PLATFORMS.get(self.engine.backend, self.engine.backend),
+            "inputs": [_spec_json(s) for s in self.engine.inputs],
+            "outputs": [_spec_json(s) for s in self.engine.outputs],
+        }
+
+    def config(self) -> dict[str, Any]:
+        """Triton-style model config: dims exclude the batch dim when max_batch_size > 0."""
+        skip = 1 if self.batchable else 0
+
+        def dims(s: TensorSpec) -> dict[str, Any]:
+            return {"name": s.name, "data_type": f"TYPE_{s.datatype}", "dims": list(s.shape[skip:])}
+
+        return {
+            "name": self.name, "platform": PLATFORMS.get(self.engine.backend, self.engine.backend),
+            "backend": self.engine.backend, "max_batch_size": self.max_batch if self.batchable else 0,
+            "input": [dims(s) for s in self.engine.inputs], "output": [dims(s) for s in self.engine.outputs],
+            "dynamic_batching": {"max_queue_delay_microseconds": int(self.max_queue_delay_ms * 1000)},
+            "parameters": {"device": self.engine.device, "precision": self.engine.precision},
+        }
+
+    def model_stats(self) -> dict[str, Any]:
+        """Triton's /stats layout (the subset this server measures)."""
+        s = self.stats.snapshot()
+        return {"model_stats": [{
+            "name": self.name, "version": MODEL_VERSION, "last_inference": s["last_inference_ms"],
+            "inference_count": s["inferences"], "execution_count": s["engine_calls"],
+            "inference_stats": {
+                "success": {"count": s["success"], "ns": 0}, "fail": {"count": s["failed"], "ns": 0},
+                "queue": {"count": s["success"], "ns": s["queue_ns"]},
+                "compute_infer": {"count": s["engine_calls"], "ns": s["compute_ns"]},
+            },
+            "batch_stats": [{"batch_size": b, "compute_infer": {"count": c, "ns": 0}}
+                            for b, c in sorted(s["batch_sizes"].items())],
+            "ngcx": s,
+        }]}
+
+
+def _spec_json(s: TensorSpec) -> dict[str, Any]:
+    return {"name": s.name, "datatype": s.datatype, "shape": list(s.shape)}
+
+
+def _batchable(engine: Engine) -> bool:
+    """Merging along dim 0 is safe only when every input and output has a dynamic first dim."""
+    specs = [*engine.inputs, *engine.outputs]
+    return bool(specs) and all(len(s.shape) >= 1 and s.shape[0] == -1 for s in specs)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+    app: _App
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """Routes the v2 paths; every failure becomes {"error": msg} with a 4xx/5xx status."""
+
+    protocol_version = "HTTP/1.1"
+    server_version = f"{SERVER_NAME}/{_version()}"
+    timeout = SOCKET_TIMEOUT_S
+    server: _Server
+
+    # -- connection bookkeeping (so stop() can close idle keep-alive connections) --
+    def setup(self) -> None:
+        super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._buf = bytearray(0)
+        with self.server.app.cond:
+            self.server.app.connections.add(self.connection)
+
+    def finish(self) -> None:
+        with self.server.app.cond:
+            self.server.app.connections.discard(self.connection)
+        with contextlib.suppress(OSError):
+            super().finish()
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        if self.server.app.verbose:
+            sys.stderr.write(f"serve: {self.address_string()} {format % args}\n")
+
+    # -- methods --
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_HEAD(self) -> None:
+        self._dispatch("HEAD")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The stdlib calls this for unparsable request lines and unknown methods: keep the v2 format."""
+        self.close_connection = True
+        text = message or explain or self.responses.get(code, ("error",))[0]
+        if code == 501:
+            text = f"method {self.command} is not supported; use GET or POST"
+        with contextlib.suppress(OSError):
+            self._send_json(code, {"error": text})
+
+    def _dispatch(self, method: str) -> None:
+        app = self.server.app
+        self._body_done = False
+        with app.cond:
+            app.inflight += 1
+        try:
+            if app.draining:
+                self.close_connection = True
+            self._route(method)
+        except ProtocolError as exc:
+            self._drain_body()
+            self._error(exc.status, exc.message)
+        except (ConnectionError, TimeoutError):
+            self.close_connection = True
+        except Exception as exc:  # noqa: BLE001 - the server must keep serving
+            self._error(500, f"internal error: {type(exc).__name__}: {exc}".replace("\n", " "))
+        finally:
+            with app.cond:
+                app.inflight -= 1
+                app.cond.notify_all()
+
+    def _route(self, method: str) -> None:
+        app = self.server.app
+        path = urlsplit(self.path).path.rstrip("/")
+        parts = [unquote(p) for p in path.split("/")[1:]]
+        if not parts or parts[0] != "v2":
+            self._drain_body()
+            raise ProtocolError(f"unknown path {path or '/'}; this server speaks KServe v2 under /v2", 404)
+        rest = parts[1:]
+        if method == "POST" and rest and rest[0] == "models" and rest[-1] == "infer":
+            self._model_from(rest[1:-1])
+            return self._infer()
+        self._drain_body()
+        if method == "POST" and rest == ["repository", "index"]:
+            return self._send_json(200, [{"name": app.name, "version": MODEL_VERSION, "state": "READY"}])
+        if method not in ("GET", "HEAD"):
+            raise ProtocolError(f"method {method} is not allowed on {path}", 405)
+        if rest == []:
+            meta = {"name": SERVER_NAME, "version": _version(), "extensions": EXTENSIONS}
+            return self._send_json(200, meta)
+        if rest in (["health", "live"], ["health", "ready"]):
+            ready = rest[1] == "live" or not app.draining
+            return self._send_json(200 if ready else 503, {rest[1]: ready})
+        if rest == ["models", "stats"]:
+            return self._send_json(200, app.model_stats())
+        if rest and rest[0] == "models":
+            return self._model_get(rest[1:], path)
+        raise ProtocolError(f"unknown path {path}", 404)
+
+    def _model_from(self, rest: list[str]) -> list[str]:
+        """[NAME, (versions, V)?, ...tail] -> tail, after checking the name and version."""
+        app = self.server.app
+        if not rest:
+            raise ProtocolError("no model name in the path; use /v2/models/NAME/...", 404)
+        if rest[0] != app.name:
+            raise ProtocolError(f"unknown model '{rest[0]}'; this server serves '{app.name}'", 404)
+        tail = rest[1:]
+        if len(tail) >= 2 and tail[0] == "versions":
+            if tail[1] != MODEL_VERSION:
+                raise ProtocolError(f"model '{app.name}' has no version '{tail[1]}'; "
+                                    f"available: {MODEL_VERSION}", 404)
+            tail = tail[2:]
+        return tail
+
+    def _model_get(self, rest: list[str], path: str) -> None:
+        app = self.server.app
+        tail = self._model_from(rest)
+        if tail == []:
+            return self._send_json(200, app.metadata())
+        if tail == ["ready"]:
+            ready = not app.draining
+            return self._send_json(200 if ready else 503, {"name": app.name, "ready": ready})
+        if tail == ["config"]:
+            return self._send_json(200, app.config())
+        if tail == ["stats"]:
+            return self._send_json(200, app.model_stats())
+        raise ProtocolError(f"unknown path {path}", 404)
+
+    # -- inference --
+    def _infer(self) -> None:
+        app = self.server.app
+        with app.stats.lock:
+            app.stats.requests += 1
+        try:
+            req = self._read_request()
+            if app.batchable and req.batch > app.max_batch:
+                raise ProtocolError(f"batch {req.batch} (dimension 0) exceeds the server's max batch "
+                                    f"{app.max_batch}; send at most {app.max_batch} per request")
+            if app.batchable and req.batch == 0:
+                raise ProtocolError("batch size 0: dimension 0 of the inputs must be at least 1")
+            try:
+                results = app.batcher.submit(req.inputs, req.batch)
+            except EngineFailure as exc:
+                raise ProtocolError(str(exc), 500) from None
+            missing = [n for n, _ in req.outputs if n not in results]
+            if missing:
+                raise ProtocolError(f"engine '{app.name}' returned no output {', '.join(missing)}", 500)
+            pieces, header_len = build_response(app.name, MODEL_VERSION, req, results)
+        except ProtocolError:
+            with app.stats.lock:
+                app.stats.failed += 1
+            raise
+        self._send_pieces(200, pieces, header_len)
+
+    def _read_request(self):
+        app = self.server.app
+        length = self._content_length()
+        encoding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
+        hlen_raw = self.headers.get("Inference-Header-Content-Length")
+        body = self._read_body(length)
+        if encoding in ("gzip", "deflate"):
+            body = memoryview(_decompress(body, encoding, app.max_body, app.max_body_text))
+        elif encoding != "identity":
+            raise ProtocolError(f"unsupported Content-Encoding {encoding!r}; use gzip, deflate or none")
+        if hlen_raw is None:
+            doc, binary = parse_header(body), None
+        else:
+            try:
+                hlen = int(hlen_raw)
+            except ValueError:
+                raise ProtocolError(f"Inference-Header-Content-Length {hlen_raw!r} is not an "
+                                    "integer") from None
+            if not 0 < hlen <= len(body):
+                raise ProtocolError(f"Inference-Header-Content-Length {hlen} is outside the body's "
+                                    f"{len(body)} bytes")
+            doc, binary = parse_header(body[:hlen]), body[hlen:]
+        eng = app.engine
+        return parse_infer_request(doc, binary, eng.inputs, eng.outputs, app.name, app.batchable)
+
+    def _content_length(self) -> int:
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            self.close_connection = True
+            raise ProtocolError("chunked request bodies are not supported; send a Content-Length", 411)
+        raw = self.headers.get("Content-Length")
+        if raw is None:
+            raise ProtocolError("the inference request has no body (Content-Length missing)")
+        try:
+            length = int(raw)
+        except ValueError:
+            self.close_connection = True
+            raise ProtocolError(f"Content-Length {raw!r} is not an integer") from None
+        if length > self.server.app.max_body:
+            self.close_connection = True   # the unread body would poison the next request
+            limit = self.server.app.max_body_text
+            raise ProtocolError(f"request body of {length} bytes exceeds the limit of {limit}; "
+                                "restart the server with a larger --max-body-mb", 413)
+        return length
+
+    def _read_body(self, length: int) -> memoryview:
+        """readinto a per-connection buffer (reused across keep-alive requests; never resized)."""
+        self._body_done = True
+        if len(self._buf) < length:
+            self._buf = bytearray(length)
+        view = memoryview(self._buf)[:length]
+        got = 0
+        while got < length:
+            n = self.rfile.readinto(view[got:])
+            if not n:
+                self.close_connection = True
+                raise ConnectionError(f"client closed the connection after {got} of {length} body bytes")
+            got += n
+        return view
+
+    def _drain_body(self) -> None:
+        """Discard a body nobody reads so the keep-alive stream stays in sync.
+
+        An oversized body is discarded too (in small chunks, up to DISCARD_FACTOR x the limit)
+        so the client reads our 413 instead of a connection reset mid-upload.
+        """
+        if self._body_done or self.close_connection and "chunked" in (
+                self.headers.get("Transfer-Encoding") or "").lower():
+            return
+        self._body_done = True
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            self.close_connection = True
+            return
+        if length > DISCARD_FACTOR * self.server.app.max_body:
+            self.close_connection = True
+            return
+        chunk = memoryview(bytearray(min(length, 1 << 20)))
+        left = length
+        try:
+            while left > 0:
+                n = self.rfile.readinto(chunk[:min(left, len(chunk))])
+                if not n:
+                    break
+                left -= n
+        except OSError:
+            self.close_connection = True
+
+    # -- responses --
+    def _error(self, status: int, message: str) -> None:
+        try:
+            self._send_json(status, {"error": message})
+        except OSError:
+            self.close_connection = True
+
+    def _send_json(self, status: int, doc: Any) -> None:
+        self._send_pieces(status, [json.dumps(doc, separators=(",", ":")).encode()], None)
+
+    def _send_pieces(self, status: int, pieces: list, header_len: int | None) -> None:
+        accept = (self.headers.get("Accept-Encoding") or "").lower() if self.headers else ""
+        coding = next((c for c in ("gzip", "deflate") if c in accept), None)
+        if coding:
+            pieces = [_compress(pieces, coding)]
+        total = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in pieces)
+        self.send_response(status)
+        ctype = "application/json" if header_len is None else "application/octet-stream"
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(total))
+        if header_len is not None:
+            self.send_header("Inference-Header-Content-Length", str(header_len))
+        if coding:
+            self.send_header("Content-Encoding", coding)
+        if self.close_connection or self.server.app.draining:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        if total < SMALL_WRITE:
+            self.wfile.write(b"".join(pieces))
+            return
+        for p in pieces:
+            self.wfile.write(p)
+
+
+def _decompress(body: memoryview, encoding: str, limit: int, limit_text: str) -> bytes:
+    """gzip or deflate (zlib-wrapped, or raw as some clients send), bounded by the body limit."""
+    for wbits in ((31,) if encoding == "gzip" else (15, -15)):
+        d = zlib.decompressobj(wbits)
+        try:
+            out = d.decompress(body, limit + 1)
+        except zlib.error:
+            continue
+        if len(out) > limit or d.unconsumed_tail:
+            raise ProtocolError(f"the decompressed request body exceeds the limit of {limit_text}; "
+                                "restart the server with a larger --max-body-mb", 413)
+        return out
+    raise ProtocolError(f"the request body is not valid {encoding} data (Content-Encoding: {encoding})")
+
+
+def _compress(pieces: list, coding: str) -> bytes:
+    """Level 1: responses are mostly float tensors that barely compress; speed matters more."""
+    c = zlib.compressobj(1, zlib.DEFLATED, 31 if coding == "gzip" else 15)
+    return b"".join([*(c.compress(p) for p in pieces), c.flush()])
+
+
+class ServerHandle:
+    """A running server: its address, counters, and stop(drain=True)."""
+
+    def __init__(self, server: _Server, app: _App, thread: threading.Thread):
+        self._server = server
+        self._app = app
+        self._thread = thread
+        self.host, self.port = server.server_address[:2]
+        self._stopped = False
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def name(self) -> str:
+        return self._app.name
+
+    @property
+    def max_batch(self) -> int:
+        return self._app.max_batch
+
+    def stats(self) -> dict[str, Any]:
+        """requests, success, failed, engine_calls, batched_requests, inferences, batch_sizes ..."""
+        return self._app.stats.snapshot()
+
+    @property
+    def engine_calls(self) -> int:
+        return self.stats()["engine_calls"]
+
+    @property
+    def requests(self) -> int:
+        return self.stats()["requests"]
+
+    @property
+    def batched_requests(self) -> int:
+        return self.stats()["batched_requests"]
+
+    def stop(self, drain: bool = True, timeout: float = 30.0) -> None:
+        """Stop accepting; with drain, let in-flight requests finish (up to timeout), then close."""
+        if self._stopped:
+            return
+        self._stopped = True
+        app = self._app
+        with app.cond:
+            app.draining = True
+        self._server.shutdown()
+        self._server.socket.close()       # new connections are refused from here on
+        app.batcher.flush()
+        if drain:
+            deadline = time.monotonic() + timeout
+            with app.cond:
+                while app.inflight and time.monotonic() < deadline:
+                    app.cond.wait(max(0.0, deadline - time.monotonic()))
+        app.batcher.stop(timeout if drain else 0.1)
+        with app.cond:
+            idle = list(app.connections)
+        for conn in idle:                 # idle keep-alive connections: wake their threads
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        self._thread.join(timeout)
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def start_server(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *, name: str | None = None,
+                 max_batch: int | None = None, max_queue_delay_ms: float = 1.0, max_body_mb: float = 256.0,
+                 verbose: bool = False) -> ServerHandle:
+    """Serve engine on host:port (0 = a free port) from background threads; returns at once."""
+    bound = engine.max_batch if engine.max_batch and engine.max_batch > 0 else 0
+    if max_batch is None:
+        max_batch = bound or DEFAULT_MAX_BATCH
+    if max_batch < 1:
+        raise ServeError(f"--max-batch {max_batch} must be at least 1")
+    if bound and max_batch > bound:
+        raise ServeError(f"--max-batch {max_batch} exceeds the engine's max batch {bound} (its optimization "
+                         f"profile); use --max-batch {bound} or rebuild the plan with a larger profile")
+    if max_queue_delay_ms < 0:
+        raise ServeError(f"--max-queue-delay-ms {max_queue_delay_ms} must not be negative")
+    if max_body_mb <= 0:
+        raise ServeError(f"--max-body-mb {max_body_mb} must be positive")
+    app = _App(engine, name or engine.name, max_batch, max_queue_delay_ms, int(max_body_mb * 2**20), verbose)
+    try:
+        server = _Server((host, port), _Handler)
+    except OSError as exc:
+        app.batcher.stop(0.1)
+        why = exc.strerror or exc
+        raise ServeError(f"cannot listen on {host}:{port}: {why}; pick another --port") from None
+    server.app = app
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                              name="ngcx-serve", daemon=True)
+    thread.start()
+    return ServerHandle(server, app, thread)
+
+
+# -- command line --
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `serve` on the ngcx-runtime argparse subparsers; sets func(args) -> int."""
+    p = subparsers.add_parser("serve", help="serve a model over the KServe v2 / Triton HTTP protocol",
+                              description=__doc__.split("\n\n")[0])
+    _add_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="PLAN_DIR|MODEL",
+                   help="a plan directory from `optimize`, or an .onnx model")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 = any free port)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")
+    p.add_argument("--name", default=None, help="model name in the URL (default: the engine's name)")
+    p.add_argument("--max-batch", type=int, default=None,
+                   help="largest merged batch and largest accepted request batch (default: the engine's, "
+                        f"or {DEFAULT_MAX_BATCH})")
+    p.add_argument("--max-queue-delay-ms", type=float, default=1.0,
+                   help="how long the oldest queued request waits for others to merge with (default 1.0)")
+    p.add_argument("--max-body-mb", type=float, default=256.0, help="largest request body (default 256 MB)")
+    p.add_argument("--backend", default=None, choices=["tensorrt", "onnxruntime", "pytorch"],
+                   help="engine backend (default: chosen automatically)")
+    p.add_argument("--verbose", action="store_true", help="log every request to stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load, serve until SIGTERM/SIGINT, drain in-flight requests, exit 0."""
+    from ngcx_runtime.plan import load
+
+    engine = load(args.model, backend=args.backend)
+    handle = start_server(engine, args.host, args.port, name=args.name, max_batch=args.max_batch,
+                          max_queue_delay_ms=args.max_queue_delay_ms, max_body_mb=args.max_body_mb,
+                          verbose=args.verbose)
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    print(f"serving model '{handle.name}' ({engine.backend}, {engine.device}, {engine.precision}) at "
+          f"{handle.url}/v2/models/{handle.name} (max batch {handle.max_batch}, queue delay "
+          f"{args.max_queue_delay_ms:g} ms)", flush=True)
+    while not stop.wait(0.5):
+        pass
+    print("serve: signal received; draining in-flight requests", flush=True)
+    handle.stop(drain=True)
+    print(f"serve: stopped ({handle.stats()['requests']} inference requests served)", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m ngcx_runtime.serve ...`: the same command without the ngcx-runtime front end."""
+    from ngcx_runtime.errors import RuntimeUserError
+
+    p = argparse.ArgumentParser(prog="ngcx-runtime serve", description=__doc__.split("\n\n")[0])
+    _add_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        return run(args)
+    except (RuntimeUserError, ServeError) as exc:
+        print(f"ngcx-runtime serve: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
