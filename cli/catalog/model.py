@@ -181,6 +181,11 @@ def _schema_errors(exc: ValidationError, source: str) -> list[str]:
             lines.append(f"{source}: {loc}: unknown key (remove it or check its spelling)")
         elif err["type"] == "missing":
             lines.append(f"{source}: {loc}: required key is missing")
+        elif err["type"] == "string_type" and isinstance(err["input"], int | float):
+            # YAML reads an unquoted 25.10 as the number 25.1: say so instead of "valid string".
+            what = "release tag" if err["loc"][-1] == "[key]" else "value"
+            lines.append(f"{source}: {loc.removesuffix('.[key]')}: {what} {err['input']!r} is a number, "
+                         f"not a string; quote it (e.g. \"25.10\", \"3.10\") - YAML reads 25.10 as 25.1")
         else:
             lines.append(f"{source}: {loc}: {err['msg']}")
     return lines
@@ -472,14 +477,20 @@ class Checker:
             self.fail(where, f"framework {rel.framework!r} is not an exact pin NAME==VERSION")
             return
         name, version = parsed
+        major = cuda.split(".")[0]
+        if name.startswith("tensorrt") and not name.endswith(f"-cu{major}"):
+            # Checked first: a bare `tensorrt` has no rules entry, and the wheel name is the fix.
+            self.fail(where, f"TensorRT wheel {name} does not match CUDA {major} (use tensorrt-cu{major}; "
+                             f"the bare 'tensorrt' package changes CUDA major between releases)")
+            return
         versions = self.rules.frameworks.get(name)
         rule = versions.get(version) if versions else None
         if rule is None:
-            known = ", ".join(versions) if versions else "none"
+            known = (f"known versions: {', '.join(versions)}" if versions
+                     else f"known frameworks: {', '.join(self.rules.frameworks)}")
             self.fail(where, f"framework {name} {version} is not in rules.frameworks.{name} "
-                             f"(known versions: {known}); add its CUDA and Requires-Dist pins there")
+                             f"({known}); add its CUDA and Requires-Dist pins there")
             return
-        major = cuda.split(".")[0]
         if rule.cuda and rule.cuda != cuda:
             rule_major = rule.cuda.split(".")[0]
             if rule_major != major:
@@ -519,9 +530,6 @@ class Checker:
                 if low:
                     self.fail(where, f"TensorRT {version} needs compute capability >= {rng.min_cc} "
                                      f"but the release lists {', '.join(low)}")
-                if not name.endswith(f"-cu{major}"):
-                    self.fail(where, f"TensorRT wheel {name} does not match CUDA {major} "
-                                     f"(use tensorrt-cu{major}; the bare 'tensorrt' package changes CUDA major between releases)")
 
     def catalog_level(self) -> None:
         for name, img in self.spec.images.items():
