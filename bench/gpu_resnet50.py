@@ -1,0 +1,309 @@
+"""ResNet-50 on one GPU: eager FP32/FP16 vs `ngcx-runtime optimize --precision fp16` (pytorch backend),
+in-process and served through the KServe HTTP server.
+
+Random weights (torchvision weights=None; no download). Run from the repo root:
+    python3 bench/gpu_resnet50.py --out bench/results/resnet50.json
+Reference (runtime.md §9, H100, torch.compile reduce-overhead, FP16, channels_last, inputs on the
+GPU): ~2,200 img/s at batch 1, ~24,000 img/s at batch 256.
+
+Rows:
+  eager_*            torch eager, inputs already on the GPU
+  plan_device        the loaded ngcx plan, inputs already on the GPU (compute only; compare to reference)
+  plan_host          Engine.infer() with host numpy in and out (adds H2D/D2H; what the server calls)
+  served_*           over HTTP to ngcx_runtime.serve with the binary tensor extension, N clients
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+
+import gpu_shim  # noqa: E402
+
+gpu_shim.ensure_ngcx_runtime()
+
+
+def _sync_time(torch, fn, iters: int, warmup: int = 5) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / iters
+
+
+def _row(name: str, batch: int, sec: float, **extra) -> dict[str, Any]:
+    row = {
+        "name": name,
+        "batch": batch,
+        "ms_per_batch": round(sec * 1e3, 3),
+        "img_per_s": round(batch / sec, 1),
+    }
+    row.update(extra)
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def _iters(batch: int) -> int:
+    return 300 if batch == 1 else 40
+
+
+class Normalized:
+    """UINT8 NCHW pixels in, ImageNet normalization inside the model: 1 byte/pixel on the wire."""
+
+    @staticmethod
+    def build(torch, net):
+        class Wrapper(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.net = net
+                mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+                std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+                # (p/255 - mean)/std as one multiply-add; no explicit cast in the graph, so the
+                # plan's .half() decides the compute dtype (uint8 * fp16 promotes to fp16)
+                self.register_buffer("scale", 1.0 / (255.0 * std))
+                self.register_buffer("shift", mean / std)
+
+            def forward(self, pixels):
+                x = pixels * self.scale - self.shift
+                return self.net(x)
+
+        return Wrapper().eval()
+
+
+def eager_rows(torch, model, batches: list[int]) -> list[dict]:
+    rows = []
+    for prec, dt in (("fp32", torch.float32), ("fp16", torch.float16)):
+        m = model.to("cuda", dt).to(memory_format=torch.channels_last)
+        for b in batches:
+            x = torch.randn(b, 3, 224, 224, device="cuda", dtype=dt).to(memory_format=torch.channels_last)
+            with torch.inference_mode():
+                sec = _sync_time(torch, lambda m=m, x=x: m(x), _iters(b))
+            rows.append(
+                _row(
+                    f"eager_{prec}",
+                    b,
+                    sec,
+                    channels_last=True,
+                    note="cudnn TF32 allowed (torch default)" if prec == "fp32" else None,
+                )
+            )
+    model.to("cpu", torch.float32)
+    torch.cuda.empty_cache()
+    return rows
+
+
+def export_pt2(torch, module, path: Path, example) -> Path:
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    ep = torch.export.export(module, (example,), dynamic_shapes=({0: batch},))
+    torch.export.save(ep, str(path))
+    return path
+
+
+def plan_rows(torch, pt2: Path, batches: list[int], tag: str, input_dtype) -> tuple[list[dict], Any, dict]:
+    from ngcx_runtime import plan
+    from ngcx_runtime.bench import make_inputs
+    from ngcx_runtime.optimize import OptimizeOptions, optimize
+
+    info: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    res = optimize(
+        pt2,
+        pt2.parent / f"plan_{tag}",
+        OptimizeOptions(precision="fp16", batch_profile=batches, name=f"resnet50_{tag}"),
+        backend="pytorch",
+    )
+    info["optimize_seconds"] = round(time.perf_counter() - t0, 1)
+    t0 = time.perf_counter()
+    res2 = optimize(
+        pt2,
+        pt2.parent / f"plan_{tag}_again",
+        OptimizeOptions(precision="fp16", batch_profile=batches, name=f"resnet50_{tag}"),
+        backend="pytorch",
+    )
+    info["second_optimize"] = {"cache_hit": res2.cache_hit, "seconds": round(time.perf_counter() - t0, 2)}
+    t0 = time.perf_counter()
+    engine = plan.load(res.plan_dir)
+    info["load_seconds_incl_compile"] = round(time.perf_counter() - t0, 1)
+    info["manifest"] = {
+        k: res.manifest[k]
+        for k in (
+            "backend",
+            "backend_version",
+            "precision",
+            "gpu",
+            "compute_capability",
+            "batch_profile",
+            "compile",
+            "inputs",
+            "outputs",
+        )
+    }
+    rows = []
+    for b in batches:
+        x = (
+            torch.randn(b, 3, 224, 224, device="cuda").to(input_dtype)
+            if input_dtype.is_floating_point
+            else torch.randint(0, 256, (b, 3, 224, 224), device="cuda", dtype=input_dtype)
+        )
+        x = x.contiguous(memory_format=torch.channels_last)  # what Engine.infer feeds too
+        sec = _sync_time(torch, lambda x=x: engine.infer_device([x]), _iters(b))
+        rows.append(_row(f"plan_device_{tag}", b, sec))
+        feeds = make_inputs(engine.inputs, b)
+        sec = _sync_time(torch, lambda f=feeds: engine.infer(f), max(10, _iters(b) // 4), warmup=3)
+        rows.append(_row(f"plan_host_{tag}", b, sec, input_datatype=engine.inputs[0].datatype))
+    return rows, engine, info
+
+
+def served_rows(engine, batches: list[int], concurrency: list[int], duration: float, tag: str) -> list[dict]:
+    from ngcx_runtime.bench import EnergyMeter, bench_http
+    from ngcx_runtime.serve import start_server
+
+    meter = EnergyMeter()
+    rows = []
+    try:
+        with start_server(engine, port=0, name=engine.name, max_queue_delay_ms=0.5) as handle:
+            for r in bench_http(handle.url, handle.name, engine, batches, concurrency, duration, meter):
+                r["name"] = f"served_{tag}"
+                print(json.dumps(r), flush=True)
+                rows.append(r)
+            stats = handle.stats() if hasattr(handle, "stats") else None
+            if stats:
+                rows.append({"name": f"served_{tag}_server_stats", "stats": stats})
+    finally:
+        meter.close()
+    return rows
+
+
+def stage(report: dict, name: str, fn):
+    t0 = time.perf_counter()
+    try:
+        out = fn()
+        report["stages"][name] = {"status": "ok", "seconds": round(time.perf_counter() - t0, 1)}
+        return out
+    except Exception as exc:  # noqa: BLE001 - record and go on with the other measurements
+        report["stages"][name] = {
+            "status": "failed",
+            "error": f"{type(exc).__name__}: {exc}"[:500],
+            "traceback": traceback.format_exc()[-2000:],
+        }
+        print(f"[{name}] FAILED: {exc}\n{traceback.format_exc()[-2000:]}", flush=True)
+        return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--batches", default="1,256")
+    ap.add_argument("--concurrency", default="1,4")
+    ap.add_argument("--duration", type=float, default=6.0)
+    ap.add_argument("--skip-uint8", action="store_true")
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    conc = [int(c) for c in args.concurrency.split(",")]
+    report: dict[str, Any] = {
+        "stages": {},
+        "rows": [],
+        "reference": {
+            "source": "runtime.md 9 (H100, torch 2.11 cu130, reduce-overhead FP16 channels_last, GPU inputs)",
+            "img_per_s": {"1": 2216, "256": 24022},
+        },
+    }
+
+    def write():
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2))
+
+    try:
+        import torch
+        import torchvision
+    except ImportError as exc:
+        report["skipped"] = f"{exc.name} is not installed here"
+        write()
+        print(report["skipped"])
+        return 0
+    if not torch.cuda.is_available():
+        report["skipped"] = "no CUDA device visible to torch"
+        write()
+        print(report["skipped"])
+        return 0
+    report["env"] = {
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "gpu": torch.cuda.get_device_name(0),
+        "cuda": torch.version.cuda,
+    }
+    work = Path(tempfile.mkdtemp(prefix="rn50-"))
+    os.environ.setdefault("NGCX_RUNTIME_CACHE", str(work / "cache"))
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50(weights=None).eval()
+    report["rows"] += stage(report, "eager", lambda: eager_rows(torch, model, batches)) or []
+    write()
+
+    pt2 = stage(
+        report,
+        "export_fp32",
+        lambda: export_pt2(torch, model, work / "resnet50.pt2", torch.randn(2, 3, 224, 224)),
+    )
+    if pt2:
+        out = stage(report, "plan_fp32io", lambda: plan_rows(torch, pt2, batches, "fp16", torch.float16))
+        if out:
+            rows, engine, info = out
+            report["rows"] += rows
+            report["plan_fp16"] = info
+            write()
+            report["rows"] += (
+                stage(
+                    report, "served_fp16", lambda: served_rows(engine, batches, conc, args.duration, "fp16")
+                )
+                or []
+            )
+            del engine
+            torch.cuda.empty_cache()
+            write()
+    if not args.skip_uint8:
+        wrapped = Normalized.build(torch, model)
+        pt2u = stage(
+            report,
+            "export_uint8",
+            lambda: export_pt2(
+                torch,
+                wrapped,
+                work / "resnet50_u8.pt2",
+                torch.randint(0, 256, (2, 3, 224, 224), dtype=torch.uint8),
+            ),
+        )
+        if pt2u:
+            out = stage(report, "plan_uint8", lambda: plan_rows(torch, pt2u, batches, "uint8", torch.uint8))
+            if out:
+                rows, engine, info = out
+                report["rows"] += rows
+                report["plan_uint8"] = info
+                write()
+                report["rows"] += (
+                    stage(
+                        report,
+                        "served_uint8",
+                        lambda: served_rows(engine, batches, conc, args.duration, "uint8"),
+                    )
+                    or []
+                )
+    write()
+    print(json.dumps(report["stages"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
