@@ -1,0 +1,175 @@
+"""`ngcx push`: tag a built image for a registry, push it, and prove the registry has it.
+
+Why verify after pushing: a push that "succeeded" but left the registry with a different manifest
+(a proxy rewriting it, a racing push to the same tag) would make every later deploy pull
+something nobody tested. We read the manifest digest back from the registry's /v2/ API and
+require it to equal the digest the engine reported for the push and the local RepoDigests, then
+record local tag -> remote ref@digest in the state store.
+"""
+
+from __future__ import annotations
+
+import typer
+from ngcx.errors import UserError
+
+
+def register(app: typer.Typer) -> None:
+    app.command("push")(push_command)
+
+
+def push_command(
+    ref: str = typer.Argument(..., help="Catalog IMAGE[:RELEASE] (e.g. pytorch:25.08), or a local image "
+                                         "reference such as ngcx/base:bookworm."),
+    registry: str = typer.Option(..., "--registry", "-r", help="HOST[:PORT][/NAMESPACE] to push to."),
+    variant: str = typer.Option("runtime", "--variant", help="runtime or devel (catalog images)."),
+) -> None:
+    """Push a built image to REGISTRY and verify the registry serves the same digest."""
+    from ngcx import naming, state
+    from ngcx.docker_util import engine_client, split_registry
+
+    if variant not in naming.VARIANTS:
+        raise UserError(f"unknown --variant {variant!r}", hint=f"use one of: {', '.join(naming.VARIANTS)}")
+    host, namespace = split_registry(registry)
+    client = engine_client()
+    local_ref, name, tag = resolve_local(client, ref, variant)
+    repository = f"{host}/{namespace}/{name}" if namespace else f"{host}/{name}"
+    creds = check_access(host)
+    digest = push_and_verify(client, local_ref, repository, tag, host, creds)
+    state.record_push(tag=local_ref, remote_ref=f"{repository}:{tag}", digest=digest)
+    print(f"{repository}:{tag}@{digest}")
+
+
+def resolve_local(client, ref: str, variant: str) -> tuple[str, str, str]:
+    """(local image reference, remote image name, remote tag) for a catalog or local reference.
+
+    A reference with '/' that exists locally is used as is (e.g. ngcx/base:bookworm). Otherwise the
+    catalog names it, and the variant's build (ngcx/<image>:<release>-<variant>) must exist.
+    """
+    from ngcx import naming
+    from ngcx.docker_util import image_or_none
+
+    if "/" in ref:  # catalog names have no '/': this is a local image reference
+        if image_or_none(client, ref) is None:
+            raise UserError(f"no local image {ref!r}", hint="check `docker images`, or build it first")
+        return _direct(ref)
+    try:
+        from ngcx.catalog import load_catalog
+
+        release = load_catalog().resolve(ref)
+    except ImportError:
+        release = None
+    except UserError:
+        if image_or_none(client, ref) is not None:
+            return _direct(ref)
+        raise
+    if release is None:
+        if image_or_none(client, ref) is not None:
+            return _direct(ref)
+        raise UserError(f"no local image {ref!r}", hint="build it (ngcx build) or check `docker images`")
+    local = naming.local_tag(release.image, release.tag, variant)
+    if image_or_none(client, local) is None:
+        raise UserError(f"{local} is not built", hint=f"run: ngcx build {release.ref} --variant {variant}")
+    return local, release.image, f"{release.tag}-{variant}"
+
+
+def _direct(ref: str) -> tuple[str, str, str]:
+    """'ngcx/base:bookworm' -> ('ngcx/base:bookworm', 'base', 'bookworm'); no tag means latest."""
+    last = ref.rsplit("/", 1)[-1]
+    name, _, tag = last.partition(":")
+    if "@" in name:
+        raise UserError(f"cannot push a digest reference {ref!r}", hint="pass a tagged image reference")
+    return ref, name, tag or "latest"
+
+
+def check_access(host: str):
+    """Stored credentials for `host`, after proving the registry is up and accepts them."""
+    from ngcx.docker_util import registry_status, stored_credentials
+
+    creds = stored_credentials(host)
+    status = registry_status(host, creds)
+    if status == 401 and creds is None:
+        raise UserError(f"registry {host} requires a login", hint=f"run: ngcx login {host}")
+    if status == 401:
+        raise UserError(f"registry {host} rejected the stored credentials for {creds.username}",
+                        hint=f"run: ngcx login {host}")
+    if status != 200:
+        raise UserError(f"registry {host} answered HTTP {status} on /v2/",
+                        hint="is this a Docker/OCI registry?")
+    return creds
+
+
+def push_and_verify(client, local_ref: str, repository: str, tag: str, host: str, creds) -> str:
+    """Tag, push with per-layer progress, then check the registry's manifest digest."""
+    from ngcx.docker_util import image_or_none, manifest_digest
+
+    remote = f"{repository}:{tag}"
+    had_tag = image_or_none(client, remote) is not None
+    image = client.images.get(local_ref)
+    image.tag(repository, tag)
+    try:
+        digest = stream_push(client, repository, tag, creds)
+    except BaseException:
+        if not had_tag:
+            client.images.remove(remote, noprune=True)
+        raise
+    repo_path = repository.split("/", 1)[1]
+    served = manifest_digest(host, repo_path, tag, creds)
+    if served != digest:
+        raise UserError(f"pushed {remote} but the registry serves {served}, the engine reported {digest}",
+                        hint="another push to the same tag may have raced this one; push again")
+    image.reload()
+    if f"{repository}@{digest}" not in (image.attrs.get("RepoDigests") or []):
+        raise UserError(f"pushed {remote} ({digest}) but the local image does not list that repo digest",
+                        hint="push again; if it persists, check the engine's logs")
+    return digest
+
+
+def stream_push(client, repository: str, tag: str, creds) -> str:
+    """Push through the engine, one progress bar per layer; returns the digest the engine reports."""
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    auth = {"username": creds.username, "password": creds.password} if creds else None
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
+    digest = None
+    tasks: dict[str, int] = {}
+    with Progress(*columns, console=Console(stderr=True), transient=False) as progress:
+        for event in client.api.push(repository, tag=tag, stream=True, decode=True, auth_config=auth):
+            if "error" in event:
+                raise UserError(f"push of {repository}:{tag} failed: {_one_line(event['error'])}",
+                                hint=_push_hint(event["error"], repository.split("/")[0]))
+            if "aux" in event and event["aux"].get("Digest"):
+                digest = event["aux"]["Digest"]
+            layer = event.get("id")
+            if not layer or layer == tag:
+                continue
+            detail = event.get("progressDetail") or {}
+            if layer not in tasks:
+                tasks[layer] = progress.add_task(f"{layer} {event.get('status', '')}", total=None)
+            status = event.get("status", "")
+            task = tasks[layer]
+            if detail.get("total"):
+                progress.update(task, total=detail["total"], completed=detail.get("current", 0),
+                                description=f"{layer} {status}")
+            else:
+                progress.update(task, description=f"{layer} {status}")
+                if status in ("Pushed", "Layer already exists") or status.startswith("Mounted from"):
+                    total = progress.tasks[[t.id for t in progress.tasks].index(task)].total or 1
+                    progress.update(task, total=total, completed=total)
+    if not digest:
+        raise UserError(f"push of {repository}:{tag} ended without a digest from the engine",
+                        hint="check `docker info` and the registry's logs")
+    return digest
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())[:240]
+
+
+def _push_hint(error: str, host: str) -> str:
+    low = error.lower()
+    if "unauthorized" in low or "authentication required" in low or "denied" in low:
+        return f"run: ngcx login {host}"
+    if "connection refused" in low or "no such host" in low or "timeout" in low:
+        return "is the registry running and reachable from the Docker Engine?"
+    return "see the registry's logs"
