@@ -58,6 +58,10 @@ class EngineFailure(Exception):
     """engine.infer() raised or returned something unusable; the server answers 500."""
 
 
+class ShuttingDown(EngineFailure):
+    """The batcher has stopped (server draining); the server answers 503."""
+
+
 class _Pending:
     """One queued request: its inputs, batch key, and a slot for the result."""
 
@@ -101,7 +105,7 @@ class Batcher:
         item = _Pending(feeds, batch, batch_key(feeds) if self.batchable else ("solo", id(feeds)))
         with self._cond:
             if self._stopping:
-                raise EngineFailure("the server is shutting down")
+                raise ShuttingDown("the server is shutting down; retry against another replica")
             self._queue.append(item)
             self._cond.notify()
         item.done.wait()

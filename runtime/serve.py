@@ -28,7 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from ngcx_runtime.batching import Batcher, EngineFailure, Stats
+from ngcx_runtime.batching import Batcher, EngineFailure, ShuttingDown, Stats
 from ngcx_runtime.engine import Engine, TensorSpec
 from ngcx_runtime.errors import RuntimeUserError
 from ngcx_runtime.protocol import ProtocolError, build_response, parse_header, parse_infer_request
@@ -280,7 +280,7 @@ class _Handler(BaseHTTPRequestHandler):
             try:
                 results = app.batcher.submit(req.inputs, req.batch)
             except EngineFailure as exc:
-                raise ProtocolError(str(exc), 500) from None
+                raise ProtocolError(str(exc), 503 if isinstance(exc, ShuttingDown) else 500) from None
             missing = [n for n, _ in req.outputs if n not in results]
             if missing:
                 raise ProtocolError(f"engine '{app.name}' returned no output {', '.join(missing)}", 500)

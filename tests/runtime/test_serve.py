@@ -111,11 +111,14 @@ def test_tritonclient_health_and_metadata(conv_server):
 
 # -- inference: tritonclient binary, tritonclient JSON, raw JSON, raw binary --
 
-def test_tritonclient_binary_infer_matches_onnxruntime(conv_server, conv_path):
+@pytest.mark.parametrize("compression", [None, "gzip", "deflate"])
+def test_tritonclient_binary_infer_matches_onnxruntime(conv_server, conv_path, compression):
     x = models.sample_inputs("conv", 5, seed=1)["input"]
     inp = httpclient.InferInput("input", list(x.shape), "FP32")
     inp.set_data_from_numpy(x)                       # binary_data=True: tritonclient's default
-    res = triton(conv_server).infer("conv", [inp], request_id="req-7")
+    res = triton(conv_server).infer("conv", [inp], request_id="req-7",
+                                    request_compression_algorithm=compression,
+                                    response_compression_algorithm=compression)
     np.testing.assert_allclose(res.as_numpy("logits"), reference(conv_path, {"input": x})["logits"],
                                rtol=1e-5, atol=1e-5)
     resp = res.get_response()
