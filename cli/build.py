@@ -1,0 +1,381 @@
+"""`ngcx build`: render a release into a build context and build it with BuildKit.
+
+Why the docker CLI for this one step: BuildKit secrets (the CA bundle, a pip.conf with index
+credentials) travel over a BuildKit session that the docker SDK cannot open; the Debian
+docker.io CLI (20.10) drives BuildKit itself with DOCKER_BUILDKIT=1. Everything around the
+build (engine checks, base image checks, inspecting the result) uses the docker SDK.
+
+Secrets never touch the build context: they are written to a private temp dir (0700), passed
+with --secret, mounted as tmpfs for the RUN steps that need them, and deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from ngcx.errors import UserError
+
+if TYPE_CHECKING:
+    from ngcx.catalog.model import Release
+
+CA_ENV_VARS = ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")
+STEP_LINE = re.compile(r"^#(?P<id>\d+) (?P<rest>.*)$")
+CREDENTIALS_IN_URL = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@", re.IGNORECASE)
+
+
+class BuildFailed(UserError):
+    """The engine ran the build and a step failed (exit 1; the step's log was already shown)."""
+
+    exit_code = 1
+
+
+@dataclass
+class BuildOptions:
+    """What the user asked for, validated."""
+
+    variant: str = "runtime"
+    tag: str | None = None
+    base: str | None = None
+    ca_cert: Path | None = None
+    pip_index_url: str | None = None
+    pip_extra_index_urls: list[str] = field(default_factory=list)
+    apt_mirror: str | None = None
+    no_cache: bool = False
+    progress: str = "auto"
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    tag: str
+    image_id: str
+    size_bytes: int
+    duration_s: float
+    steps: int
+    cached_steps: int
+    base: str
+    context: Path
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def redact(text: str) -> str:
+    """Hide user:password@ in any URL before it reaches a terminal or a log."""
+    return CREDENTIALS_IN_URL.sub(r"\g<scheme>***@", text)
+
+
+def detect_ca(explicit: Path | None) -> Path | None:
+    """--ca-cert FILE, else the first of PIP_CERT / REQUESTS_CA_BUNDLE / SSL_CERT_FILE that is set."""
+    if explicit is not None:
+        return _checked_ca(explicit, "--ca-cert")
+    for var in CA_ENV_VARS:
+        value = os.environ.get(var)
+        if value:
+            return _checked_ca(Path(value), f"${var}")
+    return None
+
+
+def _checked_ca(path: Path, origin: str) -> Path:
+    if not path.is_file():
+        raise UserError(f"CA bundle {path} (from {origin}) does not exist",
+                        hint="pass --ca-cert with an existing PEM file, or unset the variable")
+    try:
+        head = path.read_bytes()[:1 << 20]
+    except OSError as exc:
+        raise UserError(f"CA bundle {path} (from {origin}) cannot be read: {exc.strerror}") from None
+    if b"-----BEGIN CERTIFICATE-----" not in head:
+        raise UserError(f"CA bundle {path} (from {origin}) is not a PEM certificate bundle",
+                        hint="it must contain -----BEGIN CERTIFICATE----- blocks")
+    return path
+
+
+def _check_url(value: str | None, flag: str) -> None:
+    if value and not re.match(r"^https?://[^\s]+$", value):
+        raise UserError(f"{flag} {redact(value)!r} is not an http(s) URL")
+
+
+def pip_conf_text(opts: BuildOptions) -> str | None:
+    """The pip.conf secret: index URLs (which may carry credentials) — None when not needed."""
+    lines = []
+    if opts.pip_index_url:
+        lines.append(f"index-url = {opts.pip_index_url}")
+    if opts.pip_extra_index_urls:
+        lines.append("extra-index-url = " + " ".join(opts.pip_extra_index_urls))
+    return "[global]\n" + "\n".join(lines) + "\n" if lines else None
+
+
+# ----------------------------------------------------------------------------- engine checks
+
+
+def ensure_base(client, base: str, release: Release) -> None:
+    """The base must be local (or pullable): say how to get it instead of an opaque BuildKit error."""
+    from ngcx.docker_util import image_or_none
+
+    if image_or_none(client, base) is not None:
+        return
+    try:
+        client.images.pull(base)
+        return
+    except Exception as exc:  # docker.errors.APIError / ImageNotFound / requests errors
+        reason = str(exc).splitlines()[0][:120]
+    offline = release.base.offline
+    hint = (f"on an offline machine run `ngcx base bootstrap --suite {release.base.suite}` and build "
+            f"with --base offline ({offline})" if offline and base != offline
+            else f"run `ngcx base bootstrap --suite {release.base.suite or 'bookworm'}` first")
+    raise UserError(f"base image {base} is not available locally and could not be pulled ({reason})",
+                    hint=hint)
+
+
+# ----------------------------------------------------------------------------- progress
+
+
+@dataclass
+class Step:
+    id: str
+    name: str = ""
+    status: str = "running"  # running | done | cached | error
+    seconds: float | None = None
+    log: deque = field(default_factory=lambda: deque(maxlen=25))
+
+
+class ProgressParser:
+    """Reads BuildKit's --progress=plain lines into steps (name, state, last log lines)."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, Step] = {}
+        self.order: list[str] = []
+        self.error: str | None = None
+
+    def feed(self, raw: str) -> Step | None:
+        line = redact(raw.rstrip("\n"))
+        m = STEP_LINE.match(line)
+        if not m:
+            return None
+        sid, rest = m.group("id"), m.group("rest")
+        step = self.steps.get(sid)
+        if step is None:
+            step = self.steps[sid] = Step(sid)
+            self.order.append(sid)
+        if rest == "CACHED":
+            step.status = "cached"
+        elif rest.startswith("DONE"):
+            step.status = "done"
+            try:
+                step.seconds = float(rest.split()[1].rstrip("s"))
+            except (IndexError, ValueError):
+                pass
+        elif rest.startswith("ERROR"):
+            step.status = "error"
+            self.error = rest
+        elif not step.name and rest.startswith("["):
+            step.name = rest
+        elif not step.name:
+            step.name = rest
+        else:
+            text = re.sub(r"^\d+\.\d+ ", "", rest)
+            step.log.append(text)
+        return step
+
+    def build_steps(self) -> list[Step]:
+        """The Dockerfile steps ([n/m] ...), in order."""
+        return [self.steps[s] for s in self.order if self.steps[s].name.startswith("[")]
+
+    def failed(self) -> Step | None:
+        return next((self.steps[s] for s in self.order if self.steps[s].status == "error"), None)
+
+
+def _run_build(cmd: list[str], env: dict[str, str], progress: str) -> ProgressParser:
+    """Run docker build, showing live progress; returns the parsed steps."""
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
+
+    parser = ProgressParser()
+    console = Console(stderr=True)
+    live_ok = progress == "auto" and console.is_terminal
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace", bufsize=1)
+    assert proc.stdout is not None
+
+    def view() -> Text:
+        steps = parser.build_steps()
+        text = Text()
+        for s in steps[-12:]:
+            mark = {"done": "✓", "cached": "✓ cached", "error": "✗", "running": "…"}[s.status]
+            secs = f" {s.seconds:.1f}s" if s.seconds is not None else ""
+            text.append(f"{mark:<9}{s.name[:110]}{secs}\n")
+            if s.status == "running" and s.log:
+                text.append(f"          {s.log[-1][:100]}\n", style="dim")
+        return text
+
+    try:
+        if live_ok:
+            with Live(view(), console=console, refresh_per_second=4, transient=False) as live:
+                for line in proc.stdout:
+                    parser.feed(line)
+                    live.update(view())
+        else:
+            for line in proc.stdout:
+                step = parser.feed(line)
+                if step is not None and step.name.startswith("[") and step.status in ("done", "cached"):
+                    console.print(f"{'✓ cached' if step.status == 'cached' else '✓':<9}{step.name[:110]}"
+                                  + (f" {step.seconds:.1f}s" if step.seconds else ""), highlight=False)
+                elif progress == "plain" and step is not None:
+                    console.print(redact(line.rstrip()), highlight=False, markup=False)
+        proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait(timeout=30)
+        raise
+    parser.returncode = proc.returncode  # type: ignore[attr-defined]
+    return parser
+
+
+# ----------------------------------------------------------------------------- build
+
+
+def build(release: Release, opts: BuildOptions, catalog=None) -> BuildResult:
+    """Render, build, inspect and record one image."""
+    from ngcx import naming, paths, render, state
+    from ngcx.docker_util import docker_cli, engine_client
+
+    image_spec = catalog.image(release.image) if catalog else None
+    if image_spec is not None and not image_spec.buildable and not (opts.pip_index_url or opts.pip_extra_index_urls):
+        raise UserError(f"{release.ref} cannot be built here: {image_spec.not_buildable_reason}",
+                        hint="`ngcx render` still works; on a machine that reaches that index, build with "
+                             "--pip-extra-index-url URL (or a mirror of it)")
+    _check_url(opts.pip_index_url, "--pip-index-url")
+    for url in opts.pip_extra_index_urls:
+        _check_url(url, "--pip-extra-index-url")
+    _check_url(opts.apt_mirror, "--apt-mirror")
+    ca = detect_ca(opts.ca_cert)
+    tag = opts.tag or naming.local_tag(release.image, release.tag, opts.variant)
+    base = render.resolve_base(release, opts.base)
+
+    client = engine_client()
+    cli = docker_cli()
+    if cli is None:
+        raise UserError("the docker CLI is not installed (BuildKit builds need it)",
+                        hint="apt-get install docker.io, or run scripts/setup.sh")
+    ensure_base(client, base, release)
+
+    context_dir = paths.state_dir() / "contexts" / f"{release.image}-{release.tag}-{opts.variant}"
+    ctx = render.write_context(release, context_dir, opts.variant, opts.base, catalog)
+
+    with tempfile.TemporaryDirectory(prefix="ngcx-secrets-") as secret_dir:
+        os.chmod(secret_dir, 0o700)
+        cmd = [cli, "build", "--progress=plain", "-t", tag,
+               "--build-arg", f"BASE_IMAGE={base}",
+               "--build-arg", f"NGCX_CREATED={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
+               "--build-arg", f"NGCX_REVISION={_revision()}"]
+        if opts.apt_mirror:
+            cmd += ["--build-arg", f"APT_MIRROR={opts.apt_mirror.rstrip('/')}"]
+        if ca:
+            cmd += ["--secret", f"id=ca,src={ca}"]
+        conf = pip_conf_text(opts)
+        if conf:
+            conf_file = Path(secret_dir) / "pip.conf"
+            conf_file.touch(mode=0o600)
+            conf_file.write_text(conf)
+            cmd += ["--secret", f"id=pip_conf,src={conf_file}"]
+        if opts.no_cache:
+            cmd.append("--no-cache")
+        cmd.append(str(ctx.path))
+        env = {**os.environ, "DOCKER_BUILDKIT": "1"}
+        started = time.monotonic()
+        print(f"building {tag} from {base} ({release.ref}, {opts.variant}); context {ctx.path}")
+        parser = _run_build(cmd, env, opts.progress)
+        duration = time.monotonic() - started
+
+    if parser.returncode != 0:  # type: ignore[attr-defined]
+        _report_failure(parser)
+    img = client.images.get(tag)
+    size = int(img.attrs.get("Size") or 0)
+    steps = parser.build_steps()
+    cached = sum(1 for s in steps if s.status == "cached")
+    state.record_build(image=release.image, release=release.tag, variant=opts.variant, tag=tag,
+                       image_id=img.id, digest=None, size_bytes=size, duration_s=round(duration, 2),
+                       base=base, dockerfile_sha=ctx.digest)
+    return BuildResult(tag, img.id, size, duration, len(steps), cached, base, ctx.path)
+
+
+def _revision() -> str:
+    """The ngcx source revision (git) for the OCI revision label, or 'unknown'."""
+    from ngcx import paths
+
+    try:
+        out = subprocess.run(["git", "-C", str(paths.data_dir()), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+def _report_failure(parser: ProgressParser) -> None:
+    """Print the failing step and its last log lines, then raise BuildFailed (exit 1)."""
+    import sys
+
+    step = parser.failed()
+    if step is None:
+        tail = [s for s in parser.steps.values() if s.log]
+        detail = tail[-1].log if tail else []
+        for line in list(detail)[-15:]:
+            print(f"  | {line}", file=sys.stderr)
+        raise BuildFailed("docker build failed before any step ran"
+                          + (f": {detail[-1]}" if detail else ""))
+    print(f"\nfailed step: {step.name}", file=sys.stderr)
+    for line in list(step.log)[-20:]:
+        print(f"  | {line}", file=sys.stderr)
+    raise BuildFailed(f"build failed at {step.name.split(']')[0]}]: {parser.error or 'see the log above'}")
+
+
+# ----------------------------------------------------------------------------- command
+
+VariantOpt = Annotated[str, typer.Option("--variant", help="runtime (slim) or devel.")]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("build")
+    def build_cmd(
+        ref: Annotated[str, typer.Argument(help="IMAGE[:RELEASE]; a bare image = newest release.")],
+        tag: Annotated[str | None, typer.Option("--tag", help="Image tag (default ngcx/IMAGE:RELEASE-VARIANT).")] = None,
+        variant: VariantOpt = "runtime",
+        base: Annotated[str | None, typer.Option(
+            "--base", help="Base image; 'offline' = the bootstrapped base (ngcx base bootstrap).")] = None,
+        ca_cert: Annotated[Path | None, typer.Option(
+            "--ca-cert", help="CA bundle for pip/apt (default: $PIP_CERT, $REQUESTS_CA_BUNDLE, $SSL_CERT_FILE).")] = None,
+        pip_index_url: Annotated[str | None, typer.Option("--pip-index-url", help="pip index (may hold credentials).")] = None,
+        pip_extra_index_url: Annotated[list[str] | None, typer.Option(
+            "--pip-extra-index-url", help="Extra pip index (repeatable).")] = None,
+        apt_mirror: Annotated[str | None, typer.Option(
+            "--apt-mirror", help="Debian mirror, e.g. http://mirrors.aliyun.com.")] = None,
+        no_cache: Annotated[bool, typer.Option("--no-cache", help="Ignore the layer cache.")] = False,
+        progress: Annotated[str, typer.Option("--progress", help="auto | plain | quiet.")] = "auto",
+        catalog_file: Annotated[Path | None, typer.Option("--catalog", help="Catalog file.")] = None,
+    ) -> None:
+        """Build an image from the catalog with BuildKit (secrets never land in a layer)."""
+        from ngcx import naming, output
+        from ngcx.catalog import load_catalog
+
+        if variant not in naming.VARIANTS:
+            raise UserError(f"unknown variant {variant!r}", hint=f"use one of {', '.join(naming.VARIANTS)}")
+        if progress not in ("auto", "plain", "quiet"):
+            raise UserError(f"--progress {progress!r}: use auto, plain or quiet")
+        cat = load_catalog(catalog_file)
+        release = cat.resolve(ref)
+        opts = BuildOptions(variant=variant, tag=tag, base=base, ca_cert=ca_cert, pip_index_url=pip_index_url,
+                            pip_extra_index_urls=list(pip_extra_index_url or []), apt_mirror=apt_mirror,
+                            no_cache=no_cache, progress=progress)
+        result = build(release, opts, cat)
+        print(f"built {result.tag}  {result.image_id[:19]}  {output.human_size(result.size_bytes)}  "
+              f"in {result.duration_s:.1f}s ({result.cached_steps}/{result.steps} steps cached)")
