@@ -187,6 +187,20 @@ class _Handler(BaseHTTPRequestHandler):
         with contextlib.suppress(OSError):
             self._send_json(code, {"error": text})
 
+    def handle_expect_100(self) -> bool:
+        """curl sends `Expect: 100-continue` for large bodies: refuse an oversized one before upload."""
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = 0
+        app = self.server.app
+        if length > app.max_body:
+            self.close_connection = True
+            self._error(413, f"request body of {length} bytes exceeds the limit of {app.max_body_text}; "
+                             "restart the server with a larger --max-body-mb")
+            return False
+        return super().handle_expect_100()
+
     def _dispatch(self, method: str) -> None:
         app = self.server.app
         self._body_done = False

@@ -105,6 +105,8 @@ def test_tritonclient_health_and_metadata(conv_server):
     assert meta["name"] == "conv" and meta["platform"] == "onnxruntime_onnx" and meta["versions"] == ["1"]
     assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 3, 16, 16]}]
     assert meta["outputs"] == [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]}]
+    stats = c.get_inference_statistics("conv")["model_stats"][0]
+    assert stats["name"] == "conv" and stats["version"] == "1" and "inference_stats" in stats
     config = c.get_model_config("conv")
     assert config["max_batch_size"] == 64 and config["input"][0]["dims"] == [3, 16, 16]
 
@@ -370,6 +372,17 @@ def test_bad_input_corpus_gets_clear_errors_and_server_keeps_serving(conv_server
     good = session.post(f"{conv_server.url}/v2/models/conv/infer", timeout=TIMEOUT,
                         json={"inputs": [_json_input(data=x.ravel().tolist())]})
     assert good.status_code == 200 and good.json()["outputs"][0]["shape"] == [1, 10]
+
+
+def test_oversized_upload_is_refused_before_the_body_with_expect_100(addmul_server):
+    """curl's `Expect: 100-continue`: the 413 arrives without the client sending its body."""
+    conn = http.client.HTTPConnection("127.0.0.1", addmul_server.port, timeout=TIMEOUT)
+    conn.putrequest("POST", "/v2/models/addmul/infer")
+    conn.putheader("Content-Length", str(10**9))
+    conn.putheader("Expect", "100-continue")
+    conn.endheaders()                               # no body sent at all
+    r = conn.getresponse()
+    assert r.status == 413 and "exceeds the limit" in json.loads(r.read())["error"]
 
 
 def test_unknown_http_method_gets_v2_error(conv_server):
