@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("info", "optimize", "serve", "bench")
+COMMANDS = ("info", "optimize", "serve", "bench", "selftest")
 
 
 def build_parser() -> argparse.ArgumentParser:
