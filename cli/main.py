@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning user errors into one line and exit code 2."""
     app = build_app()
     try:
-        app(args=argv, standalone_mode=False)
+        # Without standalone mode click RETURNS typer.Exit's code instead of exiting with it.
+        rc = app(args=argv, standalone_mode=False)
     except UserError as exc:
         print(f"ngcx: error: {exc.line()}", file=sys.stderr)
         sys.exit(exc.exit_code)
@@ -57,15 +58,16 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit:
         raise
     except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(2)
-        if isinstance(exc, click.exceptions.Abort):
+        # typer >= 0.29 vendors click (typer._click), so `click.exceptions.ClickException` no
+        # longer matches: recognise click's exceptions by name / interface, whichever click it is.
+        if type(exc).__name__ == "Abort":
             sys.exit(1)
+        show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
+        if callable(show) and isinstance(code, int):
+            show()
+            sys.exit(code)
         raise
-    sys.exit(0)
+    sys.exit(rc if isinstance(rc, int) else 0)
 
 
 if __name__ == "__main__":
