@@ -103,14 +103,18 @@ def _show(ref: str, json_out: bool, catalog_file: Path | None) -> None:
 
 def _built_images(rel: Release) -> list[dict]:
     """Builds of this release recorded in the state store (empty when none or no store)."""
+    from ngcx import state
+
     try:
-        from ngcx import state
-    except ImportError:
-        return []
-    try:
-        return [b for b in state.list_builds() if b["image"] == rel.image and b["release"] == rel.tag]
+        builds = state.list_builds(rel.image)
     except Exception:  # a missing/locked state store must not break `catalog show`
         return []
+    newest: dict[str, dict] = {}  # list_builds is newest first: keep the newest build per tag
+    for b in builds:
+        if b.release == rel.tag and b.tag not in newest:
+            newest[b.tag] = {"tag": b.tag, "variant": b.variant, "size_bytes": b.size_bytes,
+                             "image_id": b.image_id, "digest": b.digest, "built_at": b.built_at}
+    return list(newest.values())
 
 
 def _check(catalog_file: Path | None, json_out: bool) -> None:

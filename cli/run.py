@@ -1,0 +1,110 @@
+"""`ngcx run IMAGE[:RELEASE] -- CMD...`: the workstation path — the same image, on this host's GPUs.
+
+Why a driver check first: a CUDA 13 image on a 550 driver fails deep inside the framework
+("CUDA driver version is insufficient") or, through NVIDIA_REQUIRE_CUDA, with a terse
+nvidia-container-cli error. ngcx compares the host driver with the release's floor for the
+host's GPU architecture before starting anything, and refuses naming both versions.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ngcx.errors import UserError
+
+
+def host_gpus() -> tuple[str | None, list[dict]]:
+    """Host driver version and GPUs, read with the same NVML probe that runs inside images."""
+    from ngcx_runtime import probe
+
+    driver, gpus, _reason = probe.driver_and_gpus()
+    return (driver or {}).get("version"), gpus
+
+
+def check_driver(labels: dict[str, str], release, driver: str | None, gpus: list[dict]) -> None:
+    """Refuse when the host driver is below what the image needs on this host's GPUs."""
+    from packaging.version import Version
+
+    if not gpus or not driver:
+        return
+    for gpu in gpus:
+        cc = gpu.get("compute_capability")
+        need = release.min_driver_for(cc) if release is not None else labels.get("ai.ngcx.min-driver", "0")
+        if Version(driver) < Version(need):
+            raise UserError(
+                f"host driver {driver} is too old for {labels.get('ai.ngcx.image')}:{labels.get('ai.ngcx.release')}"
+                f" on GPU {gpu.get('index')} ({gpu.get('name')}, compute capability {cc}): it needs >= {need}",
+                hint="upgrade the NVIDIA driver or pick an older release (`ngcx catalog ls`)")
+        supported = labels.get("ai.ngcx.compute-capabilities", "").split(",")
+        if cc and supported and cc not in supported:
+            raise UserError(
+                f"GPU {gpu.get('index')} ({gpu.get('name')}) has compute capability {cc}, which "
+                f"{labels.get('ai.ngcx.image')}:{labels.get('ai.ngcx.release')} has no kernels for "
+                f"(supported: {', '.join(supported)})", hint="pick a release that lists it (`ngcx catalog show`)")
+
+
+def docker_run_argv(cli: str, tag: str, cmd: list[str], gpus: bool, interactive: bool,
+                    ports: list[str], volumes: list[str], env: list[str]) -> list[str]:
+    argv = [cli, "run", "--rm"]
+    if interactive:
+        argv.append("-it")
+    if gpus:
+        argv += ["--gpus", "all"]
+    for p in ports:
+        argv += ["-p", p]
+    for v in volumes:
+        argv += ["-v", v]
+    for e in env:
+        argv += ["-e", e]
+    return [*argv, tag, *cmd]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    def run_cmd(
+        ctx: typer.Context,
+        ref: Annotated[str, typer.Argument(help="IMAGE[:RELEASE] or a local image tag.")],
+        variant: Annotated[str, typer.Option("--variant", help="runtime or devel.")] = "runtime",
+        publish: Annotated[list[str] | None, typer.Option("-p", "--publish", help="Port mapping (repeatable).")] = None,
+        volume: Annotated[list[str] | None, typer.Option("-v", "--volume", help="Bind mount (repeatable).")] = None,
+        env: Annotated[list[str] | None, typer.Option("-e", "--env", help="Environment variable (repeatable).")] = None,
+        gpu: Annotated[str, typer.Option("--gpu", help="auto | require | off")] = "auto",
+        catalog_file: Annotated[Path | None, typer.Option("--catalog", help="Catalog file.")] = None,
+    ) -> None:
+        """Run a command in an image on this host, with all its GPUs when it has NVIDIA GPUs."""
+        import sys
+
+        from ngcx.catalog import load_catalog
+        from ngcx.docker_util import docker_cli, engine_client
+        from ngcx.test import host_has_gpu, resolve_image
+
+        if gpu not in ("auto", "require", "off"):
+            raise UserError(f"--gpu {gpu!r}: use auto, require or off")
+        tag = resolve_image(ref, variant, catalog_file)
+        labels = engine_client().images.get(tag).labels or {}
+        release = None
+        if labels.get("ai.ngcx.image"):
+            try:
+                release = load_catalog(catalog_file).resolve(f"{labels['ai.ngcx.image']}:{labels['ai.ngcx.release']}")
+            except UserError:
+                release = None  # an image from another catalog: fall back to its labels
+        use_gpu, why = host_has_gpu()
+        if gpu == "off":
+            use_gpu = False
+        elif gpu == "require" and not use_gpu:
+            raise UserError(f"--gpu require: {why}")
+        if use_gpu:
+            driver, gpus = host_gpus()
+            check_driver(labels, release, driver, gpus)
+        else:
+            print(f"ngcx: {why or 'GPU off'}; running on the CPU", file=sys.stderr)
+        cli = docker_cli()
+        if cli is None:
+            raise UserError("the docker CLI is not installed", hint="apt-get install docker.io")
+        argv = docker_run_argv(cli, tag, list(ctx.args), use_gpu, sys.stdin.isatty() and sys.stdout.isatty(),
+                               publish or [], volume or [], env or [])
+        os.execvp(argv[0], argv)
