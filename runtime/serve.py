@@ -181,6 +181,8 @@ class _Handler(BaseHTTPRequestHandler):
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """The stdlib calls this for unparsable request lines and unknown methods: keep the v2 format."""
         self.close_connection = True
+        if getattr(self, "request_version", "HTTP/0.9") == "HTTP/0.9":
+            self.request_version = self.protocol_version   # garbage request line: still send a status line
         text = message or explain or self.responses.get(code, ("error",))[0]
         if code == 501:
             text = f"method {self.command} is not supported; use GET or POST"
@@ -404,7 +406,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_pieces(status, [json.dumps(doc, separators=(",", ":")).encode()], None)
 
     def _send_pieces(self, status: int, pieces: list, header_len: int | None) -> None:
-        accept = (self.headers.get("Accept-Encoding") or "").lower() if self.headers else ""
+        headers = getattr(self, "headers", None)      # absent when the request line was unparsable
+        accept = (headers.get("Accept-Encoding") or "").lower() if headers else ""
         coding = next((c for c in ("gzip", "deflate") if c in accept), None)
         if coding:
             pieces = [_compress(pieces, coding)]
@@ -420,13 +423,16 @@ class _Handler(BaseHTTPRequestHandler):
         if self.close_connection or self.server.app.draining:
             self.send_header("Connection", "close")
             self.close_connection = True
-        self.end_headers()
         if self.command == "HEAD":
+            self.end_headers()
             return
-        if total < SMALL_WRITE:
-            self.wfile.write(b"".join(pieces))
-            return
-        for p in pieces:
+        # One send for the HTTP headers plus the whole small body, or plus the JSON header of a
+        # large binary one (no Nagle / delayed-ACK stall); tensors then go straight from their arrays.
+        inline = len(pieces) if total < SMALL_WRITE else 1
+        self._headers_buffer.append(b"\r\n")
+        self._headers_buffer.extend(bytes(p) for p in pieces[:inline])
+        self.flush_headers()
+        for p in pieces[inline:]:
             self.wfile.write(p)
 
 

@@ -385,6 +385,21 @@ def test_oversized_upload_is_refused_before_the_body_with_expect_100(addmul_serv
     assert r.status == 413 and "exceeds the limit" in json.loads(r.read())["error"]
 
 
+def test_garbage_on_the_socket_gets_a_v2_error_and_the_server_survives(conv_server):
+    import socket
+
+    with socket.create_connection(("127.0.0.1", conv_server.port), timeout=TIMEOUT) as s:
+        s.sendall(b"\x16\x03\x01 this is not HTTP\r\n\r\n")   # e.g. a TLS client on the plain port
+        chunks = []
+        while chunk := s.recv(65536):                # the server closes after an unparsable request
+            chunks.append(chunk)
+        reply = b"".join(chunks).decode("latin-1")
+    status_line, _, rest = reply.partition("\r\n")
+    assert status_line.split()[1] == "400"
+    assert "error" in json.loads(rest.split("\r\n\r\n", 1)[1])
+    assert triton(conv_server).is_server_live()
+
+
 def test_unknown_http_method_gets_v2_error(conv_server):
     conn = http.client.HTTPConnection("127.0.0.1", conv_server.port, timeout=TIMEOUT)
     conn.request("BREW", "/v2")
