@@ -126,11 +126,12 @@ def push_and_verify(client, local_ref: str, repository: str, tag: str, host: str
 
 def stream_push(client, repository: str, tag: str, creds) -> str:
     """Push through the engine, one progress bar per layer; returns the digest the engine reports."""
+    from ngcx.docker_util import human_size
     from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+    from rich.progress import BarColumn, Progress, TextColumn
 
     auth = {"username": creds.username, "password": creds.password} if creds else None
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[bytes]}"))
     digest = None
     tasks: dict[str, int] = {}
     with Progress(*columns, console=Console(stderr=True), transient=False) as progress:
@@ -140,22 +141,21 @@ def stream_push(client, repository: str, tag: str, creds) -> str:
                                 hint=_push_hint(event["error"], repository.split("/")[0]))
             if "aux" in event and event["aux"].get("Digest"):
                 digest = event["aux"]["Digest"]
-            layer = event.get("id")
+            layer, status = event.get("id"), event.get("status", "")
             if not layer or layer == tag:
                 continue
-            detail = event.get("progressDetail") or {}
             if layer not in tasks:
-                tasks[layer] = progress.add_task(f"{layer} {event.get('status', '')}", total=None)
-            status = event.get("status", "")
-            task = tasks[layer]
+                tasks[layer] = progress.add_task(layer, total=None, bytes="")
+            detail = event.get("progressDetail") or {}
+            done = status in ("Pushed", "Layer already exists") or status.startswith("Mounted from")
             if detail.get("total"):
-                progress.update(task, total=detail["total"], completed=detail.get("current", 0),
-                                description=f"{layer} {status}")
+                current, total = detail.get("current", 0), detail["total"]
+                progress.update(tasks[layer], total=total, completed=current, description=f"{layer} {status}",
+                                bytes=f"{human_size(current)} / {human_size(total)}")
+            elif done:
+                progress.update(tasks[layer], total=1, completed=1, description=f"{layer} {status}")
             else:
-                progress.update(task, description=f"{layer} {status}")
-                if status in ("Pushed", "Layer already exists") or status.startswith("Mounted from"):
-                    total = progress.tasks[[t.id for t in progress.tasks].index(task)].total or 1
-                    progress.update(task, total=total, completed=total)
+                progress.update(tasks[layer], description=f"{layer} {status}")
     if not digest:
         raise UserError(f"push of {repository}:{tag} ended without a digest from the engine",
                         hint="check `docker info` and the registry's logs")
