@@ -15,9 +15,11 @@ import ctypes
 import glob
 import importlib
 import importlib.util
+import json
 import os
 import platform
 import site
+import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -193,7 +195,67 @@ def probe_library(name: str, extra_dirs: Iterable[str | Path] | None = None) -> 
 
 
 def libraries(extra_dirs: Iterable[str | Path] | None = None) -> dict[str, dict[str, Any]]:
+    """Probe every library in a child interpreter.
+
+    Why a child: dlopen() of, say, the system libcudnn.so.9 in this process would make a
+    framework imported afterwards bind to that copy instead of its bundled one (seen on a GPU
+    host: torch then refused to start, "compiled against 9.19 but found 9.14"). The probe must
+    not change what it measures.
+    """
+    extra = [str(d) for d in (extra_dirs or [])]
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--libraries-json", *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        return json.loads(proc.stdout)
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        return {name: {"error": f"library probe failed: {exc}".splitlines()[0]} for name in LIBRARIES}
+
+
+def libraries_here(extra_dirs: Iterable[str | Path] | None = None) -> dict[str, dict[str, Any]]:
+    """Probe in this process (what the child runs)."""
     return {name: probe_library(name, extra_dirs) for name in LIBRARIES}
+
+
+def mapped_copies() -> dict[str, str]:
+    """Library files already mapped into this process (e.g. by torch), by library name."""
+    found: dict[str, str] = {}
+    try:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return found
+    stems = {
+        name: tuple(so.split(".so")[0] + ".so" for so in sonames) for name, (sonames, _) in LIBRARIES.items()
+    }
+    for line in maps:
+        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+        base = os.path.basename(path)
+        for name, prefixes in stems.items():
+            if name not in found and any(base.startswith(p + ".") or base == p for p in prefixes):
+                found[name] = os.path.realpath(path)
+    return found
+
+
+def framework_copies(linker_view: dict[str, dict[str, Any]]) -> None:
+    """Add "framework_loaded" to a library entry when a framework in this process mapped another file."""
+    for name, path in mapped_copies().items():
+        entry = linker_view.get(name, {})
+        if entry.get("path") == path:
+            continue
+        try:
+            raw, version = LIBRARIES[name][1](ctypes.CDLL(path))  # already mapped: no new load
+        except (OSError, AttributeError) as exc:
+            entry["framework_loaded"] = {"path": path, "error": str(exc).splitlines()[0]}
+            continue
+        entry["framework_loaded"] = {
+            "path": path,
+            "version": version,
+            "raw": raw,
+            "wheel": owning_wheel(path),
+        }
 
 
 # ---------------------------------------------------------------- frameworks
@@ -386,11 +448,14 @@ def probe(extra_dirs: Iterable[str | Path] | None = None) -> dict[str, Any]:
     from ngcx_runtime.backends import availability_report
 
     driver, gpu_list, note = driver_and_gpus()
+    libs = libraries(extra_dirs)
+    fws = frameworks()
+    framework_copies(libs)
     report: dict[str, Any] = {
         "probe_version": PROBE_VERSION,
         "python": platform.python_version(),
-        "libraries": libraries(extra_dirs),
-        "frameworks": frameworks(),
+        "libraries": libs,
+        "frameworks": fws,
         "driver": driver,
         "gpus": gpu_list,
         "backends": availability_report(),
@@ -398,3 +463,7 @@ def probe(extra_dirs: Iterable[str | Path] | None = None) -> dict[str, Any]:
     if note:
         report["driver_note"] = note
     return report
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--libraries-json":
+    print(json.dumps(libraries_here(sys.argv[2:])))

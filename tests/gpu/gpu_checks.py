@@ -58,13 +58,25 @@ def probe_check() -> dict[str, Any]:
         out["status"] = "skipped"
         out["reason"] = report.get("driver_note", "no GPU")
         return out
-    mismatches = []
+    mismatches, findings = [], []
     torch_info = report["frameworks"].get("torch", {})
+    if "error" in torch_info or not torch_info:
+        mismatches.append(f"torch did not import next to the probe: {torch_info.get('error', 'absent')}")
     for lib in ("cudnn", "nccl"):
-        mine = report["libraries"][lib].get("version")
+        entry = report["libraries"][lib]
+        used = entry.get("framework_loaded") or entry
         theirs = torch_info.get(lib)
-        if mine and theirs and mine != theirs:
-            mismatches.append(f"{lib}: probe {mine} vs torch {theirs}")
+        if used.get("version") and theirs and used["version"] != theirs:
+            mismatches.append(
+                f"{lib}: probe read {used['version']} from the file torch mapped, torch says {theirs}"
+            )
+        if entry.get("framework_loaded") and entry.get("version") != entry["framework_loaded"].get("version"):
+            findings.append(
+                f"{lib}: the linker's default is {entry.get('version')} ({entry.get('path')}), torch "
+                f"uses its own {entry['framework_loaded'].get('version')} "
+                f"({entry['framework_loaded'].get('path')})"
+            )
+    out["findings"] = findings
     libs_ok = all("version" in report["libraries"][k] for k in ("cudart", "cublas", "cudnn", "nccl"))
     out["cross_check"] = mismatches or "probe matches torch for cudnn and nccl"
     out["status"] = "passed" if libs_ok and not mismatches else "failed"
