@@ -538,6 +538,8 @@ def start_server(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *, n
     if bound and max_batch > bound:
         raise ServeError(f"--max-batch {max_batch} exceeds the engine's max batch {bound} (its optimization "
                          f"profile); use --max-batch {bound} or rebuild the plan with a larger profile")
+    if name is not None and (not name or "/" in name):
+        raise ServeError(f"--name {name!r} must be a non-empty name without '/' (it is a URL path segment)")
     if max_queue_delay_ms < 0:
         raise ServeError(f"--max-queue-delay-ms {max_queue_delay_ms} must not be negative")
     if max_body_mb <= 0:

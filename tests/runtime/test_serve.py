@@ -48,6 +48,22 @@ def add_mul_model(path: Path) -> Path:
     return path
 
 
+def cast_model(path: Path, batch_dim: str | int = "N") -> Path:
+    """x INT64 [batch, 4] -> y = Cast(x, FP16): non-FP32 types on the wire, both directions."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT16)], "cast",
+        [helper.make_tensor_value_info("x", TensorProto.INT64, [batch_dim, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [batch_dim, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
 def load_engine(path: Path):
     """The runtime's own loader (plan.load) on a raw .onnx: a real ONNX Runtime engine."""
     from ngcx_runtime.plan import load
@@ -427,3 +443,46 @@ def test_stop_refuses_new_connections_and_readiness_reports_it(conv_path):
     handle.stop()
     with pytest.raises(requests.ConnectionError):
         requests.get(f"{handle.url}/v2/health/live", timeout=5)
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_int64_in_fp16_out_round_trip(tmp_path, binary):
+    handle = start_server(load_engine(cast_model(tmp_path / "cast.onnx")), "127.0.0.1", 0)
+    try:
+        x = np.array([[1, -2, 3, 2**11 + 1], [0, 5, 6, 60001]], dtype=np.int64)  # 2049, 60001 round in FP16
+        inp = httpclient.InferInput("x", [2, 4], "INT64")
+        inp.set_data_from_numpy(x, binary_data=binary)
+        out = httpclient.InferRequestedOutput("y", binary_data=binary)
+        res = triton(handle).infer("cast", [inp], outputs=[out])
+        y = res.as_numpy("y")
+        assert y.dtype == np.float16 and res.get_output("y")["datatype"] == "FP16"
+        np.testing.assert_array_equal(y, x.astype(np.float16))
+    finally:
+        handle.stop()
+
+
+def test_static_batch_model_is_never_merged(tmp_path):
+    """A model whose dim 0 is fixed cannot be concatenated: each request runs alone."""
+    handle = start_server(load_engine(cast_model(tmp_path / "cast.onnx", batch_dim=2)), "127.0.0.1", 0,
+                          max_queue_delay_ms=300)
+    try:
+        assert triton(handle).get_model_config("cast")["max_batch_size"] == 0
+        xs = [np.full((2, 4), i, np.int64) for i in range(4)]
+
+        def call(x):
+            inp = httpclient.InferInput("x", [2, 4], "INT64")
+            inp.set_data_from_numpy(x)
+            return triton(handle).infer("cast", [inp]).as_numpy("y")
+
+        for x, y in zip(xs, _concurrent(call, [(x,) for x in xs]), strict=True):
+            assert not isinstance(y, Exception), y
+            np.testing.assert_array_equal(y, x.astype(np.float16))
+        s = handle.stats()
+        assert s["engine_calls"] == 4 and s["batched_requests"] == 0, s
+    finally:
+        handle.stop()
+
+
+def test_model_name_with_a_slash_is_refused(conv_path):
+    with pytest.raises(ServeError, match="without '/'"):
+        start_server(load_engine(conv_path), "127.0.0.1", 0, name="a/b")
