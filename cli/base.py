@@ -17,9 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections import deque
 from pathlib import Path
 
@@ -128,6 +126,9 @@ def public_url(url: str) -> str:
 
 def check_mirror(mirror: str, suite: str) -> None:
     """Fetch dists/SUITE/Release so a dead mirror or a missing suite fails in seconds, not minutes."""
+    import urllib.error
+    import urllib.request
+
     url = f"{mirror.rstrip('/')}/dists/{suite}/Release"
     request = urllib.request.Request(url, method="GET")
     parts = urllib.parse.urlsplit(mirror)

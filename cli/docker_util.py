@@ -179,10 +179,13 @@ def auth_field(creds: Credentials) -> str:
 
 def split_registry(target: str) -> tuple[str, str]:
     """'host:5000/team/x' -> ('host:5000', 'team/x'); the namespace part may be empty."""
-    target = target.strip().rstrip("/")
+    target = target.strip()
     for prefix in ("https://", "http://"):
         if target.startswith(prefix):
             target = target[len(prefix):]
+    target = target.strip("/")
+    if target.endswith("/v2") or target == "v2":
+        target = target[:-2].rstrip("/")
     host, _, namespace = target.partition("/")
     if not host:
         raise UserError("empty registry name", hint="pass e.g. --registry 127.0.0.1:5000/team")

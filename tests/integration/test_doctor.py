@@ -62,3 +62,11 @@ def test_doctor_fails_with_hint_when_engine_down(isolated_state, tmp_path):
     assert "Traceback" not in proc.stderr
     data = json.loads(run_ngcx("doctor", "--json", env={"DOCKER_HOST": f"unix://{tmp_path}/n.sock"}).stdout)
     assert data["ok"] is False
+
+
+def test_doctor_fails_when_the_cli_cannot_drive_buildkit(docker_client, isolated_state):
+    """A docker CLI that cannot build (e.g. a CLI >= 23 without buildx) is a required failure."""
+    proc = run_ngcx("doctor", env={"NGCX_DOCKER_CLI": "/bin/false"})
+    assert proc.returncode == 1
+    line = next(ln for ln in proc.stdout.splitlines() if ln.split()[1:2] == ["buildkit"])
+    assert line.startswith("✗") and "buildx" in line
