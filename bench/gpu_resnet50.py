@@ -112,7 +112,9 @@ def export_pt2(torch, module, path: Path, example) -> Path:
     return path
 
 
-def plan_rows(torch, pt2: Path, batches: list[int], tag: str, input_dtype) -> tuple[list[dict], Any, dict]:
+def plan_rows(
+    torch, pt2: Path, batches: list[int], tag: str, input_dtype, profile: list[int]
+) -> tuple[list[dict], Any, dict]:
     from ngcx_runtime import plan
     from ngcx_runtime.bench import make_inputs
     from ngcx_runtime.optimize import OptimizeOptions, optimize
@@ -122,7 +124,7 @@ def plan_rows(torch, pt2: Path, batches: list[int], tag: str, input_dtype) -> tu
     res = optimize(
         pt2,
         pt2.parent / f"plan_{tag}",
-        OptimizeOptions(precision="fp16", batch_profile=batches, name=f"resnet50_{tag}"),
+        OptimizeOptions(precision="fp16", batch_profile=profile, name=f"resnet50_{tag}"),
         backend="pytorch",
     )
     info["optimize_seconds"] = round(time.perf_counter() - t0, 1)
@@ -130,7 +132,7 @@ def plan_rows(torch, pt2: Path, batches: list[int], tag: str, input_dtype) -> tu
     res2 = optimize(
         pt2,
         pt2.parent / f"plan_{tag}_again",
-        OptimizeOptions(precision="fp16", batch_profile=batches, name=f"resnet50_{tag}"),
+        OptimizeOptions(precision="fp16", batch_profile=profile, name=f"resnet50_{tag}"),
         backend="pytorch",
     )
     info["second_optimize"] = {"cache_hit": res2.cache_hit, "seconds": round(time.perf_counter() - t0, 2)}
@@ -164,26 +166,78 @@ def plan_rows(torch, pt2: Path, batches: list[int], tag: str, input_dtype) -> tu
         feeds = make_inputs(engine.inputs, b)
         sec = _sync_time(torch, lambda f=feeds: engine.infer(f), max(10, _iters(b) // 4), warmup=3)
         rows.append(_row(f"plan_host_{tag}", b, sec, input_datatype=engine.inputs[0].datatype))
+    info["plan_dir"] = str(res.plan_dir)
     return rows, engine, info
 
 
-def served_rows(engine, batches: list[int], concurrency: list[int], duration: float, tag: str) -> list[dict]:
-    from ngcx_runtime.bench import EnergyMeter, bench_http
-    from ngcx_runtime.serve import start_server
+SERVE_CMD = (
+    "import sys; sys.path.insert(0, 'bench'); import gpu_shim; gpu_shim.ensure_ngcx_runtime(); "
+    "from ngcx_runtime.cli import main; sys.exit(main(sys.argv[1:]))"
+)
 
+
+def _wait_ready(url: str, proc, timeout: float = 300.0) -> None:
+    import urllib.request
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError("server not ready in time")
+
+
+def served_rows(
+    engine, plan_dir: Path, batches: list[int], concurrency: list[int], duration: float, tag: str
+) -> list[dict]:
+    """`ngcx-runtime serve PLAN_DIR` in its own process (as deployed), clients in this one."""
+    import signal
+    import socket
+    import subprocess
+
+    from ngcx_runtime.bench import EnergyMeter, bench_http
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    repo = Path(__file__).resolve().parents[1]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            SERVE_CMD,
+            "serve",
+            str(plan_dir),
+            "--port",
+            str(port),
+            "--max-queue-delay-ms",
+            "0.5",
+        ],
+        cwd=repo,
+    )
     meter = EnergyMeter()
-    rows = []
+    rows: list[dict] = []
     try:
-        with start_server(engine, port=0, name=engine.name, max_queue_delay_ms=0.5) as handle:
-            for r in bench_http(handle.url, handle.name, engine, batches, concurrency, duration, meter):
-                r["name"] = f"served_{tag}"
-                print(json.dumps(r), flush=True)
-                rows.append(r)
-            stats = handle.stats() if hasattr(handle, "stats") else None
-            if stats:
-                rows.append({"name": f"served_{tag}_server_stats", "stats": stats})
+        _wait_ready(url, proc)
+        rows.append({"name": f"served_{tag}_startup", "seconds_to_ready": round(time.perf_counter() - t0, 1)})
+        for r in bench_http(url, engine.name, engine, batches, concurrency, duration, meter):
+            r["name"] = f"served_{tag}"
+            print(json.dumps(r), flush=True)
+            rows.append(r)
     finally:
         meter.close()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
     return rows
 
 
@@ -207,12 +261,14 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--batches", default="1,256")
-    ap.add_argument("--concurrency", default="1,4")
+    ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--profile", default="1,4,16,64,256", help="plan batch buckets (CUDA graphs)")
     ap.add_argument("--duration", type=float, default=6.0)
     ap.add_argument("--skip-uint8", action="store_true")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     conc = [int(c) for c in args.concurrency.split(",")]
+    profile = [int(c) for c in args.profile.split(",")]
     report: dict[str, Any] = {
         "stages": {},
         "rows": [],
@@ -258,7 +314,9 @@ def main() -> int:
         lambda: export_pt2(torch, model, work / "resnet50.pt2", torch.randn(2, 3, 224, 224)),
     )
     if pt2:
-        out = stage(report, "plan_fp32io", lambda: plan_rows(torch, pt2, batches, "fp16", torch.float16))
+        out = stage(
+            report, "plan_fp32io", lambda: plan_rows(torch, pt2, batches, "fp16", torch.float16, profile)
+        )
         if out:
             rows, engine, info = out
             report["rows"] += rows
@@ -266,7 +324,9 @@ def main() -> int:
             write()
             report["rows"] += (
                 stage(
-                    report, "served_fp16", lambda: served_rows(engine, batches, conc, args.duration, "fp16")
+                    report,
+                    "served_fp16",
+                    lambda: served_rows(engine, Path(info["plan_dir"]), batches, conc, args.duration, "fp16"),
                 )
                 or []
             )
@@ -286,7 +346,9 @@ def main() -> int:
             ),
         )
         if pt2u:
-            out = stage(report, "plan_uint8", lambda: plan_rows(torch, pt2u, batches, "uint8", torch.uint8))
+            out = stage(
+                report, "plan_uint8", lambda: plan_rows(torch, pt2u, batches, "uint8", torch.uint8, profile)
+            )
             if out:
                 rows, engine, info = out
                 report["rows"] += rows
@@ -296,7 +358,9 @@ def main() -> int:
                     stage(
                         report,
                         "served_uint8",
-                        lambda: served_rows(engine, batches, conc, args.duration, "uint8"),
+                        lambda: served_rows(
+                            engine, Path(info["plan_dir"]), batches, conc, args.duration, "uint8"
+                        ),
                     )
                     or []
                 )

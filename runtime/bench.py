@@ -183,13 +183,15 @@ class _StdlibClient:
             "outputs": [{"name": o, "parameters": {"binary_data": True}} for o in outputs],
         }
         head = json.dumps(header).encode()
-        body = b"".join([head, *(np.ascontiguousarray(v).tobytes() for v in feeds.values())])
-        self.conn.request(
-            "POST",
-            self.path,
-            body,
-            {"Inference-Header-Content-Length": str(len(head)), "Content-Type": "application/octet-stream"},
-        )
+        arrays = [np.ascontiguousarray(v).reshape(-1).view(np.uint8) for v in feeds.values()]
+        self.conn.putrequest("POST", self.path)
+        self.conn.putheader("Inference-Header-Content-Length", str(len(head)))
+        self.conn.putheader("Content-Type", "application/octet-stream")
+        self.conn.putheader("Content-Length", str(len(head) + sum(a.nbytes for a in arrays)))
+        self.conn.endheaders()
+        self.conn.send(head)
+        for a in arrays:  # tensor bytes straight from the arrays: no join, no copy
+            self.conn.send(a.data)
         resp = self.conn.getresponse()
         data = resp.read()
         if resp.status != 200:

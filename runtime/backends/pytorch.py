@@ -120,6 +120,7 @@ class TorchEngine:
         elif compile_mode:
             self.compile_note = "torch.compile skipped on CPU: CUDA graphs need a GPU; running eager"
         self._mod = mod
+        self._staging: dict[tuple, Any] = {}  # pinned host buffers, one per (input, bucket, shape)
         self.inputs = _input_specs(ep, _io_dtype(precision))
         self.outputs: list[TensorSpec] = []
         self._out_names: list[str] = []
@@ -162,21 +163,46 @@ class TorchEngine:
             for k in self._out_names
         }
 
+    def _stage(self, name: str, arr: np.ndarray, n: int, bucket: int):
+        """Host array -> device tensor through a reused pinned buffer of the bucket's size.
+
+        Why: pageable H2D copies run at a fraction of PCIe speed; one memcpy into pinned memory
+        plus an async copy is faster, and the buffer is safe to reuse because infer() waits for
+        the outputs (stream order) before returning. Padding rows are zeroed.
+        """
+        torch = self._torch
+        if self.device == "cpu" or bucket not in self._buckets:  # no bucket: no buffer to keep
+            padded = (
+                np.concatenate([arr, np.zeros((bucket - n, *arr.shape[1:]), arr.dtype)])
+                if bucket > n
+                else arr
+            )
+            t = torch.from_numpy(padded).to(self.device)
+        else:
+            key = (name, bucket, arr.shape[1:], arr.dtype.str)
+            buf = self._staging.get(key)
+            if buf is None:
+                buf = torch.empty(
+                    (bucket, *arr.shape[1:]), dtype=torch.from_numpy(arr[:0]).dtype, pin_memory=True
+                )
+                self._staging[key] = buf
+            host = buf.numpy()
+            host[:n] = arr
+            if bucket > n:
+                host[n:] = 0
+            t = buf.to(self.device, non_blocking=True)
+        if t.is_floating_point():
+            t = t.to(self._dtype)
+        if t.dim() == 4 and self._channels_last:
+            t = t.contiguous(memory_format=torch.channels_last)
+        return t
+
     def _infer_bucket(self, feeds: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
         torch = self._torch
         bucket = next((b for b in self._buckets if b >= n), n)
-        tensors = []
-        for spec in self.inputs:
-            arr = np.ascontiguousarray(feeds[spec.name])
-            if bucket > n:
-                pad = np.zeros((bucket - n, *arr.shape[1:]), arr.dtype)
-                arr = np.concatenate([arr, pad])
-            t = torch.from_numpy(arr).to(self.device, non_blocking=False)
-            if t.is_floating_point():
-                t = t.to(self._dtype)
-            if t.dim() == 4 and self._channels_last:
-                t = t.contiguous(memory_format=torch.channels_last)
-            tensors.append(t)
+        tensors = [
+            self._stage(spec.name, np.ascontiguousarray(feeds[spec.name]), n, bucket) for spec in self.inputs
+        ]
         outs = self._run(tensors)
         result = {}
         for name, t in zip(self._out_names, outs, strict=True):
