@@ -65,6 +65,18 @@ def test_torch_and_torchvision_are_the_pins():
     assert _same(torchvision.__version__, vision), f"torchvision {torchvision.__version__} vs pin {vision}"
 
 
+def test_torch_cuda_requirements_installed_exactly():
+    """Every nvidia-* wheel torch's Requires-Dist pins is installed at that exact version."""
+    import re
+    from importlib.metadata import distribution, version
+
+    wanted = [m.groups() for req in distribution("torch").requires or []
+              if (m := re.match(r"(nvidia-[\w-]+)\s*==\s*([\w.]+)", req))]
+    assert wanted, "torch declares no nvidia-* CUDA wheels (a CPU-only torch?)"
+    wrong = [f"{name} {version(name)} (wants {want})" for name, want in wanted if version(name) != want]
+    assert not wrong, "CUDA wheels differ from what torch asks for: " + ", ".join(wrong)
+
+
 def test_torch_built_for_image_cuda():
     import torch
 
