@@ -96,6 +96,8 @@ def _json_tensor(data: Any, dtype: np.dtype, shape: list[int], where: str) -> np
 
 def parse_header(raw: bytes | bytearray | memoryview) -> dict[str, Any]:
     """The JSON part of a request; one clear error when it is not a JSON object."""
+    if not len(raw):
+        raise ProtocolError("the request body is empty; send a JSON inference request with an 'inputs' list")
     try:
         doc = json.loads(bytes(raw) if isinstance(raw, memoryview) else raw)
     except (ValueError, UnicodeDecodeError) as exc:

@@ -309,10 +309,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _read_request(self):
         app = self.server.app
-        length = self._content_length()
         encoding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
         hlen_raw = self.headers.get("Inference-Header-Content-Length")
-        body = self._read_body(length)
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            body = self._read_chunked()
+        else:
+            body = self._read_body(self._content_length())
         if encoding in ("gzip", "deflate"):
             body = memoryview(_decompress(body, encoding, app.max_body, app.max_body_text))
         elif encoding != "identity":
@@ -332,10 +334,37 @@ class _Handler(BaseHTTPRequestHandler):
         eng = app.engine
         return parse_infer_request(doc, binary, eng.inputs, eng.outputs, app.name, app.batchable)
 
+    def _read_chunked(self) -> memoryview:
+        """Transfer-Encoding: chunked (curl -T -, streaming clients): slower, one extra copy."""
+        self._body_done = True
+        app = self.server.app
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            line = self.rfile.readline(1024)
+            try:
+                n = int(line.split(b";")[0].strip(), 16)
+            except ValueError:
+                self.close_connection = True
+                raise ProtocolError(f"malformed chunk size line {line[:40]!r} in a chunked body") from None
+            if n == 0:
+                while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
+                    pass                                   # trailers
+                break
+            size += n
+            if size > app.max_body:
+                self.close_connection = True
+                raise ProtocolError(f"chunked request body exceeds the limit of {app.max_body_text}; "
+                                    "restart the server with a larger --max-body-mb", 413)
+            chunk = self.rfile.read(n)
+            if len(chunk) != n:
+                self.close_connection = True
+                raise ConnectionError("client closed the connection inside a chunk")
+            parts.append(chunk)
+            self.rfile.readline(1024)                      # the CRLF after each chunk
+        return memoryview(b"".join(parts))
+
     def _content_length(self) -> int:
-        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
-            self.close_connection = True
-            raise ProtocolError("chunked request bodies are not supported; send a Content-Length", 411)
         raw = self.headers.get("Content-Length")
         if raw is None:
             raise ProtocolError("the inference request has no body (Content-Length missing)")

@@ -164,6 +164,11 @@ def test_raw_http_json_infer(conv_server, conv_path, layout):
     assert r.status_code == 200, r.text
     doc = r.json()
     assert doc["id"] == "abc" and doc["model_name"] == "conv"
+    if layout == "flat":                              # the same body, streamed (Transfer-Encoding: chunked)
+        raw = json.dumps(body).encode()
+        chunked = requests.post(f"{conv_server.url}/v2/models/conv/infer", timeout=TIMEOUT,
+                                data=(raw[i:i + 1000] for i in range(0, len(raw), 1000)))
+        assert chunked.status_code == 200 and chunked.json() == doc, chunked.text
     (out,) = doc["outputs"]
     assert out["name"] == "logits" and out["shape"] == [2, 10] and out["datatype"] == "FP32"
     got = np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
@@ -304,6 +309,7 @@ CONV, ADDM = "/models/conv/infer", "/models/addmul/infer"
 BAD = [
     ("malformed-json", "conv", "POST", CONV, b'{"inputs": [', {}, 400, "malformed JSON"),
     ("not-an-object", "conv", "POST", CONV, b"[1, 2]", {}, 400, "must be a JSON object"),
+    ("empty-body", "conv", "POST", CONV, b"", {}, 400, "the request body is empty"),
     ("no-inputs", "conv", "POST", CONV, b'{"inputs": []}', {}, 400, "non-empty 'inputs'"),
     ("unknown-model", "conv", "POST", "/models/nope/infer", _req(_json_input()), {}, 404,
      "unknown model 'nope'"),
@@ -363,6 +369,10 @@ BAD = [
      400, "unsupported Content-Encoding 'br'"),
     ("oversized-body", "addmul", "POST", ADDM, b"0" * 200_000, {}, 413,
      "exceeds the limit of 0.05 MB (52428 bytes)"),
+    ("oversized-chunked", "addmul", "POST", ADDM, [b"0" * 30_000] * 3, {}, 413,
+     "chunked request body exceeds the limit"),
+    ("bad-chunk-size", "conv", "POST", CONV, b"zz\r\nxx\r\n0\r\n\r\n", {"Transfer-Encoding": "chunked"},
+     400, "malformed chunk size line"),
     ("gzip-bomb", "addmul", "POST", ADDM, gzip.compress(b" " * 1_000_000),
      {"Content-Encoding": "gzip"}, 413, "decompressed request body exceeds the limit"),
     ("empty-batch", "conv", "POST", CONV, _req(_json_input(shape=(0, 3, 16, 16), data=[])), {},
@@ -376,7 +386,8 @@ def test_bad_input_corpus_gets_clear_errors_and_server_keeps_serving(conv_server
     failures = []
     for case, srv, method, path, body, headers, status, fragment in BAD:
         url = f"{servers[srv].url}/v2{path}"
-        r = session.request(method, url, data=body, headers=headers, timeout=TIMEOUT)
+        data = iter(body) if isinstance(body, list) else body      # a list goes out chunked
+        r = session.request(method, url, data=data, headers=headers, timeout=TIMEOUT)
         try:
             msg = r.json()["error"]
         except ValueError:
