@@ -1,0 +1,119 @@
+"""Every catalog image builds on the offline base and passes `ngcx test` — for real.
+
+Each buildable image:release is built with `ngcx build X --base offline` (real BuildKit, real
+wheels from PyPI) and verified with `ngcx test X --json`: every pin read back from the library
+the dynamic linker loaded in the container, the framework's own CUDA view, and the image's own
+tests (images/NAME/tests/) run inside it. Without a GPU, GPU checks must say they were skipped
+and why; nothing may fail.
+
+Which releases run: NGCX_IMAGE_MATRIX=ci (default) builds one release per image (the CI matrix,
+measured at well under 40 minutes cold on 2 cores); NGCX_IMAGE_MATRIX=all builds every
+buildable release. The rest are reported skipped with that reason, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+from conftest import run_ngcx
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+CI_MATRIX = ("cuda:24.05", "onnxruntime:25.08", "pytorch:24.11", "tensorflow:25.03")
+LIBRARIES = ("cudart", "cublas", "cudnn", "nccl")
+BUILD_TIMEOUT_S = 1800
+
+
+def _catalog_refs() -> tuple[list[str], list[tuple[str, str]]]:
+    """(buildable refs, [(render-only ref, reason)]) straight from registry.yaml."""
+    from ngcx.catalog import load_catalog
+
+    catalog = load_catalog()
+    buildable, refused = [], []
+    for name in catalog.image_names():
+        spec = catalog.image(name)
+        for tag in sorted(catalog.releases[name]):
+            ref = f"{name}:{tag}"
+            if spec.buildable:
+                buildable.append(ref)
+            else:
+                refused.append((ref, spec.not_buildable_reason or ""))
+    return buildable, refused
+
+
+def _matrix() -> str:
+    value = os.environ.get("NGCX_IMAGE_MATRIX", "ci")
+    if value not in ("ci", "all"):
+        raise pytest.UsageError(f"NGCX_IMAGE_MATRIX={value!r}: use ci (default) or all")
+    return value
+
+
+def _params() -> list:
+    """One param per buildable release; those outside the chosen matrix carry a skip with the reason."""
+    selected_all = _matrix() == "all"
+    params = []
+    for ref in _catalog_refs()[0]:
+        marks = []
+        if not selected_all and ref not in CI_MATRIX:
+            why = f"{ref} not in the CI matrix; NGCX_IMAGE_MATRIX=all builds it"
+            marks.append(pytest.mark.skip(reason=why))
+        params.append(pytest.param(ref, marks=marks, id=ref))
+    return params
+
+
+def test_ci_matrix_names_only_buildable_catalog_releases():
+    """A renamed or dropped release must fail here, not silently shrink the CI matrix."""
+    buildable = _catalog_refs()[0]
+    assert set(CI_MATRIX) <= set(buildable), sorted(set(CI_MATRIX) - set(buildable))
+    assert {ref.split(":")[0] for ref in CI_MATRIX} == {ref.split(":")[0] for ref in buildable}, \
+        "the CI matrix must cover every buildable image"
+
+
+@pytest.mark.parametrize("ref", _params())
+def test_image_builds_and_passes_ngcx_test(base_image, ref):
+    started = time.monotonic()
+    build = run_ngcx("build", ref, "--base", "offline", "--progress", "plain", timeout=BUILD_TIMEOUT_S)
+    assert build.returncode == 0, f"ngcx build {ref} failed:\n{(build.stdout + build.stderr)[-3000:]}"
+    built = time.monotonic() - started
+
+    result = run_ngcx("test", ref, "--json", timeout=900)
+    try:
+        report = json.loads(result.stdout)
+    except json.JSONDecodeError:
+        pytest.fail(f"ngcx test {ref} --json printed no JSON (exit {result.returncode}): "
+                    f"{result.stderr[-1500:]}")
+    bad = [c for c in report["checks"] if c["status"] not in ("✓", "skipped")]
+    assert not bad, f"{ref}: failed checks: " + "; ".join(
+        f"{c['name']}: expected {c['expected']}, found {c['found']} {c['note']}" for c in bad)
+    unexplained = [c["name"] for c in report["checks"] if c["status"] == "skipped" and not c["note"].strip()]
+    assert not unexplained, f"{ref}: skipped without a reason: {unexplained}"
+    assert result.returncode == 0 and report["ok"] is True, result.stderr[-1500:]
+
+    # The pins were read from the libraries the container's dynamic linker actually loaded,
+    # each owned by the pinned pip wheel, not just copied from the labels.
+    checked = {c["name"]: c for c in report["checks"]}
+    for lib in LIBRARIES:
+        assert checked.get(lib, {}).get("status") == "✓", f"{ref}: no passing {lib} check"
+        loaded = report["probe"]["libraries"][lib]
+        assert "/site-packages/nvidia/" in loaded["path"], f"{ref}: {lib} loaded from {loaded['path']}"
+        assert loaded["wheel"]["version"] == checked[lib]["expected"], (lib, loaded, checked[lib])
+    framework = ref.split(":")[0]
+    if framework != "cuda":
+        assert checked[{"pytorch": "torch"}.get(framework, framework)]["status"] == "✓"
+    selftests = [c for c in report["checks"] if c["name"].startswith("image test ")]
+    assert any(c["status"] == "✓" for c in selftests), f"{ref}: no image selftest passed: {selftests}"
+    print(f"{ref}: build {built:.0f}s, build+test {time.monotonic() - started:.0f}s")
+
+
+@pytest.mark.parametrize("ref", [ref for ref, _ in _catalog_refs()[1]] or ["tensorrt"])
+def test_render_only_image_refuses_to_build_with_reason(docker_client, ref):
+    """tensorrt needs NVIDIA's own pip index: build refuses in one line (exit 2), render still works."""
+    result = run_ngcx("build", ref, "--base", "offline", timeout=120)
+    assert result.returncode == 2, (result.returncode, result.stdout[-500:], result.stderr[-500:])
+    assert "cannot be built here" in result.stderr and "pypi.nvidia.com" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    rendered = run_ngcx("render", ref, timeout=120)
+    assert rendered.returncode == 0 and "tensorrt" in rendered.stdout, rendered.stderr[-500:]
