@@ -155,6 +155,9 @@ class _Handler(BaseHTTPRequestHandler):
         with contextlib.suppress(OSError):
             super().finish()
 
+    def version_string(self) -> str:
+        return self.server_version          # without the stdlib's Python version
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         if self.server.app.verbose:
             sys.stderr.write(f"serve: {self.address_string()} {format % args}\n")
@@ -218,6 +221,7 @@ class _Handler(BaseHTTPRequestHandler):
         except (ConnectionError, TimeoutError):
             self.close_connection = True
         except Exception as exc:  # noqa: BLE001 - the server must keep serving
+            self.close_connection = True       # the body may be unread; start the next request afresh
             self._error(500, f"internal error: {type(exc).__name__}: {exc}".replace("\n", " "))
         finally:
             with app.cond:
@@ -436,8 +440,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send_pieces(self, status: int, pieces: list, header_len: int | None) -> None:
         headers = getattr(self, "headers", None)      # absent when the request line was unparsable
-        accept = (headers.get("Accept-Encoding") or "").lower() if headers else ""
-        coding = next((c for c in ("gzip", "deflate") if c in accept), None)
+        coding = _response_coding(headers.get("Accept-Encoding") if headers else None)
         if coding:
             pieces = [_compress(pieces, coding)]
         total = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in pieces)
@@ -463,6 +466,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.flush_headers()
         for p in pieces[inline:]:
             self.wfile.write(p)
+
+
+def _response_coding(accept: str | None) -> str | None:
+    """gzip or deflate when the client's Accept-Encoding allows it (q > 0), else None."""
+    allowed = set()
+    for item in (accept or "").lower().split(","):
+        coding, _, params = item.strip().partition(";")
+        q = params.strip().removeprefix("q=") if params.strip().startswith("q=") else "1"
+        try:
+            if float(q) > 0:
+                allowed.add(coding.strip())
+        except ValueError:
+            continue
+    return next((c for c in ("gzip", "deflate") if c in allowed), None)
 
 
 def _decompress(body: memoryview, encoding: str, limit: int, limit_text: str) -> bytes:

@@ -115,7 +115,9 @@ def test_tritonclient_health_and_metadata(conv_server):
     c = triton(conv_server)
     assert c.is_server_live() and c.is_server_ready()
     assert c.is_model_ready("conv")
+    assert c.is_model_ready("conv", "1") and not c.is_model_ready("conv", "2")
     assert not c.is_model_ready("no-such-model")
+    assert c.get_model_repository_index() == [{"name": "conv", "version": "1", "state": "READY"}]
     assert "binary_tensor_data" in c.get_server_metadata()["extensions"]
     meta = c.get_model_metadata("conv")
     assert meta["name"] == "conv" and meta["platform"] == "onnxruntime_onnx" and meta["versions"] == ["1"]
