@@ -160,7 +160,7 @@ def bootstrap(client, *, suite: str, mirror: str, tag: str, variant: str, slim: 
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         run_debootstrap(root / "rootfs", suite=suite, mirror=mirror, variant=variant, tag=tag)
-        finish_rootfs(root / "rootfs", slim=slim)
+        finish_rootfs(root / "rootfs", slim=slim, mirror=mirror)
         return import_rootfs(client, root / "rootfs", tag=tag, labels=image_labels(suite, mirror, variant))
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -209,8 +209,15 @@ def run_debootstrap(target: Path, *, suite: str, mirror: str, variant: str, tag:
         raise UserError(f"debootstrap {suite} failed (exit {code}): {reason}", hint=f"full log: {log_path}")
 
 
-def finish_rootfs(rootfs: Path, *, slim: bool) -> None:
-    """Drop caches and (with slim) docs/man/locales, and make later apt installs stay small."""
+def finish_rootfs(rootfs: Path, *, slim: bool, mirror: str = "") -> None:
+    """Drop caches and (with slim) docs/man/locales, and make later apt installs stay small.
+
+    debootstrap writes the mirror URL as given into /etc/apt/sources.list; user:password in it
+    would end up in the image layer, so the credentials are stripped here.
+    """
+    sources = rootfs / "etc/apt/sources.list"
+    if mirror and sources.is_file() and public_url(mirror) != mirror:
+        sources.write_text(sources.read_text().replace(mirror, public_url(mirror)))
     for pattern in ("var/cache/apt/archives/*.deb", "var/cache/apt/*.bin", "var/lib/apt/lists/*",
                     "var/log/*.log", "var/log/apt/*"):
         for path in rootfs.glob(pattern):

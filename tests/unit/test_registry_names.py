@@ -64,3 +64,26 @@ def test_bootstrap_inputs_refused_before_any_work(args, needle):
         pytest.skip("input checks run after the root/debootstrap checks; needs root + debootstrap")
     with pytest.raises(UserError, match=needle.replace("-", r"\-")):
         check_inputs(*args)
+
+
+def test_finished_rootfs_has_no_mirror_credentials_caches_or_docs(tmp_path):
+    """What goes into the image layer: sources.list without user:password, no .debs, slim docs."""
+    from ngcx.base import finish_rootfs
+
+    mirror = "http://bob:hunter2@mirror.corp/debian"
+    root = tmp_path / "rootfs"
+    for rel, text in {"etc/apt/sources.list": f"deb {mirror} bookworm main\n",
+                      "var/cache/apt/archives/bash_5.2_amd64.deb": "x",
+                      "var/lib/apt/lists/deb.debian.org_dists_bookworm_Release": "x",
+                      "usr/share/doc/bash/copyright": "GPL", "usr/share/doc/bash/README": "x",
+                      "usr/share/man/man1/bash.1.gz": "x", "usr/share/locale/de/LC_MESSAGES/x.mo": "x",
+                      "usr/share/locale/locale.alias": "x"}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    finish_rootfs(root, slim=True, mirror=mirror)
+    assert (root / "etc/apt/sources.list").read_text() == "deb http://mirror.corp/debian bookworm main\n"
+    remaining = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    assert remaining == ["etc/apt/apt.conf.d/docker-clean", "etc/apt/sources.list",
+                         "etc/dpkg/dpkg.cfg.d/docker", "usr/share/doc/bash/copyright",
+                         "usr/share/locale/locale.alias"]
+    assert "hunter2" not in "".join(p.read_text() for p in root.rglob("*") if p.is_file())
