@@ -1,0 +1,169 @@
+"""`ngcx build` / `ngcx test` / `ngcx images` against the real Docker Engine (BuildKit).
+
+The cuda:24.05 image is built for real from real wheels (cudart, cuBLAS, cuDNN, NCCL) on the
+offline base; `ngcx test` must read every pin back from the libraries loaded in the container.
+One build goes through a CA bundle and a pip index URL with a password, and every layer, the
+history, the config and the build output are searched for both afterwards.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import secrets
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from conftest import BASE_IMAGE, run_ngcx
+
+pytestmark = pytest.mark.docker
+
+CUDA_REF = "cuda:24.05"
+CUDA_TAG = "ngcx/cuda:24.05-runtime"
+
+
+def _host_ca_bundle() -> Path:
+    for var in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
+        if os.environ.get(var) and Path(os.environ[var]).is_file():
+            return Path(os.environ[var])
+    return Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+def _marker_ca_bundle(tmp_path: Path) -> tuple[Path, list[str]]:
+    """The host's CA bundle plus one freshly made certificate whose body lines are unique."""
+    key, crt = tmp_path / "marker.key", tmp_path / "marker.crt"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", f"/CN=ngcx-leak-test-{secrets.token_hex(4)}", "-keyout", str(key), "-out", str(crt)],
+                   check=True, capture_output=True)
+    body = [ln for ln in crt.read_text().splitlines() if ln and not ln.startswith("-----")]
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_text(_host_ca_bundle().read_text() + "\n" + crt.read_text())
+    return bundle, body[2:6]  # four 64-char base64 lines: unique to this certificate
+
+
+def _scan_image(docker_client, tag: str, needles: list[str]) -> list[str]:
+    """Every place (layer file, history, config) where any needle occurs."""
+    hits: list[str] = []
+    raw = b"".join(docker_client.images.get(tag).save(named=True))
+    with tarfile.open(fileobj=io.BytesIO(raw)) as outer:
+        for member in outer.getmembers():
+            data = outer.extractfile(member).read() if member.isfile() else b""
+            if member.name.endswith("layer.tar"):
+                with tarfile.open(fileobj=io.BytesIO(data)) as layer:
+                    for f in layer.getmembers():
+                        if f.isfile():
+                            content = layer.extractfile(f).read()
+                            hits += [f"{member.name}:{f.name}" for n in needles if n.encode() in content]
+            else:
+                hits += [member.name for n in needles if n.encode() in data]
+    history = subprocess.run(["docker", "history", "--no-trunc", tag], capture_output=True, text=True).stdout
+    inspect = json.dumps(docker_client.api.inspect_image(tag))
+    hits += [f"history:{n[:8]}" for n in needles if n in history]
+    hits += [f"inspect:{n[:8]}" for n in needles if n in inspect]
+    return hits
+
+
+def test_build_through_ca_and_password_index_leaves_no_secret(docker_client, base_image, tmp_path, isolated_state):
+    bundle, cert_lines = _marker_ca_bundle(tmp_path)
+    password = f"pw-{secrets.token_hex(12)}"
+    tag = "ngcx-test/secrets:cuda"
+    result = run_ngcx("build", CUDA_REF, "--base", "offline", "--tag", tag, "--no-cache", "--progress", "plain",
+                      "--ca-cert", str(bundle), "--pip-index-url", f"https://ngcxuser:{password}@pypi.org/simple")
+    try:
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert password not in result.stdout + result.stderr
+        assert _scan_image(docker_client, tag, [password, *cert_lines]) == []
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
+
+
+def test_build_then_test_reads_every_pin_from_loaded_libraries(base_image):
+    build = run_ngcx("build", CUDA_REF, "--base", "offline")
+    assert build.returncode == 0, build.stderr[-2000:]
+    assert f"built {CUDA_TAG}" in build.stdout
+
+    result = run_ngcx("test", CUDA_REF, "--json")
+    report = json.loads(result.stdout)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert report["ok"] is True
+    checks = {c["name"]: c for c in report["checks"]}
+    for component, pin in (("cudart", "12.4.127"), ("cublas", "12.4.5.8"), ("cudnn", "9.1.0.70"), ("nccl", "2.21.5")):
+        assert checks[component]["status"] == "✓"
+        assert checks[component]["expected"] == pin
+        assert "wheel" in checks[component]["found"]  # read from the loaded library's owning wheel
+    assert report["probe"]["libraries"]["cudnn"]["raw"] == 90100  # cudnnGetVersion() itself
+    gpu_rows = [c for c in report["checks"] if c["name"].startswith("GPU")]
+    assert gpu_rows and all(c["status"] == "skipped" and "no GPU" in c["note"] for c in gpu_rows)
+    assert any(c["name"].startswith("image test") and c["status"] == "✓" for c in report["checks"])
+
+
+def test_warm_rebuild_reuses_every_heavy_layer(base_image):
+    first = run_ngcx("build", CUDA_REF, "--base", "offline")
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = run_ngcx("build", CUDA_REF, "--base", "offline", "--progress", "quiet")
+    assert again.returncode == 0
+    cached = [ln for ln in again.stderr.splitlines() if ln.startswith("✓ cached")]
+    assert any("apt-get" in ln or "/var/cache/apt" in ln for ln in cached), again.stderr
+    assert any("/root/.cache/pip" in ln for ln in cached), again.stderr
+    m = re.search(r"\((\d+)/(\d+) steps cached\)", again.stdout)
+    assert m and int(m.group(1)) >= 5, again.stdout
+
+
+def test_images_and_catalog_show_report_the_build(base_image):
+    assert run_ngcx("build", CUDA_REF, "--base", "offline").returncode == 0
+    rows = json.loads(run_ngcx("images", "--json").stdout)
+    row = next(r for r in rows if r["tag"] == CUDA_TAG)
+    assert row["present"] and row["size_bytes"] > 500_000_000 and row["release"] == "24.05"
+    show = json.loads(run_ngcx("catalog", "show", CUDA_REF, "--json").stdout)
+    assert any(b["tag"] == CUDA_TAG and b["size_bytes"] for b in show["built"])
+
+
+def test_gpu_require_without_gpu_fails_in_one_line(base_image):
+    assert run_ngcx("build", CUDA_REF, "--base", "offline").returncode == 0
+    result = run_ngcx("test", CUDA_REF, "--gpu", "require")
+    assert result.returncode == 1
+    assert result.stderr.strip().count("\n") == 0 and "no GPU" in result.stderr
+
+
+def test_failed_step_is_shown_with_its_log_and_no_password(base_image):
+    password = f"pw-{secrets.token_hex(8)}"
+    result = run_ngcx("build", CUDA_REF, "--base", "offline", "--tag", "ngcx-test/fail:x", "--no-cache",
+                      "--pip-index-url", f"http://u:{password}@127.0.0.1:9/simple", "--progress", "quiet")
+    assert result.returncode == 1
+    assert "failed step: [" in result.stderr and "pip install" in result.stderr
+    assert "  | " in result.stderr  # the step's last log lines
+    assert "ngcx: error: build failed at [" in result.stderr
+    assert password not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(("args", "env", "expect"), [
+    (["build", "cuda:99.99"], {}, "unknown release '99.99' of image 'cuda'"),
+    (["build", CUDA_REF, "--ca-cert", "/nonexistent/ca.pem"], {}, "does not exist"),
+    (["build", CUDA_REF, "--ca-cert", "/etc/hostname"], {}, "is not a PEM certificate bundle"),
+    (["build", CUDA_REF, "--base", "ngcx/base:does-not-exist"], {}, "ngcx base bootstrap"),
+    (["build", CUDA_REF, "--pip-index-url", "ftp://x"], {}, "is not an http(s) URL"),
+    (["build", CUDA_REF, "--variant", "fat"], {}, "unknown variant 'fat'"),
+    (["build", CUDA_REF], {"DOCKER_HOST": "unix:///tmp/ngcx-no-such.sock"}, "Docker Engine not reachable"),
+    (["test", CUDA_REF], {"DOCKER_HOST": "unix:///tmp/ngcx-no-such.sock"}, "Docker Engine not reachable"),
+    (["test", "ngcx/never-built:1"], {}, "unknown image"),
+])
+def test_bad_input_gives_one_line_and_exit_2(docker_client, args, env, expect):
+    result = run_ngcx(*args, env=env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ngcx: error: "), result.stderr
+    assert expect in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_offline_base_is_what_builds_start_from(docker_client, base_image):
+    assert run_ngcx("build", CUDA_REF, "--base", "offline").returncode == 0
+    labels = docker_client.images.get(CUDA_TAG).labels
+    assert base_image == BASE_IMAGE
+    assert labels["org.opencontainers.image.base.name"] == BASE_IMAGE
+    assert labels["ai.ngcx.pin.cudnn"] == "9.1.0.70" and labels["ai.ngcx.min-driver"] == "525.60.13"
