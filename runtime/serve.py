@@ -8,7 +8,13 @@ are read with readinto into a per-connection buffer that is reused across keep-a
 and become numpy views without copies.
 
 Batch limit: a request whose batch (dim 0) exceeds --max-batch is refused with 400, the way
-Triton refuses requests above max_batch_size; it is never split.
+Triton refuses requests above max_batch_size; it is never split. Models whose dim 0 is not
+dynamic on every input and output are never merged (max_batch_size 0 in /config).
+
+Status codes: 400 bad request body, 404 unknown model / version / path, 405 wrong method,
+413 body over --max-body-mb (also answered to `Expect: 100-continue`, before the upload),
+500 engine failure (the server keeps serving), 503 while draining. SIGTERM: stop accepting,
+finish in-flight requests (queued ones run at once), exit 0.
 
 Python API (used by bench and tests): start_server(engine, ...) -> ServerHandle.
 """
