@@ -66,12 +66,14 @@ def test_torch_and_torchvision_are_the_pins():
 
 
 def test_torch_cuda_requirements_installed_exactly():
-    """Every nvidia-* wheel torch's Requires-Dist pins is installed at that exact version."""
+    """Every nvidia-* wheel torch's Requires-Dist pins is installed at that exact version.
+
+    Requires-Dist comes as `name==v` or, in older wheels' metadata, `name (==v)`."""
     import re
     from importlib.metadata import distribution, version
 
     wanted = [m.groups() for req in distribution("torch").requires or []
-              if (m := re.match(r"(nvidia-[\w-]+)\s*==\s*([\w.]+)", req))]
+              if (m := re.match(r"(nvidia-[\w-]+)\s*\(?==\s*([\w.]+)", req))]
     assert wanted, "torch declares no nvidia-* CUDA wheels (a CPU-only torch?)"
     wrong = [f"{name} {version(name)} (wants {want})" for name, want in wanted if version(name) != want]
     assert not wrong, "CUDA wheels differ from what torch asks for: " + ", ".join(wrong)

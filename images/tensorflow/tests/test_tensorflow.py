@@ -70,7 +70,7 @@ def test_and_cuda_requirements_installed_exactly():
 
     wanted = []
     for req in distribution("tensorflow").requires or []:
-        m = re.match(r"(nvidia-[\w-]+)\s*==\s*([\w.]+)\s*;.*extra\s*==\s*['\"]and-cuda['\"]", req)
+        m = re.match(r"(nvidia-[\w-]+)\s*\(?==\s*([\w.]+)\)?\s*;.*extra\s*==\s*['\"]and-cuda['\"]", req)
         if m:
             wanted.append((m.group(1), m.group(2)))
     assert wanted, "tensorflow declares no [and-cuda] CUDA wheels"
