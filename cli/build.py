@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 CA_ENV_VARS = ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")
 STEP_LINE = re.compile(r"^#(?P<id>\d+) (?P<rest>.*)$")
+DOCKERFILE_STEP = re.compile(r"^\[(?:[\w.-]+ )?\d+/\d+\] ")  # "[3/8] RUN ..." or "[stage-0 3/8] RUN ..."
 CREDENTIALS_IN_URL = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@", re.IGNORECASE)
 
 
@@ -139,10 +140,36 @@ def ensure_base(client, base: str, release: Release) -> None:
 # ----------------------------------------------------------------------------- progress
 
 
+STEP_INSTRUCTIONS = ("FROM", "RUN", "COPY", "ADD", "WORKDIR")
+
+
+def step_titles(dockerfile_text: str) -> dict[int, str]:
+    """Step number -> a readable title: the recipe block's "# ---- title ----" heading plus the
+    instruction, so progress says "[3/8] CUDA 12.4 libraries as pinned wheels (RUN)" instead of
+    a wall of --mount options. Only FROM/RUN/COPY/ADD/WORKDIR become BuildKit steps."""
+    titles: dict[int, str] = {}
+    heading, n, continued = "", 0, False
+    for line in dockerfile_text.splitlines():
+        stripped = line.strip()
+        if continued:
+            continued = stripped.endswith("\\")
+            continue
+        if stripped.startswith("# ----"):
+            heading = stripped.lstrip("#").strip().strip("-").strip()
+            continue
+        word = stripped.split(" ", 1)[0].upper()
+        continued = stripped.endswith("\\")
+        if word in STEP_INSTRUCTIONS:
+            n += 1
+            titles[n] = f"{heading} ({word})" if heading else stripped[:80]
+    return titles
+
+
 @dataclass
 class Step:
     id: str
     name: str = ""
+    title: str = ""
     status: str = "running"  # running | done | cached | error
     seconds: float | None = None
     log: deque = field(default_factory=lambda: deque(maxlen=25))
@@ -151,7 +178,8 @@ class Step:
 class ProgressParser:
     """Reads BuildKit's --progress=plain lines into steps (name, state, last log lines)."""
 
-    def __init__(self) -> None:
+    def __init__(self, titles: dict[int, str] | None = None) -> None:
+        self.titles = titles or {}
         self.steps: dict[str, Step] = {}
         self.order: list[str] = []
         self.error: str | None = None
@@ -177,31 +205,34 @@ class ProgressParser:
         elif rest.startswith("ERROR"):
             step.status = "error"
             self.error = rest
-        elif not step.name and rest.startswith("["):
-            step.name = rest
         elif not step.name:
             step.name = rest
+            m = re.match(r"^\[(?:[\w.-]+ )?(\d+)/(\d+)\] ", rest)
+            if m:
+                step.title = f"[{m.group(1)}/{m.group(2)}] " + self.titles.get(int(m.group(1)), rest[m.end():])
         else:
             text = re.sub(r"^\d+\.\d+ ", "", rest)
             step.log.append(text)
         return step
 
     def build_steps(self) -> list[Step]:
-        """The Dockerfile steps ([n/m] ...), in order."""
-        return [self.steps[s] for s in self.order if self.steps[s].name.startswith("[")]
+        """The Dockerfile steps ([n/m] ...), in order (BuildKit's [internal] steps left out)."""
+        return [self.steps[s] for s in self.order if DOCKERFILE_STEP.match(self.steps[s].name)]
 
     def failed(self) -> Step | None:
         return next((self.steps[s] for s in self.order if self.steps[s].status == "error"), None)
 
 
-def _run_build(cmd: list[str], env: dict[str, str], progress: str) -> ProgressParser:
+def _run_build(cmd: list[str], env: dict[str, str], progress: str, titles: dict[int, str]) -> ProgressParser:
     """Run docker build, showing live progress; returns the parsed steps."""
+    import sys
+
     from rich.console import Console
     from rich.live import Live
     from rich.text import Text
 
-    parser = ProgressParser()
-    console = Console(stderr=True)
+    parser = ProgressParser(titles)
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
     live_ok = progress == "auto" and console.is_terminal
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace", bufsize=1)
@@ -213,7 +244,7 @@ def _run_build(cmd: list[str], env: dict[str, str], progress: str) -> ProgressPa
         for s in steps[-12:]:
             mark = {"done": "✓", "cached": "✓ cached", "error": "✗", "running": "…"}[s.status]
             secs = f" {s.seconds:.1f}s" if s.seconds is not None else ""
-            text.append(f"{mark:<9}{s.name[:110]}{secs}\n")
+            text.append(f"{mark:<9}{(s.title or s.name)[:110]}{secs}\n")
             if s.status == "running" and s.log:
                 text.append(f"          {s.log[-1][:100]}\n", style="dim")
         return text
@@ -227,8 +258,8 @@ def _run_build(cmd: list[str], env: dict[str, str], progress: str) -> ProgressPa
         else:
             for line in proc.stdout:
                 step = parser.feed(line)
-                if step is not None and step.name.startswith("[") and step.status in ("done", "cached"):
-                    console.print(f"{'✓ cached' if step.status == 'cached' else '✓':<9}{step.name[:110]}"
+                if step is not None and DOCKERFILE_STEP.match(step.name) and step.status in ("done", "cached"):
+                    console.print(f"{'✓ cached' if step.status == 'cached' else '✓':<9}{(step.title or step.name)[:110]}"
                                   + (f" {step.seconds:.1f}s" if step.seconds else ""), highlight=False)
                 elif progress == "plain" and step is not None:
                     console.print(redact(line.rstrip()), highlight=False, markup=False)
@@ -294,7 +325,7 @@ def build(release: Release, opts: BuildOptions, catalog=None) -> BuildResult:
         env = {**os.environ, "DOCKER_BUILDKIT": "1"}
         started = time.monotonic()
         print(f"building {tag} from {base} ({release.ref}, {opts.variant}); context {ctx.path}")
-        parser = _run_build(cmd, env, opts.progress)
+        parser = _run_build(cmd, env, opts.progress, step_titles(ctx.dockerfile.read_text()))
         duration = time.monotonic() - started
 
     if parser.returncode != 0:  # type: ignore[attr-defined]
@@ -333,10 +364,10 @@ def _report_failure(parser: ProgressParser) -> None:
             print(f"  | {line}", file=sys.stderr)
         raise BuildFailed("docker build failed before any step ran"
                           + (f": {detail[-1]}" if detail else ""))
-    print(f"\nfailed step: {step.name}", file=sys.stderr)
+    print(f"\nfailed step: {step.title or step.name}", file=sys.stderr)
     for line in list(step.log)[-20:]:
         print(f"  | {line}", file=sys.stderr)
-    raise BuildFailed(f"build failed at {step.name.split(']')[0]}]: {parser.error or 'see the log above'}")
+    raise BuildFailed(f"build failed at {(step.title or step.name)[:90]}: {parser.error or 'see the log above'}")
 
 
 # ----------------------------------------------------------------------------- command
