@@ -124,3 +124,41 @@ def test_login_without_password_source_is_one_line(auth_registry, isolated_state
     assert empty.returncode == 2 and "empty" in empty.stderr
     no_tty = run_ngcx("login", host, "-u", user, input="")
     assert no_tty.returncode == 2 and "--password-stdin" in no_tty.stderr
+
+
+def _pty_run(argv: list[str], answer: str, timeout: float = 30) -> tuple[int, str]:
+    """Run argv on a pseudo-terminal, type `answer` at the Password prompt; (exit code, screen)."""
+    import pty
+    import select
+    import time
+
+    pid, fd = pty.fork()
+    if pid == 0:  # child: the real ngcx on a terminal
+        os.execv(argv[0], argv)
+    screen, typed, deadline = b"", False, time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            screen += chunk
+        if not typed and b"Password:" in screen:
+            os.write(fd, answer.encode() + b"\n")
+            typed = True
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    return os.waitstatus_to_exitcode(status), screen.decode(errors="replace")
+
+
+def test_interactive_login_prompts_without_echo(auth_registry, isolated_state):
+    host, user, password = auth_registry
+    code, screen = _pty_run([sys.executable, "-m", "ngcx", "login", host, "-u", user], password)
+    assert "Password:" in screen
+    assert code == 0, screen
+    assert "Login Succeeded" in screen
+    assert password not in screen, "the typed password was echoed"
+    assert host in _config(isolated_state)["auths"]
