@@ -7,8 +7,9 @@ runs, and ngcx-runtime's load/optimize path works on it. GPU checks skip with th
 
 from __future__ import annotations
 
-import ctypes
 import os
+import re
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -83,20 +84,25 @@ def test_ort_build_targets_the_image_cuda_major():
 
 
 def test_cuda_provider_library_links_against_pinned_libs():
-    """dlopen the CUDA EP itself: every CUDA/cuDNN/cuFFT/cuRAND it needs resolves without a GPU.
+    """Every library the CUDA EP links resolves, and the CUDA ones come from the pinned wheels.
 
-    A missing library here is what users otherwise see only at session creation on a GPU host
-    ("Failed to load libonnxruntime_providers_cuda.so").
+    A missing one (libnvrtc.so.12 was) is otherwise only seen on a GPU host, where ORT logs
+    "Failed to load libonnxruntime_providers_cuda.so" and silently falls back to the CPU. The
+    dynamic linker's own trace (ldd) is used: dlopen'ing the EP outside ORT runs its
+    initializers, which crash without ORT's provider host.
     """
     import onnxruntime as ort
 
-    capi = Path(ort.__file__).parent / "capi"
-    ctypes.CDLL(str(capi / "libonnxruntime_providers_shared.so"), mode=ctypes.RTLD_GLOBAL)
-    ctypes.CDLL(str(capi / "libonnxruntime_providers_cuda.so"))
-    maps = Path("/proc/self/maps").read_text()
-    cudnn_pin = _pin("nvidia-cudnn")
-    assert f"libcudnn.so.{cudnn_pin.split('.')[0]}" in maps, "the CUDA EP did not load cuDNN"
-    assert "site-packages/nvidia/" in maps, "CUDA libraries were not taken from the pinned wheels"
+    lib = Path(ort.__file__).parent / "capi" / "libonnxruntime_providers_cuda.so"
+    proc = subprocess.run(["ldd", str(lib)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    resolved = dict(re.findall(r"^\s*(\S+) => (.+?) \(0x", proc.stdout, re.M))
+    missing = re.findall(r"^\s*(\S+) => not found", proc.stdout, re.M)
+    assert not missing, f"the CUDA EP links libraries that are not in the image: {', '.join(missing)}"
+    cudnn_major = _pin("nvidia-cudnn").split(".")[0]
+    for soname in ("libcudart.so.12", "libcublas.so.12", f"libcudnn.so.{cudnn_major}"):
+        assert soname in resolved, f"the CUDA EP does not link {soname}: {sorted(resolved)}"
+        assert "/site-packages/nvidia/" in resolved[soname], f"{soname} resolves to {resolved[soname]}"
 
 
 def test_tiny_model_on_cpu_provider():
