@@ -10,6 +10,8 @@ plan.load refuses or rebuilds on a mismatch.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -155,17 +157,19 @@ def _quantize_int8(src: Path, dst: Path, calib: dict[str, np.ndarray], method: s
             f"calibration data lacks input(s) {', '.join(missing)}: the .npz must hold "
             f"one array per model input, keyed by name ({', '.join(dtypes)})"
         )
-    quantize_static(
-        str(pre),
-        str(dst),
-        _NpzReader({k: calib[k] for k in dtypes}, dtypes),
-        quant_format=QuantFormat.QDQ,
-        activation_type=QuantType.QUInt8,
-        weight_type=QuantType.QInt8,
-        per_channel=True,
-        calibrate_method=methods[method],
-        extra_options={"CalibTensorRangeSymmetric": False},
-    )
+    # the calibrators print progress on stdout; keep stdout for the command's own (JSON) output
+    with contextlib.redirect_stdout(sys.stderr):
+        quantize_static(
+            str(pre),
+            str(dst),
+            _NpzReader({k: calib[k] for k in dtypes}, dtypes),
+            quant_format=QuantFormat.QDQ,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            calibrate_method=methods[method],
+            extra_options={"CalibTensorRangeSymmetric": False},
+        )
 
 
 def optimize(src: Path, out_dir: Path, opts) -> dict[str, Any]:
