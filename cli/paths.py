@@ -36,12 +36,7 @@ def images_dir() -> Path:
 
 
 def runtime_src_dir() -> Path:
-    """The ngcx_runtime package source, copied into every build context."""
-    return Path(__file__).resolve().parent.parent / "runtime" if not (
-        Path(__file__).resolve().parent / "_data").is_dir() else _installed_runtime()
-
-
-def _installed_runtime() -> Path:
+    """The ngcx_runtime package source, copied into every build context (checkout or wheel)."""
     import ngcx_runtime
 
     return Path(ngcx_runtime.__file__).resolve().parent

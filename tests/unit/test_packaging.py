@@ -1,0 +1,58 @@
+"""An installed wheel (not the checkout) still finds registry.yaml, images/, recipes/ and runtime/.
+
+Builds the real wheel with pip, installs it into a temp folder, and runs `ngcx` from outside the
+repository with that folder first on the path.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
+                    "-w", str(out), str(REPO)], check=True, capture_output=True)
+    wheel = next(out.glob("ngcx-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "ngcx/_data/registry.yaml" in names
+    assert "ngcx/_data/recipes/Dockerfile.j2" in names
+    assert "ngcx/_data/images/pytorch/image.yaml" in names
+    assert any(n.startswith("ngcx/_data/images/cuda/tests/") for n in names)
+    assert "ngcx_runtime/cli.py" in names
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True)
+    return target
+
+
+def _ngcx(installed: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(installed)}
+    env.pop("NGCX_DATA_DIR", None)
+    return subprocess.run([sys.executable, "-m", "ngcx", *args], capture_output=True, text=True, cwd=cwd, env=env)
+
+
+def test_installed_wheel_uses_its_own_data(installed, tmp_path):
+    where = subprocess.run([sys.executable, "-c", "import ngcx.paths as p; print(p.registry_file())"],
+                           capture_output=True, text=True, cwd=tmp_path,
+                           env={**os.environ, "PYTHONPATH": str(installed)}).stdout.strip()
+    assert where.startswith(str(installed)) and where.endswith("ngcx/_data/registry.yaml")
+    check = _ngcx(installed, "catalog", "check", cwd=tmp_path)
+    assert check.returncode == 0 and "all compatibility rules hold" in check.stdout
+
+
+def test_installed_wheel_renders_a_full_context(installed, tmp_path):
+    result = _ngcx(installed, "render", "pytorch:24.11", "--context", str(tmp_path / "ctx"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "torch==2.5.1" in (tmp_path / "ctx" / "Dockerfile").read_text()
+    assert (tmp_path / "ctx" / "ngcx-runtime" / "ngcx_runtime" / "cli.py").is_file()
+    assert (tmp_path / "ctx" / "tests").is_dir()
