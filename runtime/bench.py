@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from ngcx_runtime.engine import Engine, TensorSpec
 from ngcx_runtime.errors import RuntimeUserError
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from ngcx_runtime.errors import RuntimeUserError
 from ngcx_runtime.plan import (
     MANIFEST,
@@ -51,9 +52,7 @@ def parse_batches(text: str) -> list[int]:
     except ValueError:
         sizes = []
     if not sizes or sizes[0] < 1:
-        raise RuntimeUserError(
-            f"--batch {text!r}: give positive batch sizes separated by commas, e.g. 1,8,64"
-        )
+        raise RuntimeUserError(f"--batch {text!r}: give positive batch sizes separated by commas, e.g. 1,8,64")
     return sizes
 
 
@@ -72,9 +71,7 @@ def load_calibration(path: Path) -> tuple[dict[str, np.ndarray], str]:
     return data, sha256_file(path)
 
 
-def cache_key(
-    model_sha: str, backend: str, backend_version: str, opts: OptimizeOptions, target: dict[str, Any]
-) -> str:
+def cache_key(model_sha: str, backend: str, backend_version: str, opts: OptimizeOptions, target: dict[str, Any]) -> str:
     parts = {
         "model": model_sha,
         "backend": backend,
@@ -82,9 +79,7 @@ def cache_key(
         "precision": opts.precision,
         "batch_profile": opts.batch_profile,
         "target": [target["name"], target["compute_capability"]],
-        "calibration": [opts.calibration_sha256, opts.calibration_method]
-        if opts.precision == "int8"
-        else None,
+        "calibration": [opts.calibration_sha256, opts.calibration_method] if opts.precision == "int8" else None,
         "plan_format": PLAN_FORMAT,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
@@ -153,6 +148,10 @@ def _build(
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=entry.parent))
     try:
         fields = mod.optimize(model, tmp, opts)
+        if fields.get("device") == "cpu":  # e.g. ORT without a GPU EP: tied to the CPU, not the GPU
+            from ngcx_runtime.plan import cpu_target
+
+            target = cpu_target()
         manifest = {
             "plan_format": PLAN_FORMAT,
             "name": opts.name,
@@ -191,9 +190,7 @@ def _build(
 def _place(entry: Path, plan_dir: Path) -> None:
     """Copy the cached plan to the user's PLAN_DIR (replacing an older plan there)."""
     if plan_dir.exists() and not (plan_dir / MANIFEST).is_file() and any(plan_dir.iterdir()):
-        raise RuntimeUserError(
-            f"-o {plan_dir}: exists and is not a plan directory; choose an empty or new path"
-        )
+        raise RuntimeUserError(f"-o {plan_dir}: exists and is not a plan directory; choose an empty or new path")
     tmp = plan_dir.with_name(f".{plan_dir.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(entry, tmp)

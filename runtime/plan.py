@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from ngcx_runtime.engine import Engine
 from ngcx_runtime.errors import RuntimeUserError
 
@@ -66,20 +67,24 @@ def host_target() -> dict[str, Any]:
     return {"kind": "gpu", "name": g["name"], "compute_capability": g["compute_capability"]}
 
 
+def cpu_target() -> dict[str, Any]:
+    """Target of a CPU plan: ORT's offline-optimized graphs carry CPU-specific (NCHWc) layouts."""
+    import platform
+
+    return {"kind": "cpu", "name": "cpu", "compute_capability": None, "machine": platform.machine()}
+
+
 def read_manifest(plan_dir: Path) -> dict[str, Any]:
     path = plan_dir / MANIFEST
     try:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise RuntimeUserError(
-            f"{path}: unreadable plan manifest ({exc}); rebuild the plan with "
-            "ngcx-runtime optimize MODEL -o PLAN_DIR"
+            f"{path}: unreadable plan manifest ({exc}); rebuild the plan with ngcx-runtime optimize MODEL -o PLAN_DIR"
         ) from None
     for key in ("backend", "backend_version", "precision", "artifact", "target"):
         if key not in manifest:
-            raise RuntimeUserError(
-                f"{path}: manifest lacks {key!r}; rebuild the plan with ngcx-runtime optimize"
-            )
+            raise RuntimeUserError(f"{path}: manifest lacks {key!r}; rebuild the plan with ngcx-runtime optimize")
     return manifest
 
 
@@ -87,10 +92,12 @@ def mismatch(manifest: dict[str, Any], target: dict[str, Any], backend_version: 
     """Why this plan cannot run here, or None when it can."""
     built = manifest["target"]
     if manifest["backend_version"] != backend_version:
-        return (
-            f"built with {manifest['backend']} {manifest['backend_version']}, this host has {backend_version}"
-        )
-    if (built.get("name"), built.get("compute_capability")) != (target["name"], target["compute_capability"]):
+        return f"built with {manifest['backend']} {manifest['backend_version']}, this host has {backend_version}"
+    if (built.get("name"), built.get("compute_capability"), built.get("machine")) != (
+        target["name"],
+        target["compute_capability"],
+        target.get("machine"),
+    ):
         cc = f" (sm {built.get('compute_capability')})" if built.get("compute_capability") else ""
         here = f" (sm {target['compute_capability']})" if target["compute_capability"] else ""
         return f"built for {built.get('name')}{cc}, this host has {target['name']}{here}"
@@ -132,10 +139,11 @@ def _load_plan(plan_dir: Path, backend: str | None, rebuild: bool) -> Engine:
     ok, reason = mod.availability()
     if not ok:
         raise RuntimeUserError(f"{plan_dir} needs the {manifest['backend']} backend: {reason}")
-    target = host_target()
+    on_cpu = manifest["target"].get("kind") == "cpu"  # a CPU plan runs on the CPU, GPU or not
+    target = cpu_target() if on_cpu else host_target()
     why = mismatch(manifest, target, mod.version())
     if why is None:
-        return mod.load(plan_dir, manifest, gpu=target["kind"] == "gpu")
+        return mod.load(plan_dir, manifest, gpu=not on_cpu)
     source = manifest.get("source", {})
     src = Path(source.get("path", ""))
     if rebuild and src.is_file() and sha256_file(src) == source.get("sha256"):

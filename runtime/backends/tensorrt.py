@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from ngcx_runtime.engine import TensorSpec
 from ngcx_runtime.errors import RuntimeUserError
 

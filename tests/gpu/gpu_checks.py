@@ -230,6 +230,7 @@ def ort_smoke() -> dict[str, Any]:
     import tempfile
 
     import models
+
     from ngcx_runtime import plan
     from ngcx_runtime.optimize import OptimizeOptions, optimize
 

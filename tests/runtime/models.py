@@ -48,17 +48,18 @@ def conv_net(path: Path | str, channels: int = 8, size: int = 16, classes: int =
         w = rng.normal(0, np.sqrt(2.0 / (cin * 9)), (channels, cin, 3, 3))
         b = rng.normal(0, 0.1, (channels,))
         inits += [_init(f"conv{i}.w", w), _init(f"conv{i}.b", b)]
-        nodes.append(helper.make_node("Conv", [prev, f"conv{i}.w", f"conv{i}.b"], [f"c{i}"],
-                                      pads=[1, 1, 1, 1], name=f"conv{i}"))
+        nodes.append(
+            helper.make_node("Conv", [prev, f"conv{i}.w", f"conv{i}.b"], [f"c{i}"], pads=[1, 1, 1, 1], name=f"conv{i}")
+        )
         nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}"))
         prev, cin = f"r{i}", channels
     nodes.append(helper.make_node("GlobalAveragePool", [prev], ["gap"], name="gap"))
     nodes.append(helper.make_node("Flatten", ["gap"], ["flat"], axis=1, name="flatten"))
-    inits += [_init("fc.w", rng.normal(0, 0.5, (classes, channels))),
-              _init("fc.b", rng.normal(0, 0.1, (classes,)))]
+    inits += [_init("fc.w", rng.normal(0, 0.5, (classes, channels))), _init("fc.b", rng.normal(0, 0.1, (classes,)))]
     nodes.append(helper.make_node("Gemm", ["flat", "fc.w", "fc.b"], ["logits"], transB=1, name="fc"))
     graph = helper.make_graph(
-        nodes, "conv_net",
+        nodes,
+        "conv_net",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, size, size])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", classes])],
         inits,
@@ -85,7 +86,8 @@ def mlp(path: Path | str, features: int = 32, hidden: int = 64, classes: int = 1
         helper.make_node("Add", ["h3", "b2"], ["y"], name="fc2_bias"),
     ]
     graph = helper.make_graph(
-        nodes, "mlp",
+        nodes,
+        "mlp",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", features])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", classes])],
         inits,
