@@ -131,6 +131,9 @@ def optimize(
     if out_dir is not None:
         plan_dir = Path(out_dir)
         _place(entry, plan_dir)
+        if manifest.get("name") != opts.name:  # the name is not part of the artifact, only of the copy
+            manifest["name"] = opts.name
+            (plan_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return OptimizeResult(plan_dir, manifest, hit, time.perf_counter() - start)
 
 

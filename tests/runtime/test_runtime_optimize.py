@@ -252,3 +252,11 @@ def test_cli_optimize_with_npz_calibration_then_cache_hit(tmp_path, plan_cache):
         env_cache=plan_cache,
     )
     assert proc.returncode == 2 and "calibration data lacks input(s) input" in proc.stderr
+
+
+def test_cache_hit_keeps_the_requested_model_name(tmp_path):
+    src = models.mlp(tmp_path / "mlp.onnx")
+    optimize(src, tmp_path / "a", OptimizeOptions(name="first"))
+    hit = optimize(src, tmp_path / "b", OptimizeOptions(name="second"))
+    assert hit.cache_hit and hit.manifest["name"] == "second"
+    assert plan.load(tmp_path / "b").name == "second" and plan.load(tmp_path / "a").name == "first"
