@@ -8,8 +8,8 @@ and `bench` never special-case an engine:
     availability() -> tuple[bool, str]           # usable here? (reason when not)
     version() -> str                             # engine version, part of the plan cache key
     optimize(src, out_dir, opts) -> dict         # writes the artifact, returns manifest fields
-    load(plan_dir, manifest) -> Engine           # a PLAN_DIR written by optimize
-    load_model(src) -> Engine                    # a raw model, no optimization step
+    load(plan_dir, manifest, gpu) -> Engine      # a PLAN_DIR written by optimize
+    load_model(src, gpu, name) -> Engine         # a raw model, no optimization step
 
 The chooser below picks one automatically (TensorRT on a GPU when installed, else ONNX Runtime
 for .onnx, PyTorch for .pt2); `--backend` overrides it.
