@@ -48,10 +48,15 @@ def ca_bundle() -> str:
 
 def build_naive(dockerfile: Path, tag: str) -> float:
     """Build with BuildKit from an empty context (the Dockerfile copies nothing); seconds taken."""
+    from ngcx.docker_util import docker_cli  # the CLI that drives BuildKit without buildx
+
+    cli = docker_cli()
+    if cli is None:
+        sys.exit("no docker CLI able to build with BuildKit (see `ngcx doctor`)")
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as ctx:
         proc = subprocess.run(
-            ["docker", "build", "--progress", "plain", "--secret", f"id=ca,src={ca_bundle()}",
+            [cli, "build", "--progress", "plain", "--secret", f"id=ca,src={ca_bundle()}",
              "-f", str(dockerfile), "-t", tag, ctx],
             env={**os.environ, "DOCKER_BUILDKIT": "1"}, capture_output=True, text=True)
     if proc.returncode != 0:
