@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from ngcx import state
 
 
@@ -83,3 +84,15 @@ def test_newer_schema_is_refused_with_one_line(isolated_state):
     conn.close()
     with pytest.raises(UserError, match="schema version"):
         state.list_builds()
+
+
+def test_concurrent_writers_lose_nothing(isolated_state):
+    """Two ngcx processes recording at once (a build and a push): every row lands, no 'locked'."""
+    code = ("import sys; from ngcx import state\n"
+            "for i in range(40): state.record_push(tag=sys.argv[1], remote_ref=f'r/{i}', digest=f'sha256:{i}')")
+    procs = [subprocess.Popen([sys.executable, "-c", code, f"w{n}"], stderr=subprocess.PIPE, text=True)
+             for n in range(3)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+    assert {tag: len(state.list_pushes(tag)) for tag in ("w0", "w1", "w2")} == {"w0": 40, "w1": 40, "w2": 40}
