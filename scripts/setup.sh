@@ -102,8 +102,12 @@ make_venv() {
         "$PYTHON" -m venv .venv
     fi
     say "installing ngcx (editable) with test deps into .venv"
-    .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e '.[test]'
+    local log=.venv/pip-install.log
+    if ! { .venv/bin/python -m pip install -q --upgrade pip &&
+           .venv/bin/python -m pip install -q -e '.[test]'; } >"$log" 2>&1; then
+        tail -n 40 "$log" >&2
+        die "pip install failed (full log: $REPO_ROOT/$log)"
+    fi
 }
 
 bootstrap_base() {
