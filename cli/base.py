@@ -22,6 +22,7 @@ from collections import deque
 from pathlib import Path
 
 import typer
+
 from ngcx.errors import UserError
 
 DEFAULT_SUITE = "bookworm"
@@ -173,8 +174,9 @@ def _raise_interrupt(signum, frame) -> None:  # noqa: ARG001 - signal handler si
 
 def run_debootstrap(target: Path, *, suite: str, mirror: str, variant: str, tag: str) -> None:
     """Run debootstrap, showing its current step; on failure one line plus the full log on disk."""
-    from ngcx import paths
     from rich.console import Console
+
+    from ngcx import paths
 
     log_path = paths.state_dir() / "logs" / f"base-{re.sub(r'[^A-Za-z0-9_.-]', '_', tag)}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -318,9 +320,10 @@ def remove_tree(root: Path) -> None:
 
 def ls_command() -> None:
     """List the offline base images (ngcx/base:*) present in the engine."""
-    from ngcx.docker_util import engine_client, human_size
     from rich.console import Console
     from rich.table import Table
+
+    from ngcx.docker_util import engine_client, human_size
 
     client = engine_client()
     images = client.images.list(name=BASE_REPO)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+
 from ngcx.errors import CheckFailed
 
 LOOPBACK_REGISTRY = "127.0.0.1:5000"

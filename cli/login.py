@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 import typer
+
 from ngcx.errors import UserError
 
 DOCKER_HUB_KEY = "https://index.docker.io/v1/"

@@ -10,6 +10,7 @@ record local tag -> remote ref@digest in the state store.
 from __future__ import annotations
 
 import typer
+
 from ngcx.errors import UserError
 
 
@@ -126,9 +127,10 @@ def push_and_verify(client, local_ref: str, repository: str, tag: str, host: str
 
 def stream_push(client, repository: str, tag: str, creds) -> str:
     """Push through the engine, one progress bar per layer; returns the digest the engine reports."""
-    from ngcx.docker_util import human_size
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
+
+    from ngcx.docker_util import human_size
 
     auth = {"username": creds.username, "password": creds.password} if creds else None
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[bytes]}"))

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from conftest import missing, run_ngcx
 
 pytestmark = pytest.mark.docker

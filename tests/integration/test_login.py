@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import pytest
+
 from conftest import run_ngcx
 
 pytestmark = pytest.mark.docker

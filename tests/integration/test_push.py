@@ -11,6 +11,7 @@ import stat
 
 import pytest
 import requests
+
 from conftest import run_ngcx
 from ngcx import state
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from ngcx.base import check_inputs, public_url
 from ngcx.docker_util import registry_base_url, split_registry
 from ngcx.errors import UserError
