@@ -172,6 +172,8 @@ def _push_hint(error: str, host: str) -> str:
     low = error.lower()
     if "unauthorized" in low or "authentication required" in low or "denied" in low:
         return f"run: ngcx login {host}"
+    if "method not allowed" in low or " 405 " in low or "read-only" in low or "readonly" in low:
+        return "the registry refuses uploads (read-only mode, or a pull-through mirror?)"
     if "connection refused" in low or "no such host" in low or "timeout" in low:
         return "is the registry running and reachable from the Docker Engine?"
     return "see the registry's logs"

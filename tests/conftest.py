@@ -7,6 +7,7 @@ green by silently skipping the integration tests.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -103,43 +104,60 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@contextlib.contextmanager
+def serve_registry(folder: Path, extra_config: str = "", ready_status: int = 200,
+                   storage_extra: str = "") -> Iterator[str]:
+    """Run a real docker-registry on a free loopback port with its own storage; yields host:port."""
+    binary = shutil.which("docker-registry")
+    if not binary:
+        missing("docker-registry (apt: docker-registry) not installed")
+    host = f"127.0.0.1:{_free_port()}"
+    config = folder / "registry.yml"
+    config.write_text(
+        "version: 0.1\n"
+        "log:\n  level: warn\n"
+        f"storage:\n  filesystem:\n    rootdirectory: {folder / 'data'}\n  delete:\n    enabled: true\n"
+        + storage_extra + f"http:\n  addr: {host}\n" + extra_config)
+    log_path = folder / "registry.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 20
+            while _v2_status(host) != ready_status:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"registry did not start: {log_path.read_text()[-500:]}")
+                time.sleep(0.1)
+            yield host
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
 @pytest.fixture
 def auth_registry(docker_client, tmp_path: Path) -> Iterator[AuthRegistry]:
     """A real docker-registry with htpasswd (bcrypt) auth on a free loopback port, random password."""
-    binary = shutil.which("docker-registry")
     htpasswd = shutil.which("htpasswd")
-    if not binary or not htpasswd:
-        missing("docker-registry and htpasswd (apt: docker-registry apache2-utils) not installed")
+    if not htpasswd:
+        missing("htpasswd (apt: apache2-utils) not installed")
     user, password = "ngcx-test", secrets.token_urlsafe(18)
     line = subprocess.run([htpasswd, "-Bbn", user, password], capture_output=True, text=True,
                           check=True).stdout.strip()
     (tmp_path / "htpasswd").write_text(line + "\n")
-    port = _free_port()
-    host = f"127.0.0.1:{port}"
-    config = tmp_path / "registry.yml"
-    config.write_text(
-        "version: 0.1\n"
-        "log:\n  level: warn\n"
-        f"storage:\n  filesystem:\n    rootdirectory: {tmp_path / 'data'}\n  delete:\n    enabled: true\n"
-        f"http:\n  addr: {host}\n"
-        f"auth:\n  htpasswd:\n    realm: ngcx-test\n    path: {tmp_path / 'htpasswd'}\n")
-    log = (tmp_path / "registry.log").open("w")
-    proc = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 20
-        while _v2_status(host) != 401:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"auth registry did not start: {(tmp_path / 'registry.log').read_text()[-500:]}")
-            time.sleep(0.1)
+    auth = f"auth:\n  htpasswd:\n    realm: ngcx-test\n    path: {tmp_path / 'htpasswd'}\n"
+    with serve_registry(tmp_path, auth, ready_status=401) as host:
         yield AuthRegistry(host, user, password)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+
+
+@pytest.fixture
+def readonly_registry(docker_client, tmp_path: Path) -> Iterator[str]:
+    """A real docker-registry in read-only maintenance mode: /v2/ answers, every push is refused."""
+    readonly = "  maintenance:\n    readonly:\n      enabled: true\n"
+    with serve_registry(tmp_path, storage_extra=readonly) as host:
+        yield host
 
 
 @pytest.fixture

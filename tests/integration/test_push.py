@@ -122,3 +122,16 @@ def test_push_bad_variant_is_one_line(registry, base_image, isolated_state):
     proc = run_ngcx("push", base_image, "--registry", registry, "--variant", "slim")
     assert proc.returncode == 2
     assert "--variant" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_push_refused_mid_way_leaves_no_remote_tag(docker_client, readonly_registry, base_image,
+                                                   isolated_state):
+    """The registry is up but refuses the upload: one line, exit 2, no local remote tag, no record."""
+    proc = run_ngcx("push", base_image, "--registry", readonly_registry)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    error = [ln for ln in proc.stderr.splitlines() if ln.startswith("ngcx: error:")]
+    assert len(error) == 1 and "push of" in error[0] and readonly_registry in error[0]
+    assert "refuses uploads" in error[0]
+    assert "Traceback" not in proc.stderr
+    assert not docker_client.images.list(name=f"{readonly_registry}/base")
+    assert state.list_pushes() == []
