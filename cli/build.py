@@ -11,6 +11,7 @@ with --secret, mounted as tmpfs for the RUN steps that need them, and deleted af
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -198,10 +199,8 @@ class ProgressParser:
             step.status = "cached"
         elif rest.startswith("DONE"):
             step.status = "done"
-            try:
+            with contextlib.suppress(IndexError, ValueError):
                 step.seconds = float(rest.split()[1].rstrip("s"))
-            except (IndexError, ValueError):
-                pass
         elif rest.startswith("ERROR"):
             step.status = "error"
             self.error = rest
@@ -259,7 +258,8 @@ def _run_build(cmd: list[str], env: dict[str, str], progress: str, titles: dict[
             for line in proc.stdout:
                 step = parser.feed(line)
                 if step is not None and DOCKERFILE_STEP.match(step.name) and step.status in ("done", "cached"):
-                    console.print(f"{'✓ cached' if step.status == 'cached' else '✓':<9}{(step.title or step.name)[:110]}"
+                    mark = "✓ cached" if step.status == "cached" else "✓"
+                    console.print(f"{mark:<9}{(step.title or step.name)[:110]}"
                                   + (f" {step.seconds:.1f}s" if step.seconds else ""), highlight=False)
                 elif progress == "plain" and step is not None:
                     console.print(redact(line.rstrip()), highlight=False, markup=False)
@@ -379,13 +379,16 @@ def register(app: typer.Typer) -> None:
     @app.command("build")
     def build_cmd(
         ref: Annotated[str, typer.Argument(help="IMAGE[:RELEASE]; a bare image = newest release.")],
-        tag: Annotated[str | None, typer.Option("--tag", help="Image tag (default ngcx/IMAGE:RELEASE-VARIANT).")] = None,
+        tag: Annotated[str | None, typer.Option(
+            "--tag", help="Image tag (default ngcx/IMAGE:RELEASE-VARIANT).")] = None,
         variant: VariantOpt = "runtime",
         base: Annotated[str | None, typer.Option(
             "--base", help="Base image; 'offline' = the bootstrapped base (ngcx base bootstrap).")] = None,
         ca_cert: Annotated[Path | None, typer.Option(
-            "--ca-cert", help="CA bundle for pip/apt (default: $PIP_CERT, $REQUESTS_CA_BUNDLE, $SSL_CERT_FILE).")] = None,
-        pip_index_url: Annotated[str | None, typer.Option("--pip-index-url", help="pip index (may hold credentials).")] = None,
+            "--ca-cert",
+            help="CA bundle for pip/apt (default: $PIP_CERT, $REQUESTS_CA_BUNDLE, $SSL_CERT_FILE).")] = None,
+        pip_index_url: Annotated[str | None, typer.Option(
+            "--pip-index-url", help="pip index (may hold credentials).")] = None,
         pip_extra_index_url: Annotated[list[str] | None, typer.Option(
             "--pip-extra-index-url", help="Extra pip index (repeatable).")] = None,
         apt_mirror: Annotated[str | None, typer.Option(

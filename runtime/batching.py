@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from ngcx_runtime.engine import Engine
 
 

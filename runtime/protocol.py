@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from ngcx_runtime.engine import KSERVE_TO_NUMPY, NUMPY_TO_KSERVE, TensorSpec
 
 # Datatypes the protocol knows but numeric engines cannot take: rejected with a clear message.

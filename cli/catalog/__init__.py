@@ -96,7 +96,8 @@ def _show(ref: str, json_out: bool, catalog_file: Path | None) -> None:
     for cc, drv in rel.arch_min_driver.items():
         print(f"            compute capability {cc} needs >= {drv}")
     print(f"  GPUs      compute capability {', '.join(rel.compute_capabilities)}")
-    print(f"  NVIDIA_REQUIRE_CUDA {rel.require_cuda.split(' ')[0]} (+{len(rel.require_cuda.split(' ')) - 1} branch groups)")
+    require = rel.require_cuda.split(" ")
+    print(f"  NVIDIA_REQUIRE_CUDA {require[0]} (+{len(require) - 1} branch groups)")
     for b in data["built"]:
         print(f"  built     {b['tag']}  {output.human_size(b['size_bytes'])}  {b['digest'] or b['image_id']}")
 

@@ -494,7 +494,8 @@ class Checker:
         if rule.cuda and rule.cuda != cuda:
             rule_major = rule.cuda.split(".")[0]
             if rule_major != major:
-                self.fail(where, f"{name} {version} has no CUDA {major} build (its wheel is built for CUDA {rule.cuda})")
+                self.fail(where, f"{name} {version} has no CUDA {major} build "
+                                 f"(its wheel is built for CUDA {rule.cuda})")
             else:
                 self.fail(where, f"{name} {version} is built for CUDA {rule.cuda} but the release pins CUDA {cuda}")
         if rule.cuda_majors and major not in rule.cuda_majors:
@@ -509,7 +510,8 @@ class Checker:
         for component, want in rule.requires.items():
             have = parse_pin(pins.get(component, ""))
             if have is None:
-                self.fail(where, f"{name} {version} requires {component}=={want} but the release does not pin {component}")
+                self.fail(where, f"{name} {version} requires {component}=={want} "
+                                 f"but the release does not pin {component}")
             elif have[1] != want:
                 label = self.rules.components[component].label
                 self.fail(where, f"{label} pin {have[1]} differs from {name} {version}'s own "

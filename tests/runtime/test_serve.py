@@ -28,6 +28,7 @@ TIMEOUT = 30  # seconds, for every client call
 
 # -- models and engines --
 
+
 def add_mul_model(path: Path) -> Path:
     """Two inputs a, b [N, -1] -> sum = a + b, prod = a * b. Width is free, so requests of
     different widths must never be merged, and mismatched widths make ORT itself fail."""
@@ -37,10 +38,14 @@ def add_mul_model(path: Path) -> Path:
     graph = helper.make_graph(
         [helper.make_node("Add", ["a", "b"], ["sum"]), helper.make_node("Mul", ["a", "b"], ["prod"])],
         "add_mul",
-        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", "W"]),
-         helper.make_tensor_value_info("b", TensorProto.FLOAT, ["N", "W"])],
-        [helper.make_tensor_value_info("sum", TensorProto.FLOAT, ["N", "W"]),
-         helper.make_tensor_value_info("prod", TensorProto.FLOAT, ["N", "W"])],
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", "W"]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, ["N", "W"]),
+        ],
+        [
+            helper.make_tensor_value_info("sum", TensorProto.FLOAT, ["N", "W"]),
+            helper.make_tensor_value_info("prod", TensorProto.FLOAT, ["N", "W"]),
+        ],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -54,7 +59,8 @@ def cast_model(path: Path, batch_dim: str | int = "N") -> Path:
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
-        [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT16)], "cast",
+        [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT16)],
+        "cast",
         [helper.make_tensor_value_info("x", TensorProto.INT64, [batch_dim, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [batch_dim, 4])],
     )
@@ -98,18 +104,21 @@ def conv_server(conv_path):
 @pytest.fixture(scope="module")
 def addmul_server(addmul_path):
     """Long queue delay so concurrent requests reliably meet; small body limit for the 413 case."""
-    handle = start_server(load_engine(addmul_path), "127.0.0.1", 0, name="addmul", max_batch=16,
-                          max_queue_delay_ms=300, max_body_mb=0.05)
+    handle = start_server(
+        load_engine(addmul_path), "127.0.0.1", 0, name="addmul", max_batch=16, max_queue_delay_ms=300, max_body_mb=0.05
+    )
     yield handle
     handle.stop()
 
 
 def triton(handle) -> httpclient.InferenceServerClient:
-    return httpclient.InferenceServerClient(f"127.0.0.1:{handle.port}", connection_timeout=TIMEOUT,
-                                            network_timeout=TIMEOUT)
+    return httpclient.InferenceServerClient(
+        f"127.0.0.1:{handle.port}", connection_timeout=TIMEOUT, network_timeout=TIMEOUT
+    )
 
 
 # -- health and metadata through tritonclient --
+
 
 def test_tritonclient_health_and_metadata(conv_server):
     c = triton(conv_server)
@@ -131,16 +140,22 @@ def test_tritonclient_health_and_metadata(conv_server):
 
 # -- inference: tritonclient binary, tritonclient JSON, raw JSON, raw binary --
 
+
 @pytest.mark.parametrize("compression", [None, "gzip", "deflate"])
 def test_tritonclient_binary_infer_matches_onnxruntime(conv_server, conv_path, compression):
     x = models.sample_inputs("conv", 5, seed=1)["input"]
     inp = httpclient.InferInput("input", list(x.shape), "FP32")
-    inp.set_data_from_numpy(x)                       # binary_data=True: tritonclient's default
-    res = triton(conv_server).infer("conv", [inp], request_id="req-7",
-                                    request_compression_algorithm=compression,
-                                    response_compression_algorithm=compression)
-    np.testing.assert_allclose(res.as_numpy("logits"), reference(conv_path, {"input": x})["logits"],
-                               rtol=1e-5, atol=1e-5)
+    inp.set_data_from_numpy(x)  # binary_data=True: tritonclient's default
+    res = triton(conv_server).infer(
+        "conv",
+        [inp],
+        request_id="req-7",
+        request_compression_algorithm=compression,
+        response_compression_algorithm=compression,
+    )
+    np.testing.assert_allclose(
+        res.as_numpy("logits"), reference(conv_path, {"input": x})["logits"], rtol=1e-5, atol=1e-5
+    )
     resp = res.get_response()
     assert resp["id"] == "req-7" and resp["outputs"][0]["parameters"]["binary_data_size"] == 5 * 10 * 4
 
@@ -152,24 +167,27 @@ def test_tritonclient_json_infer_matches_onnxruntime(conv_server, conv_path):
     out = httpclient.InferRequestedOutput("logits", binary_data=False)
     res = triton(conv_server).infer("conv", [inp], outputs=[out], model_version="1")
     assert "data" in res.get_response()["outputs"][0]
-    np.testing.assert_allclose(res.as_numpy("logits"), reference(conv_path, {"input": x})["logits"],
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        res.as_numpy("logits"), reference(conv_path, {"input": x})["logits"], rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("layout", ["flat", "nested"])
 def test_raw_http_json_infer(conv_server, conv_path, layout):
     x = models.sample_inputs("conv", 2, seed=3)["input"]
     data = x.reshape(-1).tolist() if layout == "flat" else x.tolist()
-    body = {"id": "abc",
-            "inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": data}]}
+    body = {"id": "abc", "inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": data}]}
     r = requests.post(f"{conv_server.url}/v2/models/conv/infer", json=body, timeout=TIMEOUT)
     assert r.status_code == 200, r.text
     doc = r.json()
     assert doc["id"] == "abc" and doc["model_name"] == "conv"
-    if layout == "flat":                              # the same body, streamed (Transfer-Encoding: chunked)
+    if layout == "flat":  # the same body, streamed (Transfer-Encoding: chunked)
         raw = json.dumps(body).encode()
-        chunked = requests.post(f"{conv_server.url}/v2/models/conv/infer", timeout=TIMEOUT,
-                                data=(raw[i:i + 1000] for i in range(0, len(raw), 1000)))
+        chunked = requests.post(
+            f"{conv_server.url}/v2/models/conv/infer",
+            timeout=TIMEOUT,
+            data=(raw[i : i + 1000] for i in range(0, len(raw), 1000)),
+        )
         assert chunked.status_code == 200 and chunked.json() == doc, chunked.text
     (out,) = doc["outputs"]
     assert out["name"] == "logits" and out["shape"] == [2, 10] and out["datatype"] == "FP32"
@@ -181,17 +199,28 @@ def test_raw_binary_gzip_both_ways_and_output_selection(addmul_server, addmul_pa
     """A hand-built binary request, gzip-compressed, asking for one output in binary."""
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     b = np.full((2, 3), 2.0, dtype=np.float32)
-    header = json.dumps({
-        "inputs": [{"name": n, "shape": [2, 3], "datatype": "FP32", "parameters": {"binary_data_size": 24}}
-                   for n in ("a", "b")],
-        "outputs": [{"name": "prod", "parameters": {"binary_data": True}}],
-    }).encode()
+    header = json.dumps(
+        {
+            "inputs": [
+                {"name": n, "shape": [2, 3], "datatype": "FP32", "parameters": {"binary_data_size": 24}}
+                for n in ("a", "b")
+            ],
+            "outputs": [{"name": "prod", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
     body = gzip.compress(header + a.tobytes() + b.tobytes())
-    r = requests.post(f"{addmul_server.url}/v2/models/addmul/infer", data=body, timeout=TIMEOUT,
-                      headers={"Inference-Header-Content-Length": str(len(header)),
-                               "Content-Encoding": "gzip", "Accept-Encoding": "gzip"})
+    r = requests.post(
+        f"{addmul_server.url}/v2/models/addmul/infer",
+        data=body,
+        timeout=TIMEOUT,
+        headers={
+            "Inference-Header-Content-Length": str(len(header)),
+            "Content-Encoding": "gzip",
+            "Accept-Encoding": "gzip",
+        },
+    )
     assert r.status_code == 200, r.text
-    assert r.headers["Content-Encoding"] == "gzip"     # requests has already decompressed r.content
+    assert r.headers["Content-Encoding"] == "gzip"  # requests has already decompressed r.content
     hlen = int(r.headers["Inference-Header-Content-Length"])
     doc = json.loads(r.content[:hlen])
     assert [o["name"] for o in doc["outputs"]] == ["prod"]
@@ -200,6 +229,7 @@ def test_raw_binary_gzip_both_ways_and_output_selection(addmul_server, addmul_pa
 
 
 # -- dynamic batching --
+
 
 def _concurrent(fn, args_list):
     """Run fn(*args) for each args at once (a barrier releases them together); return results."""
@@ -250,12 +280,15 @@ def test_concurrent_requests_are_merged_into_fewer_engine_calls(conv_path):
 def test_requests_with_different_non_batch_dims_are_not_merged(addmul_server, addmul_path):
     before = addmul_server.stats()
     widths = [3, 5, 3, 5, 3, 5]
-    feeds = [{"a": np.full((1, w), i, np.float32), "b": np.full((1, w), 2, np.float32)}
-             for i, w in enumerate(widths)]
+    feeds = [{"a": np.full((1, w), i, np.float32), "b": np.full((1, w), 2, np.float32)} for i, w in enumerate(widths)]
 
     def call(f):
-        body = {"inputs": [{"name": n, "shape": list(v.shape), "datatype": "FP32", "data": v.ravel().tolist()}
-                           for n, v in f.items()]}
+        body = {
+            "inputs": [
+                {"name": n, "shape": list(v.shape), "datatype": "FP32", "data": v.ravel().tolist()}
+                for n, v in f.items()
+            ]
+        }
         return requests.post(f"{addmul_server.url}/v2/models/addmul/infer", json=body, timeout=TIMEOUT)
 
     results = _concurrent(call, [(f,) for f in feeds])
@@ -267,7 +300,7 @@ def test_requests_with_different_non_batch_dims_are_not_merged(addmul_server, ad
         np.testing.assert_array_equal(out["prod"], ref["prod"])
     after = addmul_server.stats()
     calls = after["engine_calls"] - before["engine_calls"]
-    assert 2 <= calls < len(widths), after     # one call per width at best, never one mixed call
+    assert 2 <= calls < len(widths), after  # one call per width at best, never one mixed call
 
 
 def test_request_above_max_batch_is_refused(conv_server):
@@ -287,10 +320,16 @@ def test_max_batch_above_engine_bound_is_a_clear_startup_error(conv_path):
 
 # -- robustness: a bad-input corpus on ONE keep-alive session, then a good request --
 
+
 def _json_input(name="input", shape=(1, 3, 16, 16), datatype="FP32", data=None, **extra):
     n = int(np.prod(shape))
-    return {"name": name, "shape": list(shape), "datatype": datatype,
-            "data": [0.5] * n if data is None else data, **extra}
+    return {
+        "name": name,
+        "shape": list(shape),
+        "datatype": datatype,
+        "data": [0.5] * n if data is None else data,
+        **extra,
+    }
 
 
 def _req(*inputs, **top):
@@ -302,8 +341,9 @@ def _binary(header: dict, payload: bytes, hlen_delta: int = 0):
     return h + payload, {"Inference-Header-Content-Length": str(len(h) + hlen_delta)}
 
 
-_bin_hdr = {"inputs": [{"name": "input", "shape": [1, 3, 16, 16], "datatype": "FP32",
-                        "parameters": {"binary_data_size": 3072}}]}
+_bin_hdr = {
+    "inputs": [{"name": "input", "shape": [1, 3, 16, 16], "datatype": "FP32", "parameters": {"binary_data_size": 3072}}]
+}
 
 CONV, ADDM = "/models/conv/infer", "/models/addmul/infer"
 
@@ -313,82 +353,244 @@ BAD = [
     ("not-an-object", "conv", "POST", CONV, b"[1, 2]", {}, 400, "must be a JSON object"),
     ("empty-body", "conv", "POST", CONV, b"", {}, 400, "the request body is empty"),
     ("no-inputs", "conv", "POST", CONV, b'{"inputs": []}', {}, 400, "non-empty 'inputs'"),
-    ("unknown-model", "conv", "POST", "/models/nope/infer", _req(_json_input()), {}, 404,
-     "unknown model 'nope'"),
-    ("unknown-version", "conv", "POST", "/models/conv/versions/7/infer", _req(_json_input()), {}, 404,
-     "no version '7'"),
+    ("unknown-model", "conv", "POST", "/models/nope/infer", _req(_json_input()), {}, 404, "unknown model 'nope'"),
+    (
+        "unknown-version",
+        "conv",
+        "POST",
+        "/models/conv/versions/7/infer",
+        _req(_json_input()),
+        {},
+        404,
+        "no version '7'",
+    ),
     ("unknown-path", "conv", "GET", "/nothing/here", b"", {}, 404, "unknown path /v2/nothing/here"),
     ("outside-v2", "conv", "GET", "/../metrics", b"", {}, 404, "unknown path"),
     ("wrong-method", "conv", "PUT", "/models/conv", b"", {}, 405, "method PUT is not allowed"),
-    ("unknown-input", "conv", "POST", CONV, _req(_json_input(name="image")), {}, 400,
-     "input 'image': model 'conv' has no such input; its inputs are input"),
-    ("missing-input", "addmul", "POST", ADDM, _req(_json_input("a", (1, 2))), {}, 400,
-     "missing input(s) b"),
-    ("duplicate-input", "conv", "POST", CONV, _req(_json_input(), _json_input()), {}, 400,
-     "given twice"),
-    ("wrong-rank", "conv", "POST", CONV, _req(_json_input(shape=(1, 3, 16))), {}, 400,
-     "has rank 3, the model expects rank 4"),
-    ("wrong-dim", "conv", "POST", CONV, _req(_json_input(shape=(1, 3, 8, 16))), {}, 400,
-     "at dimension 2 (expected 16, got 8)"),
-    ("negative-dim", "conv", "POST", CONV, _req(_json_input(shape=(-1, 3, 16, 16), data=[])),
-     {}, 400, "negative dimension"),
-    ("wrong-dtype", "conv", "POST", CONV, _req(_json_input(datatype="FP64")), {}, 400,
-     "datatype FP64 does not match the model's FP32"),
-    ("bytes-dtype", "conv", "POST", CONV, _req(_json_input(datatype="BYTES")), {}, 400,
-     "datatype BYTES is not supported"),
-    ("bogus-dtype", "conv", "POST", CONV, _req(_json_input(datatype="FLOAT")), {}, 400,
-     "unknown datatype 'FLOAT'"),
-    ("data-too-short", "conv", "POST", CONV, _req(_json_input(data=[1.0] * 5)), {}, 400,
-     "'data' has 5 elements but shape [1, 3, 16, 16] needs 768"),
-    ("data-not-numbers", "conv", "POST", CONV, _req(_json_input(data=["x"] * 768)), {}, 400,
-     "not a rectangular list of float32"),
-    ("ragged-nested", "addmul", "POST", ADDM,
-     _req(_json_input("a", (2, 2), data=[[1, 2], [3]]), _json_input("b", (2, 2))), {}, 400, "rectangular"),
-    ("no-data", "conv", "POST", CONV, _req({"name": "input", "shape": [1, 3, 16, 16],
-                                                           "datatype": "FP32"}), {}, 400,
-     "neither 'data' nor parameters.binary_data_size"),
-    ("batch-disagrees", "addmul", "POST", ADDM,
-     _req(_json_input("a", (1, 2)), _json_input("b", (2, 2))), {}, 400, "disagree on the batch size"),
-    ("unknown-output", "conv", "POST", CONV, _req(_json_input(), outputs=[{"name": "probs"}]),
-     {}, 400, "requested output 'probs': model 'conv' has no such output"),
-    ("binary-size-vs-shape", "conv", "POST", CONV,
-     *_binary({"inputs": [{**_bin_hdr["inputs"][0], "parameters": {"binary_data_size": 3000}}]},
-              b"\0" * 3000),
-     400, "binary_data_size 3000 does not match shape [1, 3, 16, 16] FP32 (3072 bytes)"),
-    ("binary-body-short", "conv", "POST", CONV, *_binary(_bin_hdr, b"\0" * 1000), 400,
-     "the body carries only 1000 bytes"),
-    ("binary-body-long", "conv", "POST", CONV, *_binary(_bin_hdr, b"\0" * 4000), 400,
-     "declare 3072 bytes but the body carries 4000"),
-    ("binary-without-header", "conv", "POST", CONV, json.dumps(_bin_hdr).encode(), {}, 400,
-     "no Inference-Header-Content-Length"),
-    ("header-length-too-big", "conv", "POST", CONV, *_binary(_bin_hdr, b"\0" * 3072, 5000),
-     400, "outside the body"),
-    ("header-length-junk", "conv", "POST", CONV, _req(_json_input()),
-     {"Inference-Header-Content-Length": "ten"}, 400, "'ten' is not an integer"),
-    ("bad-gzip", "conv", "POST", CONV, b"not gzip at all", {"Content-Encoding": "gzip"}, 400,
-     "not valid gzip"),
-    ("unknown-encoding", "conv", "POST", CONV, _req(_json_input()), {"Content-Encoding": "br"},
-     400, "unsupported Content-Encoding 'br'"),
-    ("oversized-body", "addmul", "POST", ADDM, b"0" * 200_000, {}, 413,
-     "exceeds the limit of 0.05 MB (52428 bytes)"),
-    ("oversized-chunked", "addmul", "POST", ADDM, [b"0" * 30_000] * 3, {}, 413,
-     "chunked request body exceeds the limit"),
-    ("bad-chunk-size", "conv", "POST", CONV, b"zz\r\nxx\r\n0\r\n\r\n", {"Transfer-Encoding": "chunked"},
-     400, "malformed chunk size line"),
-    ("gzip-bomb", "addmul", "POST", ADDM, gzip.compress(b" " * 1_000_000),
-     {"Content-Encoding": "gzip"}, 413, "decompressed request body exceeds the limit"),
-    ("empty-batch", "conv", "POST", CONV, _req(_json_input(shape=(0, 3, 16, 16), data=[])), {},
-     400, "batch size 0"),
+    (
+        "unknown-input",
+        "conv",
+        "POST",
+        CONV,
+        _req(_json_input(name="image")),
+        {},
+        400,
+        "input 'image': model 'conv' has no such input; its inputs are input",
+    ),
+    ("missing-input", "addmul", "POST", ADDM, _req(_json_input("a", (1, 2))), {}, 400, "missing input(s) b"),
+    ("duplicate-input", "conv", "POST", CONV, _req(_json_input(), _json_input()), {}, 400, "given twice"),
+    (
+        "wrong-rank",
+        "conv",
+        "POST",
+        CONV,
+        _req(_json_input(shape=(1, 3, 16))),
+        {},
+        400,
+        "has rank 3, the model expects rank 4",
+    ),
+    (
+        "wrong-dim",
+        "conv",
+        "POST",
+        CONV,
+        _req(_json_input(shape=(1, 3, 8, 16))),
+        {},
+        400,
+        "at dimension 2 (expected 16, got 8)",
+    ),
+    (
+        "negative-dim",
+        "conv",
+        "POST",
+        CONV,
+        _req(_json_input(shape=(-1, 3, 16, 16), data=[])),
+        {},
+        400,
+        "negative dimension",
+    ),
+    (
+        "wrong-dtype",
+        "conv",
+        "POST",
+        CONV,
+        _req(_json_input(datatype="FP64")),
+        {},
+        400,
+        "datatype FP64 does not match the model's FP32",
+    ),
+    (
+        "bytes-dtype",
+        "conv",
+        "POST",
+        CONV,
+        _req(_json_input(datatype="BYTES")),
+        {},
+        400,
+        "datatype BYTES is not supported",
+    ),
+    ("bogus-dtype", "conv", "POST", CONV, _req(_json_input(datatype="FLOAT")), {}, 400, "unknown datatype 'FLOAT'"),
+    (
+        "data-too-short",
+        "conv",
+        "POST",
+        CONV,
+        _req(_json_input(data=[1.0] * 5)),
+        {},
+        400,
+        "'data' has 5 elements but shape [1, 3, 16, 16] needs 768",
+    ),
+    (
+        "data-not-numbers",
+        "conv",
+        "POST",
+        CONV,
+        _req(_json_input(data=["x"] * 768)),
+        {},
+        400,
+        "not a rectangular list of float32",
+    ),
+    (
+        "ragged-nested",
+        "addmul",
+        "POST",
+        ADDM,
+        _req(_json_input("a", (2, 2), data=[[1, 2], [3]]), _json_input("b", (2, 2))),
+        {},
+        400,
+        "rectangular",
+    ),
+    (
+        "no-data",
+        "conv",
+        "POST",
+        CONV,
+        _req({"name": "input", "shape": [1, 3, 16, 16], "datatype": "FP32"}),
+        {},
+        400,
+        "neither 'data' nor parameters.binary_data_size",
+    ),
+    (
+        "batch-disagrees",
+        "addmul",
+        "POST",
+        ADDM,
+        _req(_json_input("a", (1, 2)), _json_input("b", (2, 2))),
+        {},
+        400,
+        "disagree on the batch size",
+    ),
+    (
+        "unknown-output",
+        "conv",
+        "POST",
+        CONV,
+        _req(_json_input(), outputs=[{"name": "probs"}]),
+        {},
+        400,
+        "requested output 'probs': model 'conv' has no such output",
+    ),
+    (
+        "binary-size-vs-shape",
+        "conv",
+        "POST",
+        CONV,
+        *_binary({"inputs": [{**_bin_hdr["inputs"][0], "parameters": {"binary_data_size": 3000}}]}, b"\0" * 3000),
+        400,
+        "binary_data_size 3000 does not match shape [1, 3, 16, 16] FP32 (3072 bytes)",
+    ),
+    (
+        "binary-body-short",
+        "conv",
+        "POST",
+        CONV,
+        *_binary(_bin_hdr, b"\0" * 1000),
+        400,
+        "the body carries only 1000 bytes",
+    ),
+    (
+        "binary-body-long",
+        "conv",
+        "POST",
+        CONV,
+        *_binary(_bin_hdr, b"\0" * 4000),
+        400,
+        "declare 3072 bytes but the body carries 4000",
+    ),
+    (
+        "binary-without-header",
+        "conv",
+        "POST",
+        CONV,
+        json.dumps(_bin_hdr).encode(),
+        {},
+        400,
+        "no Inference-Header-Content-Length",
+    ),
+    ("header-length-too-big", "conv", "POST", CONV, *_binary(_bin_hdr, b"\0" * 3072, 5000), 400, "outside the body"),
+    (
+        "header-length-junk",
+        "conv",
+        "POST",
+        CONV,
+        _req(_json_input()),
+        {"Inference-Header-Content-Length": "ten"},
+        400,
+        "'ten' is not an integer",
+    ),
+    ("bad-gzip", "conv", "POST", CONV, b"not gzip at all", {"Content-Encoding": "gzip"}, 400, "not valid gzip"),
+    (
+        "unknown-encoding",
+        "conv",
+        "POST",
+        CONV,
+        _req(_json_input()),
+        {"Content-Encoding": "br"},
+        400,
+        "unsupported Content-Encoding 'br'",
+    ),
+    ("oversized-body", "addmul", "POST", ADDM, b"0" * 200_000, {}, 413, "exceeds the limit of 0.05 MB (52428 bytes)"),
+    (
+        "oversized-chunked",
+        "addmul",
+        "POST",
+        ADDM,
+        [b"0" * 30_000] * 3,
+        {},
+        413,
+        "chunked request body exceeds the limit",
+    ),
+    (
+        "bad-chunk-size",
+        "conv",
+        "POST",
+        CONV,
+        b"zz\r\nxx\r\n0\r\n\r\n",
+        {"Transfer-Encoding": "chunked"},
+        400,
+        "malformed chunk size line",
+    ),
+    (
+        "gzip-bomb",
+        "addmul",
+        "POST",
+        ADDM,
+        gzip.compress(b" " * 1_000_000),
+        {"Content-Encoding": "gzip"},
+        413,
+        "decompressed request body exceeds the limit",
+    ),
+    ("empty-batch", "conv", "POST", CONV, _req(_json_input(shape=(0, 3, 16, 16), data=[])), {}, 400, "batch size 0"),
 ]
 
 
 def test_bad_input_corpus_gets_clear_errors_and_server_keeps_serving(conv_server, addmul_server):
     servers = {"conv": conv_server, "addmul": addmul_server}
-    session = requests.Session()            # one keep-alive connection per server across all cases
+    session = requests.Session()  # one keep-alive connection per server across all cases
     failures = []
     for case, srv, method, path, body, headers, status, fragment in BAD:
         url = f"{servers[srv].url}/v2{path}"
-        data = iter(body) if isinstance(body, list) else body      # a list goes out chunked
+        data = iter(body) if isinstance(body, list) else body  # a list goes out chunked
         r = session.request(method, url, data=data, headers=headers, timeout=TIMEOUT)
         try:
             msg = r.json()["error"]
@@ -398,8 +600,11 @@ def test_bad_input_corpus_gets_clear_errors_and_server_keeps_serving(conv_server
             failures.append(f"{case}: got {r.status_code} {msg!r}, want {status} containing {fragment!r}")
     assert not failures, "\n".join(failures)
     x = models.sample_inputs("conv", 1)["input"]
-    good = session.post(f"{conv_server.url}/v2/models/conv/infer", timeout=TIMEOUT,
-                        json={"inputs": [_json_input(data=x.ravel().tolist())]})
+    good = session.post(
+        f"{conv_server.url}/v2/models/conv/infer",
+        timeout=TIMEOUT,
+        json={"inputs": [_json_input(data=x.ravel().tolist())]},
+    )
     assert good.status_code == 200 and good.json()["outputs"][0]["shape"] == [1, 10]
 
 
@@ -409,7 +614,7 @@ def test_oversized_upload_is_refused_before_the_body_with_expect_100(addmul_serv
     conn.putrequest("POST", "/v2/models/addmul/infer")
     conn.putheader("Content-Length", str(10**9))
     conn.putheader("Expect", "100-continue")
-    conn.endheaders()                               # no body sent at all
+    conn.endheaders()  # no body sent at all
     r = conn.getresponse()
     assert r.status == 413 and "exceeds the limit" in json.loads(r.read())["error"]
 
@@ -418,9 +623,9 @@ def test_garbage_on_the_socket_gets_a_v2_error_and_the_server_survives(conv_serv
     import socket
 
     with socket.create_connection(("127.0.0.1", conv_server.port), timeout=TIMEOUT) as s:
-        s.sendall(b"\x16\x03\x01 this is not HTTP\r\n\r\n")   # e.g. a TLS client on the plain port
+        s.sendall(b"\x16\x03\x01 this is not HTTP\r\n\r\n")  # e.g. a TLS client on the plain port
         chunks = []
-        while chunk := s.recv(65536):                # the server closes after an unparsable request
+        while chunk := s.recv(65536):  # the server closes after an unparsable request
             chunks.append(chunk)
         reply = b"".join(chunks).decode("latin-1")
     status_line, _, rest = reply.partition("\r\n")
@@ -476,8 +681,9 @@ def test_int64_in_fp16_out_round_trip(tmp_path, binary):
 
 def test_static_batch_model_is_never_merged(tmp_path):
     """A model whose dim 0 is fixed cannot be concatenated: each request runs alone."""
-    handle = start_server(load_engine(cast_model(tmp_path / "cast.onnx", batch_dim=2)), "127.0.0.1", 0,
-                          max_queue_delay_ms=300)
+    handle = start_server(
+        load_engine(cast_model(tmp_path / "cast.onnx", batch_dim=2)), "127.0.0.1", 0, max_queue_delay_ms=300
+    )
     try:
         assert triton(handle).get_model_config("cast")["max_batch_size"] == 0
         xs = [np.full((2, 4), i, np.int64) for i in range(4)]

@@ -54,13 +54,13 @@ def _start(cmd: list[str]) -> tuple[subprocess.Popen, str, queue.Queue]:
 def test_sigterm_drains_the_in_flight_request_and_exits_0(tmp_path, front_end):
     model = models.conv_net(tmp_path / "conv.onnx")
     # A long queue delay keeps a lone request in flight long enough to send SIGTERM mid-request.
-    cmd = [*FRONT_ENDS[front_end], str(model), "--port", "0", "--max-batch", "8",
-           "--max-queue-delay-ms", "3000"]
+    cmd = [*FRONT_ENDS[front_end], str(model), "--port", "0", "--max-batch", "8", "--max-queue-delay-ms", "3000"]
     proc, url, lines = _start(cmd)
     try:
         x = models.sample_inputs("conv", 1)["input"]
-        body = json.dumps({"inputs": [{"name": "input", "shape": [1, 3, 16, 16], "datatype": "FP32",
-                                       "data": x.ravel().tolist()}]}).encode()
+        body = json.dumps(
+            {"inputs": [{"name": "input", "shape": [1, 3, 16, 16], "datatype": "FP32", "data": x.ravel().tolist()}]}
+        ).encode()
         result: dict = {}
 
         def send():
@@ -97,8 +97,9 @@ def test_bad_flags_give_one_line_and_exit_2(tmp_path):
         ([str(model), "--max-batch", "0"], "--max-batch 0 must be at least 1"),
     ]
     for extra, fragment in cases:
-        r = subprocess.run([*FRONT_ENDS["ngcx-runtime serve"], *extra, "--port", "0"],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [*FRONT_ENDS["ngcx-runtime serve"], *extra, "--port", "0"], capture_output=True, text=True, timeout=60
+        )
         assert r.returncode == 2, (extra, r.stdout, r.stderr)
         assert fragment in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr

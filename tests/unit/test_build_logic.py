@@ -26,6 +26,10 @@ def test_version_matches_compares_the_components_the_library_reports(loaded, pin
     assert version_matches(loaded, pin) is ok
 
 
+def _lib(version: str, soname: str, wheel: str, wheel_version: str) -> dict:
+    return {"version": version, "path": f"/x/{soname}", "wheel": {"name": wheel, "version": wheel_version}}
+
+
 def _labels(ref: str) -> dict[str, str]:
     return load_catalog().resolve(ref).labels()
 
@@ -33,9 +37,9 @@ def _labels(ref: str) -> dict[str, str]:
 def test_library_checks_fail_on_a_wrong_wheel_even_when_the_soname_matches():
     labels = _labels("cuda:24.05")
     report = {"libraries": {
-        "cudart": {"version": "12.4", "path": "/x/libcudart.so.12", "wheel": {"name": "nvidia-cuda-runtime-cu12", "version": "12.4.127"}},
-        "cublas": {"version": "12.4.5", "path": "/x/libcublas.so.12", "wheel": {"name": "nvidia-cublas-cu12", "version": "12.4.5.8"}},
-        "cudnn": {"version": "9.1.0", "path": "/x/libcudnn.so.9", "wheel": {"name": "nvidia-cudnn-cu12", "version": "9.1.0.99"}},
+        "cudart": _lib("12.4", "libcudart.so.12", "nvidia-cuda-runtime-cu12", "12.4.127"),
+        "cublas": _lib("12.4.5", "libcublas.so.12", "nvidia-cublas-cu12", "12.4.5.8"),
+        "cudnn": _lib("9.1.0", "libcudnn.so.9", "nvidia-cudnn-cu12", "9.1.0.99"),
         "nccl": {"error": "libnccl.so.2 not found"},
     }}
     status = {c.name: c.status for c in library_checks(labels, report)}

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from ngcx import paths
 from ngcx.catalog.model import Catalog, load_catalog, problems_of
 

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 import typer
+
 from ngcx.main import COMMAND_MODULES
 
 HEAVY = ("pydantic", "jinja2", "docker", "boto3", "botocore", "aliyunsdkcore", "rich", "yaml",

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from ngcx import naming, paths
 from ngcx.catalog.model import Release, load_catalog
 from ngcx.errors import UserError
