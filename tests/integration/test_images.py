@@ -6,9 +6,10 @@ the dynamic linker loaded in the container, the framework's own CUDA view, and t
 tests (images/NAME/tests/) run inside it. Without a GPU, GPU checks must say they were skipped
 and why; nothing may fail.
 
-Which releases run: NGCX_IMAGE_MATRIX=ci (default) builds one release per image (the CI matrix,
-measured at well under 40 minutes cold on 2 cores); NGCX_IMAGE_MATRIX=all builds every
-buildable release. The rest are reported skipped with that reason, never silently dropped.
+Which releases run: NGCX_IMAGE_MATRIX=ci (default) builds one release per image (the CI matrix:
+5 min 6 s measured cold — BuildKit cache and pip cache pruned, only the offline base present —
+on 2 cores, 2026-11-22); NGCX_IMAGE_MATRIX=all builds every buildable release. The rest are
+reported skipped with that reason, never silently dropped.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import time
 
 import pytest
+
 from conftest import run_ngcx
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
