@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_DIR = "/opt/ngcx/tests"
+CONSTRAINTS = Path("/etc/ngcx/constraints.txt")  # written by the image build: every pin of the release
 
 
 class Skipped(Exception):
@@ -47,6 +48,30 @@ def require_gpu() -> int:
     if n == 0:
         skip("no GPU: no NVIDIA driver or device visible in this container")
     return n
+
+
+def pins() -> dict[str, str]:
+    """name -> version from the image's constraints file (what the build pinned)."""
+    out = {}
+    for line in CONSTRAINTS.read_text().splitlines():
+        if "==" in line:
+            name, version = line.strip().split("==", 1)
+            out[name.split("[")[0].lower()] = version
+    return out
+
+
+def pin(prefix: str) -> str:
+    """The version pinned for the first package whose name starts with prefix."""
+    found = [v for k, v in pins().items() if k.startswith(prefix)]
+    assert found, f"{CONSTRAINTS} pins no {prefix}* package"
+    return found[0]
+
+
+def same_version(found: str, pinned: str) -> bool:
+    """Compare the components both report (cuDNN 9.1.0 vs wheel 9.1.0.70); local tags ignored."""
+    a, b = found.split("+")[0].split("."), pinned.split("+")[0].split(".")
+    n = min(len(a), len(b))
+    return n > 0 and a[:n] == b[:n]
 
 
 def _load(path: Path):
@@ -106,4 +131,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 # Make `from ngcx_runtime.selftest import skip, require_gpu` the whole API a test file needs.
-__all__ = ["skip", "require_gpu", "gpu_count", "Skipped", "run_dir"]
+__all__ = ["skip", "require_gpu", "gpu_count", "Skipped", "run_dir", "pins", "pin", "same_version", "CONSTRAINTS"]

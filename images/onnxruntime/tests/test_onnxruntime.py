@@ -14,26 +14,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from ngcx_runtime.selftest import require_gpu, skip
+from ngcx_runtime.selftest import pin as _pin, require_gpu, skip
 
-CONSTRAINTS = Path("/etc/ngcx/constraints.txt")
-
-
-def pins() -> dict[str, str]:
-    """name -> version from the image's constraints file (what the build pinned)."""
-    out = {}
-    for line in CONSTRAINTS.read_text().splitlines():
-        if "==" in line:
-            name, version = line.strip().split("==", 1)
-            out[name.split("[")[0].lower()] = version
-    return out
-
-
-def _pin(prefix: str) -> str:
-    """The version pinned for the first package whose name starts with prefix."""
-    found = [v for k, v in pins().items() if k.startswith(prefix)]
-    assert found, f"{CONSTRAINTS} pins no {prefix}* package"
-    return found[0]
 
 
 def tiny_model(path: Path) -> Path:

@@ -16,33 +16,9 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
-from ngcx_runtime.selftest import require_gpu
-
-CONSTRAINTS = Path("/etc/ngcx/constraints.txt")
+from ngcx_runtime.selftest import CONSTRAINTS, pin as _pin, pins, require_gpu, same_version as _same
 
 
-def pins() -> dict[str, str]:
-    """name -> version from the image's constraints file (what the build pinned)."""
-    out = {}
-    for line in CONSTRAINTS.read_text().splitlines():
-        if "==" in line:
-            name, version = line.strip().split("==", 1)
-            out[name.split("[")[0].lower()] = version
-    return out
-
-
-def _pin(prefix: str) -> str:
-    """The version pinned for the first package whose name starts with prefix."""
-    found = [v for k, v in pins().items() if k.startswith(prefix)]
-    assert found, f"{CONSTRAINTS} pins no {prefix}* package"
-    return found[0]
-
-
-def _same(found: str, pin: str) -> bool:
-    """Compare the components both report (cuDNN 9.1.0 vs wheel 9.1.0.70); local tags ignored."""
-    a, b = found.split("+")[0].split("."), pin.split("+")[0].split(".")
-    n = min(len(a), len(b))
-    return a[:n] == b[:n]
 
 
 def small_net():

@@ -10,19 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from ngcx_runtime.selftest import require_gpu
-
-CONSTRAINTS = Path("/etc/ngcx/constraints.txt")
-
-
-def _pin(prefix: str) -> str:
-    """The version pinned for the first package whose name starts with prefix."""
-    for line in CONSTRAINTS.read_text().splitlines():
-        name, _, version = line.strip().partition("==")
-        if name.split("[")[0].lower().startswith(prefix):
-            return version
-    raise AssertionError(f"{CONSTRAINTS} pins no {prefix}* package")
-
+from ngcx_runtime.selftest import pin as _pin, require_gpu
 
 def test_tensorrt_is_the_pin():
     import tensorrt as trt
