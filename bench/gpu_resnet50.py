@@ -9,7 +9,8 @@ GPU): ~2,200 img/s at batch 1, ~24,000 img/s at batch 256.
 Rows:
   eager_*            torch eager, inputs already on the GPU
   plan_device        the loaded ngcx plan, inputs already on the GPU (compute only; compare to reference)
-  plan_host          Engine.infer() with host numpy in and out (adds H2D/D2H; what the server calls)
+  plan_host          Engine.infer() with host numpy in and out (adds H2D/D2H), one batch at a time
+  plan_host_pipelined  the same with infer_async, two batches in flight (what the server's batcher does)
   served_*           over HTTP to ngcx_runtime.serve with the binary tensor extension, N clients
 """
 
@@ -41,6 +42,25 @@ def _sync_time(torch, fn, iters: int, warmup: int = 5) -> float:
     for _ in range(iters):
         fn()
     torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / iters
+
+
+def _pipelined_time(engine, feeds, iters: int, warmup: int = 3) -> float:
+    """Seconds per batch with host numpy in/out and two batches in flight (launch N+1, then
+    wait for N), the way the server's batcher drives an engine that has infer_async."""
+    def run(n: int) -> None:
+        pending = None
+        for _ in range(n):
+            launched = engine.infer_async(feeds)
+            if pending is not None:
+                pending()
+            pending = launched
+        if pending is not None:
+            pending()
+
+    run(warmup)
+    t0 = time.perf_counter()
+    run(iters)
     return (time.perf_counter() - t0) / iters
 
 
@@ -166,6 +186,9 @@ def plan_rows(
         feeds = make_inputs(engine.inputs, b)
         sec = _sync_time(torch, lambda f=feeds: engine.infer(f), max(10, _iters(b) // 4), warmup=3)
         rows.append(_row(f"plan_host_{tag}", b, sec, input_datatype=engine.inputs[0].datatype))
+        sec = _pipelined_time(engine, feeds, max(10, _iters(b) // 4))
+        rows.append(_row(f"plan_host_pipelined_{tag}", b, sec, input_datatype=engine.inputs[0].datatype,
+                         note="infer_async, two batches in flight (what the server's batcher does)"))
     info["plan_dir"] = str(res.plan_dir)
     return rows, engine, info
 

@@ -12,6 +12,7 @@ max_queue_delay_ms for company. Requests larger than max_batch are refused befor
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections import Counter, deque
@@ -98,6 +99,13 @@ class Batcher:
         self._cond = threading.Condition()
         self._stopping = False
         self._flush = False
+        # Engines with infer_async (the PyTorch engine on a GPU) get two batches in flight: the
+        # worker stages and launches batch N+1 while a finisher thread waits for batch N.
+        self._async = callable(getattr(engine, "infer_async", None))
+        self._inflight: queue.Queue = queue.Queue(maxsize=1)
+        self._finisher = threading.Thread(target=self._finish_loop, name="ngcx-finisher", daemon=True)
+        if self._async:
+            self._finisher.start()
         self._worker = threading.Thread(target=self._run, name="ngcx-batcher", daemon=True)
         self._worker.start()
 
@@ -127,6 +135,9 @@ class Batcher:
             self._stopping = True
             self._cond.notify_all()
         self._worker.join(timeout)
+        if self._async:
+            self._inflight.put(None)
+            self._finisher.join(timeout)
 
     def _run(self) -> None:
         while True:
@@ -163,25 +174,59 @@ class Batcher:
     def _execute(self, group: list[_Pending]) -> None:
         start = time.monotonic()
         try:
-            results = self._infer(group)
+            feeds = self._merge(group)
+            if self._async:
+                finish = self.engine.infer_async(feeds)
+                self._inflight.put((group, finish, start))  # blocks while two batches are in flight
+                return
+            outputs = self.engine.infer(feeds)
         except Exception as exc:  # noqa: BLE001 - any engine failure becomes a 500, never a dead worker
-            msg = f"engine '{self.name}' failed: {type(exc).__name__}: {exc}".replace("\n", " ")
-            for item in group:
-                item.error = msg
-                item.done.set()
-            self._account(group, start, ok=False)
+            self._fail(group, exc, start)
+            return
+        self._complete(group, outputs, start)
+
+    def _finish_loop(self) -> None:
+        """Wait for launched batches in order and hand their outputs to the waiting requests."""
+        while True:
+            job = self._inflight.get()
+            if job is None:
+                return
+            group, finish, start = job
+            try:
+                outputs = finish()
+            except Exception as exc:  # noqa: BLE001
+                self._fail(group, exc, start)
+                continue
+            self._complete(group, outputs, start)
+
+    def _complete(self, group: list[_Pending], outputs: Any, start: float) -> None:
+        try:
+            results = self._split(group, self._checked(outputs))
+        except Exception as exc:  # noqa: BLE001
+            self._fail(group, exc, start)
             return
         for item, res in zip(group, results, strict=True):
             item.result = res
             item.done.set()
         self._account(group, start, ok=True)
 
-    def _infer(self, group: list[_Pending]) -> list[dict[str, np.ndarray]]:
+    def _fail(self, group: list[_Pending], exc: Exception, start: float) -> None:
+        msg = f"engine '{self.name}' failed: {type(exc).__name__}: {exc}".replace("\n", " ")
+        for item in group:
+            item.error = msg
+            item.done.set()
+        self._account(group, start, ok=False)
+
+    @staticmethod
+    def _merge(group: list[_Pending]) -> dict[str, np.ndarray]:
         if len(group) == 1:
-            return [self._checked(self.engine.infer(group[0].feeds))]
-        names = list(group[0].feeds)
-        merged = {n: np.concatenate([g.feeds[n] for g in group], axis=0) for n in names}
-        outputs = self._checked(self.engine.infer(merged))
+            return group[0].feeds
+        return {n: np.concatenate([g.feeds[n] for g in group], axis=0) for n in group[0].feeds}
+
+    @staticmethod
+    def _split(group: list[_Pending], outputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        if len(group) == 1:
+            return [outputs]
         total = sum(g.batch for g in group)
         for name, arr in outputs.items():
             if arr.ndim == 0 or arr.shape[0] != total:

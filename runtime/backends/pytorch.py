@@ -13,8 +13,10 @@ batcher sends arbitrary batch sizes, so infer() pads each request up to the next
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +94,14 @@ def _io_dtype(precision: str) -> str:
     return "float16" if precision == "fp16" else "float32"
 
 
+# Overlapping copies with compute pays only when the copies are large. On an H100 (ResNet-50,
+# bench/results/h100/resnet50_h100_pipelined.*) two batches in flight took batch 256 from 10.6k
+# to 18.7k img/s (FP16 input, 77 MB) but made batch 1 (0.3 MB) slower, 838 -> 617 img/s:
+# per-call events and slot hand-offs cost more than the copy they hide. Below this size the
+# engine stays serial.
+PIPELINE_MIN_BYTES = 8 << 20
+
+
 class TorchEngine:
     """An exported program, cast to the plan's precision, compiled, behind the Engine protocol."""
 
@@ -121,7 +131,12 @@ class TorchEngine:
         elif compile_mode:
             self.compile_note = "torch.compile skipped on CPU: CUDA graphs need a GPU; running eager"
         self._mod = mod
-        self._staging: dict[tuple, Any] = {}  # pinned host buffers, one per (input, bucket, shape)
+        self._staging: dict[tuple, Any] = {}  # pinned host buffers, one per (slot, tensor, bucket, shape)
+        # Two pipeline slots: while the GPU runs batch N from slot 0, infer_async() stages batch
+        # N+1 into slot 1. A slot is handed back only after its outputs were copied out.
+        self._free_slots: queue.Queue[int] = queue.Queue()
+        for slot in (0, 1):
+            self._free_slots.put(slot)
         self.inputs = _input_specs(ep, _io_dtype(precision))
         self.outputs: list[TensorSpec] = []
         self._out_names: list[str] = []
@@ -163,6 +178,77 @@ class TorchEngine:
             k: np.concatenate([c[k] for c in chunks]) if len(chunks) > 1 else chunks[0][k]
             for k in self._out_names
         }
+
+    def _pinned(self, key: tuple, shape: tuple, dtype) -> Any:
+        """A reused page-locked host buffer for `key` (allocated once)."""
+        buf = self._staging.get(key)
+        if buf is None:
+            buf = self._torch.empty(shape, dtype=dtype, pin_memory=True)
+            self._staging[key] = buf
+        return buf
+
+    def infer_async(self, feeds: dict[str, np.ndarray]) -> Callable[[], dict[str, np.ndarray]]:
+        """Launch one batch and return a function that waits for its outputs.
+
+        Why: with host arrays, infer() is serial — copy into pinned memory, copy to the GPU,
+        compute, copy back — so the GPU idles while the CPU copies. Here the copies and the
+        graph replay are queued on the stream and the call returns; the caller (the server's
+        batcher) stages the next batch while this one computes. Two slots of pinned buffers
+        alternate; a slot is reused only after its outputs were copied out by the returned
+        function. Without a GPU or beyond the largest bucket this falls back to infer().
+        """
+        torch = self._torch
+        missing = [s.name for s in self.inputs if s.name not in feeds]
+        if missing:
+            raise RuntimeUserError(f"missing input(s) {', '.join(missing)} for model {self.name}")
+        n = len(next(iter(feeds.values())))
+        small = sum(a.nbytes for a in feeds.values()) < PIPELINE_MIN_BYTES
+        if small or self.device == "cpu" or not self._buckets or n > self.max_batch:
+            result = self.infer(feeds)
+            return lambda: result
+        bucket = next(b for b in self._buckets if b >= n)
+        slot = self._free_slots.get()
+        try:
+            tensors = [self._stage_slot(slot, spec.name, np.ascontiguousarray(feeds[spec.name]), n, bucket)
+                       for spec in self.inputs]
+            outs = self._run(tensors)
+            host: dict[str, Any] = {}
+            for name, t in zip(self._out_names, outs, strict=True):
+                t = t[:n].float() if t.dtype == torch.bfloat16 else t[:n]
+                buf = self._pinned(("out", slot, name, bucket, tuple(t.shape[1:]), t.dtype),
+                                   (bucket, *t.shape[1:]), t.dtype)
+                buf[:n].copy_(t, non_blocking=True)
+                host[name] = buf
+            done = torch.cuda.Event()
+            done.record()
+        except BaseException:
+            self._free_slots.put(slot)
+            raise
+
+        def finish() -> dict[str, np.ndarray]:
+            try:
+                done.synchronize()
+                return {name: buf[:n].numpy().copy() for name, buf in host.items()}
+            finally:
+                self._free_slots.put(slot)
+
+        return finish
+
+    def _stage_slot(self, slot: int, name: str, arr: np.ndarray, n: int, bucket: int):
+        """Host array -> device tensor through the slot's pinned buffer (torch's parallel copy)."""
+        torch = self._torch
+        src = torch.from_numpy(arr) if arr.flags.writeable else torch.from_numpy(arr.copy())
+        buf = self._pinned(("in", slot, name, bucket, tuple(arr.shape[1:]), src.dtype),
+                           (bucket, *arr.shape[1:]), src.dtype)
+        buf[:n].copy_(src)
+        if bucket > n:
+            buf[n:].zero_()
+        t = buf.to(self.device, non_blocking=True)
+        if t.is_floating_point():
+            t = t.to(self._dtype)
+        if t.dim() == 4 and self._channels_last:
+            t = t.contiguous(memory_format=torch.channels_last)
+        return t
 
     def _stage(self, name: str, arr: np.ndarray, n: int, bucket: int):
         """Host array -> device tensor through a reused pinned buffer of the bucket's size.
