@@ -50,6 +50,12 @@ class Engine(Protocol):
     Batch is the first dimension of every input and output. max_batch is the largest batch
     the engine accepts in one call (the optimization profile's max, or 0 = unbounded).
     infer() must be safe to call from one thread at a time; the server serializes calls.
+
+    Optional: infer_async(feeds) -> Callable[[], dict[str, np.ndarray]] launches one batch and
+    returns a function that waits for its outputs. An engine that has it lets the server's
+    batcher stage batch N+1 while batch N computes (the PyTorch engine on a GPU does; see
+    backends/pytorch.py). Calls to infer_async come from one thread; the returned functions are
+    called in launch order from another.
     """
 
     name: str
