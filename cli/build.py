@@ -181,6 +181,7 @@ class ProgressParser:
 
     def __init__(self, titles: dict[int, str] | None = None) -> None:
         self.titles = titles or {}
+        self.returncode: int | None = None  # docker build's exit status, once it ended
         self.steps: dict[str, Step] = {}
         self.order: list[str] = []
         self.error: str | None = None
@@ -268,7 +269,7 @@ def _run_build(cmd: list[str], env: dict[str, str], progress: str, titles: dict[
         proc.terminate()
         proc.wait(timeout=30)
         raise
-    parser.returncode = proc.returncode  # type: ignore[attr-defined]
+    parser.returncode = proc.returncode
     return parser
 
 
@@ -328,7 +329,7 @@ def build(release: Release, opts: BuildOptions, catalog=None) -> BuildResult:
         parser = _run_build(cmd, env, opts.progress, step_titles(ctx.dockerfile.read_text()))
         duration = time.monotonic() - started
 
-    if parser.returncode != 0:  # type: ignore[attr-defined]
+    if parser.returncode != 0:
         _report_failure(parser)
     img = client.images.get(tag)
     size = int(img.attrs.get("Size") or 0)

@@ -193,7 +193,7 @@ def test_image(tag: str, gpu_mode: str) -> tuple[list[Check], dict[str, Any]]:
     if gpu_mode == "off":
         has_gpu, why = False, "skipped: --gpu off"
     elif gpu_mode == "require" and not has_gpu:
-        raise CheckFailed_(f"--gpu require: {why}")
+        raise GpuRequired(f"--gpu require: {why}")
     code, out, err = run_in_image(client, tag, ["info", "--json"], has_gpu)
     try:
         report = json.loads(out)
@@ -211,7 +211,7 @@ def test_image(tag: str, gpu_mode: str) -> tuple[list[Check], dict[str, Any]]:
     return checks, report
 
 
-class CheckFailed_(UserError):
+class GpuRequired(UserError):
     """--gpu require on a host without a GPU: exit 1 with one line."""
 
     exit_code = 1
