@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Iterator
+from types import ModuleType
 
 import typer
 
@@ -18,6 +20,18 @@ from ngcx.errors import CheckFailed, UserError
 COMMAND_MODULES = (
     "catalog", "render", "base", "build", "test", "push", "login", "run", "images", "doctor",
 )
+
+
+def stage_modules() -> Iterator[tuple[str, ModuleType]]:
+    """The stage modules present in this checkout, in `ngcx --help` order."""
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"ngcx.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"ngcx.{name}":
+                raise
+            continue  # stage not implemented in this checkout
+        yield name, module
 
 
 def build_app() -> typer.Typer:
@@ -30,13 +44,7 @@ def build_app() -> typer.Typer:
         rich_markup_mode=None,
         pretty_exceptions_enable=False,
     )
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"ngcx.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"ngcx.{name}":
-                raise
-            continue  # stage not implemented in this checkout
+    for _name, module in stage_modules():
         module.register(app)
     return app
 

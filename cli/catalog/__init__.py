@@ -6,6 +6,7 @@ completion live in ngcx.catalog.model and are imported on first use.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -139,7 +140,7 @@ def _check(catalog_file: Path | None, json_out: bool) -> None:
             print(line)
     if problems:
         if not json_out:
-            print(f"{len(problems)} problem(s) in {file}", file=__import__("sys").stderr)
+            print(f"{len(problems)} problem(s) in {file}", file=sys.stderr)
         raise typer.Exit(2)
     cat = complete(spec, str(file))
     if not json_out:

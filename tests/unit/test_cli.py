@@ -8,7 +8,6 @@ The time itself is measured by bench/cli_startup.py.
 
 from __future__ import annotations
 
-import importlib
 import json
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import sys
 import pytest
 import typer
 
-from ngcx.main import COMMAND_MODULES
+from ngcx.main import stage_modules
 
 HEAVY = ("pydantic", "jinja2", "docker", "boto3", "botocore", "aliyunsdkcore", "rich", "yaml",
          "numpy", "requests")
@@ -31,13 +30,7 @@ def ngcx(*args: str) -> subprocess.CompletedProcess[str]:
 def implemented_commands() -> dict[str, list[str]]:
     """module -> the command / group names it registers (modules not in this checkout skipped)."""
     out: dict[str, list[str]] = {}
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"ngcx.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"ngcx.{name}":
-                raise
-            continue
+    for name, module in stage_modules():
         app = typer.Typer()
         module.register(app)
         names = [c.name or c.callback.__name__ for c in app.registered_commands]
