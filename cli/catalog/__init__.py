@@ -129,6 +129,9 @@ def _check(catalog_file: Path | None, json_out: bool) -> None:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise UserError(f"cannot read catalog {file}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"catalog {file} is not UTF-8 text (byte {exc.start})",
+                        hint="save it as UTF-8, or check that this is the right file") from None
     try:
         spec, problems = problems_of(text, str(file))
     except UserError as exc:  # malformed YAML: one problem, with its line

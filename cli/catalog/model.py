@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ngcx import paths
+from ngcx.catalog.yamlio import load_yaml
 from ngcx.errors import UserError
 
 RELEASE_TAG = re.compile(r"^\d{2}\.(0[1-9]|1[0-2])$")
@@ -33,40 +33,9 @@ CC = re.compile(r"^\d{1,2}\.\d$")
 # ----------------------------------------------------------------------------- parse
 
 
-class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys and reports where they are."""
-
-
-def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        line = key_node.start_mark.line + 1
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None,
-                f"duplicate key {key!r} (first at line {seen[key]}); each image and release may appear once",
-                key_node.start_mark,
-            )
-        seen[key] = line
-    return loader.construct_mapping(node, deep=deep)
-
-
-_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
 def parse(text: str, source: str) -> dict:
-    """YAML text -> dict; malformed YAML or duplicate keys -> UserError with file:line."""
-    try:
-        data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-        problem = exc.problem or str(exc)
-        raise UserError(f"{where}: malformed YAML: {problem}",
-                        hint="fix the YAML syntax at that line") from None
-    except yaml.YAMLError as exc:
-        raise UserError(f"{source}: malformed YAML: {exc}") from None
+    """YAML text -> dict; malformed YAML, duplicate keys, deep nesting, alias bombs -> UserError with file:line."""
+    data = load_yaml(text, source)
     if not isinstance(data, dict):
         raise UserError(f"{source}: the catalog must be a mapping with 'images' and 'rules'")
     return data
@@ -630,8 +599,11 @@ def load_catalog(path: str | Path | None = None) -> Catalog:
     except FileNotFoundError:
         raise UserError(f"catalog file {file} does not exist",
                         hint="pass an existing registry.yaml or omit the argument for the shipped one") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read catalog {file}: {exc.__class__.__name__}") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"catalog {file} is not UTF-8 text (byte {exc.start})",
+                        hint="save it as UTF-8, or check that this is the right file") from None
+    except OSError as exc:
+        raise UserError(f"cannot read catalog {file}: {exc.strerror or exc.__class__.__name__}") from None
     spec, problems = problems_of(text, str(file))
     if problems:
         raise CatalogInvalid(str(file), problems)

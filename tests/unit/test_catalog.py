@@ -493,3 +493,44 @@ def test_load_catalog_completes_every_release() -> None:
     assert cat.resolve("tensorflow").tag == "25.03"
     assert rel.install == ()
     assert cat.resolve("tensorflow:25.03").install == ("tensorflow[and-cuda]==2.18.1",)
+
+
+# ----------------------------------------------------------------------------- hostile YAML (issue 8)
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("a: " + "[" * 100_000, "nesting deeper than 64 levels"),
+    ("a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefg", "bcdefgh", strict=True)),
+     "aliases expand to more than 100000 values"),
+    ("a: " + "1" * 5000 + "\n", "too many digits"),
+    ("a: 2001-13-45\n", "month must be in 1..12"),
+    ("? [a, b]\n: 1\n", "a list or mapping cannot be a key"),
+], ids=["deep-nesting", "alias-bomb", "huge-int", "bad-timestamp", "list-key"])
+def test_hostile_yaml_is_one_problem_line_not_a_traceback(text: str, problem: str, tmp_path: Path) -> None:
+    """Was a RecursionError / ValueError traceback; now the usual malformed-YAML report, exit 2."""
+    file = write(tmp_path, text)
+    proc = ngcx("catalog", "check", str(file))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{file}:") and problem in lines[0], proc.stdout
+    assert proc.stderr == f"1 problem(s) in {file}\n"
+    line = one_error_line(ngcx("catalog", "ls", "--catalog", str(file)))
+    assert line == f"ngcx: error: {lines[0]}"
+
+
+def test_python_tags_are_refused_never_run(tmp_path: Path) -> None:
+    marker = tmp_path / "PWNED"
+    file = write(tmp_path, f"a: !!python/object/apply:os.system ['touch {marker}']\n")
+    line = one_error_line(ngcx("catalog", "ls", "--catalog", str(file)))
+    assert "could not determine a constructor for the tag" in line and "python/object/apply:os.system" in line
+    assert not marker.exists()
+
+
+def test_catalog_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    file = tmp_path / "registry.yaml"
+    file.write_bytes(b"images: \xff\xfe\n")
+    for args in (("catalog", "check", str(file)), ("catalog", "ls", "--catalog", str(file))):
+        line = one_error_line(ngcx(*args))
+        assert line == f"ngcx: error: catalog {file} is not UTF-8 text (byte 8) (save it as UTF-8, or check " \
+                       "that this is the right file)"
