@@ -45,20 +45,19 @@ RECIPE_KEYS = {"blocks", "apt", "entrypoint", "cmd", "ports"}
 
 def load_recipe(image: str) -> Recipe:
     """Read and check images/IMAGE/image.yaml (unknown keys or blocks -> UserError)."""
-    import yaml
-
     from ngcx import paths
+    from ngcx.catalog.yamlio import load_yaml
     from ngcx.errors import UserError
 
     folder = paths.images_dir() / image
     file = folder / "image.yaml"
     try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+        data = load_yaml(file.read_text(encoding="utf-8"), str(file)) or {}
     except FileNotFoundError:
         raise UserError(f"image {image!r} has no recipe file {file}",
                         hint="add images/<name>/image.yaml listing its blocks") from None
-    except yaml.YAMLError as exc:
-        raise UserError(f"{file}: malformed YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{file}: must be a mapping with the keys {', '.join(sorted(RECIPE_KEYS))}")
     unknown = set(data) - RECIPE_KEYS
     if unknown:
         raise UserError(f"{file}: unknown key(s) {', '.join(sorted(unknown))}",
@@ -194,11 +193,44 @@ class Context:
 
 def write_context(release: Release, out_dir: Path, variant: str = "runtime", base: str | None = None,
                   catalog: Catalog | None = None) -> Context:
-    """Materialize the build context. Nothing secret is ever written here."""
+    """Materialize the build context. Nothing secret is ever written here.
+
+    A folder that is a file, is unwritable, or holds anything but an earlier ngcx context is one
+    UserError (exit 2): `--context .` in a project must never wipe the project.
+    """
+    from ngcx.errors import UserError
+
     text = render_dockerfile(release, variant, base, catalog)
     recipe = load_recipe(release.image)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
+    try:
+        _clear_context_dir(out_dir)
+        return _fill_context(out_dir, text, recipe)
+    except OSError as exc:
+        raise UserError(f"cannot write the build context {out_dir}: {exc.strerror or exc.__class__.__name__}",
+                        hint="pass --context a new folder you can write to") from None
+
+
+def _clear_context_dir(out_dir: Path) -> None:
+    """Empty an earlier context (it has ngcx-runtime/); refuse any other non-empty folder or a file."""
+    from ngcx.errors import UserError
+
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"--context {out_dir} is a file, not a folder", hint="pass a new or empty folder")
+    if not out_dir.is_dir() or not any(out_dir.iterdir()):
+        return
+    if not (out_dir / "ngcx-runtime").is_dir():
+        raise UserError(f"--context {out_dir} is a non-empty folder that is not an ngcx build context; "
+                        "refusing to delete what is in it", hint="pass a new or empty folder")
+    # ngcx-runtime/ goes last, so an interrupted clean still looks like a context to the next run.
+    for child in sorted(out_dir.iterdir(), key=lambda p: p.name == "ngcx-runtime"):
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+def _fill_context(out_dir: Path, text: str, recipe: Recipe) -> Context:
+    """Write ngcx-runtime/ first (it marks the folder as a context), the Dockerfile last."""
     (out_dir / "ngcx-runtime").mkdir(parents=True)
     for rel, data in runtime_package_files().items():
         target = out_dir / "ngcx-runtime" / rel
@@ -213,6 +245,23 @@ def write_context(release: Release, out_dir: Path, variant: str = "runtime", bas
     dockerfile = out_dir / "Dockerfile"
     dockerfile.write_text(text)
     return Context(out_dir, dockerfile, hashlib.sha256(text.encode()).hexdigest())
+
+
+def _write_output(output: Path, text: str) -> None:
+    """-o FILE: missing parent folders are created (as `mkdir -p`); any other failure is one line."""
+    from ngcx.errors import UserError
+
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text)
+    except OSError as exc:
+        if output.is_dir():
+            what = "it is a folder"
+        elif isinstance(exc, FileExistsError | NotADirectoryError):
+            what = "a folder on its path is a file"
+        else:
+            what = exc.strerror or exc.__class__.__name__
+        raise UserError(f"cannot write -o {output}: {what}", hint="pass -o a file path you can write to") from None
 
 
 # ----------------------------------------------------------------------------- command
@@ -244,7 +293,7 @@ def register(app: typer.Typer) -> None:
             return
         text = render_dockerfile(release, variant, base, cat)
         if output:
-            output.write_text(text)
+            _write_output(output, text)
             print(f"wrote {output}")
         else:
             print(text, end="")

@@ -4,7 +4,7 @@ Golden files: tests/golden/<image>-<release>-<variant>.Dockerfile hold the exact
 image:release x variant, like hpccm's recipe tests. They are the reviewable diff of every pin
 bump or recipe change. After an intended change, regenerate them and review `git diff`:
 
-    NGCX_UPDATE_GOLDEN=1 /work/venv/bin/python -m pytest tests/unit/test_render.py -k golden
+    NGCX_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/unit/test_render.py -k golden
 
 The property tests below say WHY a render is right (secrets, labels, layer order, variants), so a
 regenerated golden that breaks a property still fails.
@@ -378,7 +378,7 @@ def _packages(root: Path) -> list[str]:
 def test_write_context(tmp_path: Path) -> None:
     rel = CATALOG.resolve("onnxruntime:25.08")
     out = tmp_path / "ctx"
-    out.mkdir()
+    write_context(CATALOG.resolve("cuda:24.05"), out, "devel", None, CATALOG)
     (out / "stale.txt").write_text("left over from an older render")
     ctx = write_context(rel, out, "runtime", None, CATALOG)
     text = golden_path(rel.ref, "runtime").read_text()
@@ -410,3 +410,79 @@ def test_cli_context(tmp_path: Path) -> None:
     assert (out / "ngcx-runtime" / "pyproject.toml").is_file()
     assert (out / "ngcx-runtime" / "ngcx_runtime" / "__init__.py").is_file()
     assert (out / "tests").is_dir()
+
+
+# ----------------------------------------------------------------------------- where output goes (issue 8)
+
+
+def test_output_into_missing_folders_creates_them(tmp_path: Path) -> None:
+    """Was a FileNotFoundError traceback; a user expects `-o build/x/Dockerfile` to work like mkdir -p."""
+    out = tmp_path / "does" / "not" / "exist" / "Dockerfile"
+    proc = ngcx("render", "cuda:24.05", "-o", str(out))
+    assert proc.returncode == 0 and proc.stdout == f"wrote {out}\n", proc.stderr
+    assert out.read_text() == golden_path("cuda:24.05", "runtime").read_text()
+
+
+@pytest.mark.parametrize(("make", "why"), [
+    (lambda t: (t.mkdir(), t)[1], "it is a folder"),
+    (lambda t: (t.write_text("x"), t / "Dockerfile")[1], "a folder on its path is a file"),
+], ids=["output-is-a-folder", "parent-is-a-file"])
+def test_output_that_cannot_be_written_is_one_line(make, why: str, tmp_path: Path) -> None:
+    out = make(tmp_path / "target")
+    line = _one_error(ngcx("render", "cuda:24.05", "-o", str(out)))
+    assert line == f"ngcx: error: cannot write -o {out}: {why} (pass -o a file path you can write to)"
+
+
+def test_context_that_is_a_file_is_one_line_and_untouched(tmp_path: Path) -> None:
+    target = tmp_path / "notes.txt"
+    target.write_text("mine")
+    line = _one_error(ngcx("render", "cuda:24.05", "--context", str(target)))
+    assert line == f"ngcx: error: --context {target} is a file, not a folder (pass a new or empty folder)"
+    assert target.read_text() == "mine"
+
+
+def test_context_never_wipes_a_folder_it_did_not_write(tmp_path: Path) -> None:
+    """`render --context .` in a project used to rmtree the project."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("print('precious')")
+    line = _one_error(ngcx("render", "cuda:24.05", "--context", str(project)))
+    assert line == (f"ngcx: error: --context {project} is a non-empty folder that is not an ngcx build context; "
+                    "refusing to delete what is in it (pass a new or empty folder)")
+    assert [p.name for p in project.iterdir()] == ["train.py"]
+
+
+def test_context_that_cannot_be_created_is_one_line() -> None:
+    target = Path("/proc/ngcx-no-such-context")  # /proc refuses new folders, even to root
+    line = _one_error(ngcx("render", "cuda:24.05", "--context", str(target)))
+    assert line.startswith(f"ngcx: error: cannot write the build context {target}: ")
+    assert line.endswith("(pass --context a new folder you can write to)")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through folder permissions")
+def test_context_in_an_unwritable_folder_is_one_line(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    line = _one_error(ngcx("render", "cuda:24.05", "--context", str(locked / "ctx")))
+    assert line == (f"ngcx: error: cannot write the build context {locked / 'ctx'}: Permission denied "
+                    "(pass --context a new folder you can write to)")
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("blocks: " + "[" * 100_000, "nesting deeper than 64 levels"),
+    ("!!python/object/apply:os.system ['touch {marker}']\n", "could not determine a constructor"),
+    ("- base\n- app\n", "must be a mapping with the keys apt, blocks, cmd, entrypoint, ports"),
+], ids=["deep-nesting", "python-tag", "not-a-mapping"])
+def test_hostile_image_yaml_is_one_line(text: str, problem: str, tmp_path: Path) -> None:
+    """images/*/image.yaml goes through the catalog's limited safe loader too (issue 8)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("registry.yaml", "images", "recipes"):
+        src = paths.data_dir() / name
+        shutil.copytree(src, data / name) if src.is_dir() else shutil.copy(src, data / name)
+    marker = tmp_path / "PWNED"
+    image_yaml = data / "images" / "cuda" / "image.yaml"
+    image_yaml.write_text(text.format(marker=marker))
+    line = _one_error(ngcx("render", "cuda:24.05", env={"NGCX_DATA_DIR": str(data)}))
+    assert line.startswith(f"ngcx: error: {image_yaml}") and problem in line, line
+    assert not marker.exists()
