@@ -51,7 +51,7 @@ def _element_count(shape: list[int]) -> int:
 def _check_shape(raw: Any, spec: TensorSpec, where: str) -> list[int]:
     """A request shape must be a list of non-negative ints matching the model's rank and fixed dims."""
     if not isinstance(raw, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in raw):
-        raise ProtocolError(f"{where}: 'shape' must be a list of integers, got {json.dumps(raw)}")
+        raise ProtocolError(f"{where}: 'shape' must be a list of integers, got {_brief(raw)}")
     if any(d < 0 for d in raw):
         raise ProtocolError(f"{where}: shape {raw} has a negative dimension")
     if len(raw) != len(spec.shape):
@@ -62,6 +62,15 @@ def _check_shape(raw: Any, spec: TensorSpec, where: str) -> list[int]:
             raise ProtocolError(f"{where}: shape {raw} does not match the model's {_fmt_shape(spec.shape)} "
                                 f"at dimension {i} (expected {want}, got {got})")
     return raw
+
+
+def _brief(value: Any, limit: int = 80) -> str:
+    """A peer's value quoted in an error line: bounded in length, whatever its size or depth."""
+    try:
+        text = json.dumps(value)
+    except (RecursionError, ValueError, TypeError):
+        text = f"<a {type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _fmt_shape(shape: tuple[int, ...] | list[int]) -> str:
@@ -86,7 +95,7 @@ def _json_tensor(data: Any, dtype: np.dtype, shape: list[int], where: str) -> np
     """JSON 'data' is row-major, flat or nested; its element count must equal the shape's."""
     try:
         arr = np.asarray(data, dtype=dtype)
-    except (ValueError, TypeError, OverflowError) as exc:
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
         raise ProtocolError(f"{where}: 'data' is not a rectangular list of {dtype.name} values "
                             f"({exc})") from None
     need = _element_count(shape)
@@ -103,6 +112,9 @@ def parse_header(raw: bytes | bytearray | memoryview) -> dict[str, Any]:
         doc = json.loads(bytes(raw) if isinstance(raw, memoryview) else raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"malformed JSON in the request body: {exc}") from None
+    except RecursionError:
+        raise ProtocolError("the JSON request body is nested too deeply; tensors need at most one "
+                            "level per dimension (or send 'data' flat)") from None
     if not isinstance(doc, dict):
         raise ProtocolError("the request body must be a JSON object with an 'inputs' list")
     return doc

@@ -34,9 +34,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from ngcx_runtime import __version__
 from ngcx_runtime.batching import Batcher, EngineFailure, ShuttingDown, Stats
 from ngcx_runtime.engine import Engine, TensorSpec
 from ngcx_runtime.errors import RuntimeUserError
+from ngcx_runtime.framing import Framing, FramingError, read_chunked, request_framing, strict_int
 from ngcx_runtime.protocol import ProtocolError, build_response, parse_header, parse_infer_request
 
 SERVER_NAME = "ngcx-runtime"
@@ -45,17 +47,10 @@ EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration"]
 PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan", "pytorch": "pytorch_torchscript"}
 DEFAULT_MAX_BATCH = 256          # for engines without a bound of their own (max_batch == 0)
 SMALL_WRITE = 64 * 1024          # responses below this go out in one send
-DISCARD_FACTOR = 16            # an oversized body up to this multiple is read and dropped
+DISCARD_FACTOR = 16              # after a refusal, up to this multiple of the limit is read and dropped
+LINGER_IDLE_S = 1.0              # ... while the client keeps sending at least every second
+LINGER_MAX_S = 10.0              # ... and for at most this long
 SOCKET_TIMEOUT_S = 120.0         # a client stalled mid-body this long loses its connection
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("ngcx")
-    except Exception:  # noqa: BLE001 - source tree without metadata
-        return "0+unknown"
 
 
 class ServeError(RuntimeUserError):
@@ -143,7 +138,7 @@ class _Handler(BaseHTTPRequestHandler):
     """Routes the v2 paths; every failure becomes {"error": msg} with a 4xx/5xx status."""
 
     protocol_version = "HTTP/1.1"
-    server_version = f"{SERVER_NAME}/{_version()}"
+    server_version = f"{SERVER_NAME}/{__version__}"
     timeout = SOCKET_TIMEOUT_S
     server: _Server
 
@@ -200,21 +195,23 @@ class _Handler(BaseHTTPRequestHandler):
 
     def handle_expect_100(self) -> bool:
         """curl sends `Expect: 100-continue` for large bodies: refuse an oversized one before upload."""
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = 0
         app = self.server.app
-        if length > app.max_body:
+        try:
+            framing = request_framing(self.headers)
+        except FramingError as exc:
             self.close_connection = True
-            self._error(413, f"request body of {length} bytes exceeds the limit of {app.max_body_text}; "
-                             "restart the server with a larger --max-body-mb")
+            self._error(exc.status, exc.message)
+            return False
+        if not framing.chunked and framing.length > app.max_body:
+            self.close_connection = True
+            self._error(413, _too_large(framing.length, app.max_body_text))
             return False
         return super().handle_expect_100()
 
     def _dispatch(self, method: str) -> None:
         app = self.server.app
         self._body_done = False
+        self._unread_body = False
         with app.cond:
             app.inflight += 1
         try:
@@ -228,11 +225,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         except Exception as exc:  # noqa: BLE001 - the server must keep serving
             self.close_connection = True       # the body may be unread; start the next request afresh
+            self._unread_body = not self._body_done
             self._error(500, f"internal error: {type(exc).__name__}: {exc}".replace("\n", " "))
         finally:
             with app.cond:
                 app.inflight -= 1
                 app.cond.notify_all()
+        if self._unread_body:
+            self._linger()
 
     def _route(self, method: str) -> None:
         app = self.server.app
@@ -251,7 +251,7 @@ class _Handler(BaseHTTPRequestHandler):
         if method not in ("GET", "HEAD"):
             raise ProtocolError(f"method {method} is not allowed on {path}", 405)
         if rest == []:
-            meta = {"name": SERVER_NAME, "version": _version(), "extensions": EXTENSIONS}
+            meta = {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS}
             return self._send_json(200, meta)
         if rest in (["health", "live"], ["health", "ready"]):
             ready = rest[1] == "live" or not app.draining
@@ -321,10 +321,13 @@ class _Handler(BaseHTTPRequestHandler):
         app = self.server.app
         encoding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
         hlen_raw = self.headers.get("Inference-Header-Content-Length")
-        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+        framing = self._framing()
+        if framing.chunked:
             body = self._read_chunked()
+        elif self.headers.get("Content-Length") is None:
+            raise ProtocolError("the inference request has no body (Content-Length missing)")
         else:
-            body = self._read_body(self._content_length())
+            body = self._read_body(self._checked_length(framing.length))
         if encoding in ("gzip", "deflate"):
             body = memoryview(_decompress(body, encoding, app.max_body, app.max_body_text))
         elif encoding != "identity":
@@ -333,10 +336,9 @@ class _Handler(BaseHTTPRequestHandler):
             doc, binary = parse_header(body), None
         else:
             try:
-                hlen = int(hlen_raw)
-            except ValueError:
-                raise ProtocolError(f"Inference-Header-Content-Length {hlen_raw!r} is not an "
-                                    "integer") from None
+                hlen = strict_int(hlen_raw, "Inference-Header-Content-Length")
+            except FramingError as exc:
+                raise ProtocolError(exc.message) from None       # the body was read: keep the connection
             if not 0 < hlen <= len(body):
                 raise ProtocolError(f"Inference-Header-Content-Length {hlen} is outside the body's "
                                     f"{len(body)} bytes")
@@ -344,50 +346,33 @@ class _Handler(BaseHTTPRequestHandler):
         eng = app.engine
         return parse_infer_request(doc, binary, eng.inputs, eng.outputs, app.name, app.batchable)
 
+    def _framing(self) -> Framing:
+        """The request's body framing (framing.py); an ambiguous one closes the connection."""
+        try:
+            framing = request_framing(self.headers)
+        except FramingError:
+            self.close_connection = True
+            raise
+        if framing.close:
+            self.close_connection = True
+        return framing
+
     def _read_chunked(self) -> memoryview:
         """Transfer-Encoding: chunked (curl -T -, streaming clients): slower, one extra copy."""
         self._body_done = True
         app = self.server.app
-        parts: list[bytes] = []
-        size = 0
-        while True:
-            line = self.rfile.readline(1024)
-            try:
-                n = int(line.split(b";")[0].strip(), 16)
-            except ValueError:
-                self.close_connection = True
-                raise ProtocolError(f"malformed chunk size line {line[:40]!r} in a chunked body") from None
-            if n == 0:
-                while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
-                    pass                                   # trailers
-                break
-            size += n
-            if size > app.max_body:
-                self.close_connection = True
-                raise ProtocolError(f"chunked request body exceeds the limit of {app.max_body_text}; "
-                                    "restart the server with a larger --max-body-mb", 413)
-            chunk = self.rfile.read(n)
-            if len(chunk) != n:
-                self.close_connection = True
-                raise ConnectionError("client closed the connection inside a chunk")
-            parts.append(chunk)
-            self.rfile.readline(1024)                      # the CRLF after each chunk
-        return memoryview(b"".join(parts))
-
-    def _content_length(self) -> int:
-        raw = self.headers.get("Content-Length")
-        if raw is None:
-            raise ProtocolError("the inference request has no body (Content-Length missing)")
         try:
-            length = int(raw)
-        except ValueError:
+            return memoryview(read_chunked(self.rfile, app.max_body, app.max_body_text))
+        except (ProtocolError, ConnectionError):
             self.close_connection = True
-            raise ProtocolError(f"Content-Length {raw!r} is not an integer") from None
+            self._unread_body = True           # the rest of the upload is discarded after the answer
+            raise
+
+    def _checked_length(self, length: int) -> int:
+        """An over-limit body is refused at once (413 before it is read), then the connection closes."""
         if length > self.server.app.max_body:
-            self.close_connection = True   # the unread body would poison the next request
-            limit = self.server.app.max_body_text
-            raise ProtocolError(f"request body of {length} bytes exceeds the limit of {limit}; "
-                                "restart the server with a larger --max-body-mb", 413)
+            self.close_connection = True
+            raise ProtocolError(_too_large(length, self.server.app.max_body_text), 413)
         return length
 
     def _read_body(self, length: int) -> memoryview:
@@ -408,23 +393,24 @@ class _Handler(BaseHTTPRequestHandler):
     def _drain_body(self) -> None:
         """Discard a body nobody reads so the keep-alive stream stays in sync.
 
-        An oversized body is discarded too (in small chunks, up to DISCARD_FACTOR x the limit)
-        so the client reads our 413 instead of a connection reset mid-upload.
+        Only a body within the limit with a valid Content-Length is read here, before the answer.
+        Any other (oversized, chunked, ambiguous) is answered first and the connection closes; the
+        rest of its upload is then discarded by _linger, so a client waiting for the answer gets it
+        at once (issue 8) and a client still uploading reads it instead of a connection reset.
         """
-        if self._body_done or self.close_connection and "chunked" in (
-                self.headers.get("Transfer-Encoding") or "").lower():
+        if self._body_done:
             return
         self._body_done = True
         try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
+            framing = request_framing(self.headers)
+        except FramingError:
+            framing = None
+        if framing is None or framing.chunked or framing.length > self.server.app.max_body:
             self.close_connection = True
+            self._unread_body = True
             return
-        if length > DISCARD_FACTOR * self.server.app.max_body:
-            self.close_connection = True
-            return
-        chunk = memoryview(bytearray(min(length, 1 << 20)))
-        left = length
+        chunk = memoryview(bytearray(min(framing.length, 1 << 20)))
+        left = framing.length
         try:
             while left > 0:
                 n = self.rfile.readinto(chunk[:min(left, len(chunk))])
@@ -433,6 +419,23 @@ class _Handler(BaseHTTPRequestHandler):
                 left -= n
         except OSError:
             self.close_connection = True
+
+    def _linger(self) -> None:
+        """After answering a request whose body stays unread: half-close, then discard what the
+        client still sends (bounded in bytes and time) before the socket closes (nginx's
+        lingering close). Closing at once with unread data makes the kernel send a reset, which
+        can destroy our answer before the client has read it."""
+        budget = DISCARD_FACTOR * self.server.app.max_body
+        deadline = time.monotonic() + LINGER_MAX_S
+        with contextlib.suppress(OSError, ValueError):
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_WR)
+            self.connection.settimeout(LINGER_IDLE_S)
+            while budget > 0 and time.monotonic() < deadline:
+                data = self.rfile.read1(min(budget, 1 << 16))
+                if not data:
+                    break
+                budget -= len(data)
 
     # -- responses --
     def _error(self, status: int, message: str) -> None:
@@ -472,6 +475,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.flush_headers()
         for p in pieces[inline:]:
             self.wfile.write(p)
+
+
+def _too_large(length: int, limit_text: str) -> str:
+    return (f"request body of {length} bytes exceeds the limit of {limit_text}; "
+            "restart the server with a larger --max-body-mb")
 
 
 def _response_coding(accept: str | None) -> str | None:

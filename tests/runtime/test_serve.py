@@ -536,7 +536,7 @@ BAD = [
         _req(_json_input()),
         {"Inference-Header-Content-Length": "ten"},
         400,
-        "'ten' is not an integer",
+        "'ten' is not a plain decimal number",
     ),
     ("bad-gzip", "conv", "POST", CONV, b"not gzip at all", {"Content-Encoding": "gzip"}, 400, "not valid gzip"),
     (
