@@ -23,15 +23,10 @@ COMMAND_MODULES = (
 
 
 def stage_modules() -> Iterator[tuple[str, ModuleType]]:
-    """The stage modules present in this checkout, in `ngcx --help` order."""
+    """The stage modules, in `ngcx --help` order. A missing one is an ImportError, never a silent
+    gap: a deleted command module must fail `ngcx --help` and the CLI tests (issue 8)."""
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"ngcx.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"ngcx.{name}":
-                raise
-            continue  # stage not implemented in this checkout
-        yield name, module
+        yield name, importlib.import_module(f"ngcx.{name}")
 
 
 def build_app() -> typer.Typer:

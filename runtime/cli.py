@@ -1,8 +1,9 @@
-"""`ngcx-runtime`: argparse main whose subcommands come from modules (info, optimize, serve, bench).
+"""`ngcx-runtime`: argparse main whose subcommands come from modules (info, optimize, serve, bench, selftest).
 
 Why argparse and lazy modules: the runtime ships inside slim images with numpy as its only
 import-time dependency; each subcommand module exposes add_parser(subparsers) and sets
-func(args) -> int, and a module that is missing from a build is simply not offered.
+func(args) -> int. Every module in COMMANDS ships in every image (render.py copies the whole
+package), so a missing one is an ImportError, never a silently absent command.
 """
 
 from __future__ import annotations
@@ -18,13 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ngcx-runtime", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"ngcx_runtime.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"ngcx_runtime.{name}":
-                continue  # not shipped in this build
-            raise
-        module.add_parser(sub)
+        importlib.import_module(f"ngcx_runtime.{name}").add_parser(sub)
     return parser
 
 

@@ -39,13 +39,11 @@ class OptimizeOptions:
 
 
 def runtime_version() -> str:
-    """ngcx-runtime's version (the installed distribution's), part of every manifest."""
-    try:
-        from importlib.metadata import version
+    """ngcx-runtime's version, part of every manifest: the package's own, never distribution
+    metadata (images install the distribution `ngcx-runtime`, a dev checkout `ngcx`)."""
+    from ngcx_runtime import __version__
 
-        return version("ngcx")
-    except Exception:  # noqa: BLE001 - running from a source tree without metadata
-        return "0+unknown"
+    return __version__
 
 
 def sha256_file(path: Path) -> str:

@@ -16,12 +16,39 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ngcx_runtime.cli", *args], capture_output=True, text=True, timeout=60)
 
 
-def test_help_lists_the_subcommands_from_their_modules():
+# What a user of every image can type; written out here (not read from cli.COMMANDS) so a deleted
+# command module fails this test instead of silently shrinking the list.
+RUNTIME_COMMANDS = {"info", "optimize", "serve", "bench", "selftest"}
+
+
+def test_help_lists_every_runtime_command():
     out = _run("--help").stdout
-    for name in ("info", "optimize", "bench"):
-        assert name in out
-    if importlib.util.find_spec("ngcx_runtime.serve"):
-        assert "serve" in out
+    commands = out.split("COMMAND\n", 1)[1].split("\noptions:", 1)[0]
+    listed = {line.split()[0] for line in commands.splitlines() if line.startswith("    ") and line.split()}
+    assert listed == RUNTIME_COMMANDS
+
+
+def test_a_missing_command_module_is_an_error_not_a_silent_gap(monkeypatch):
+    from ngcx_runtime import cli
+
+    monkeypatch.setattr(cli, "COMMANDS", (*cli.COMMANDS, "no_such_command"))
+    with pytest.raises(ModuleNotFoundError, match="no_such_command"):
+        cli.build_parser()
+
+
+def test_the_version_is_the_packages_own_everywhere():
+    """Images install the distribution `ngcx-runtime`, not `ngcx`: manifests and /v2 once said 0+unknown."""
+    import ngcx
+    import ngcx_runtime
+    from ngcx.render import runtime_package_files
+    from ngcx_runtime.plan import runtime_version
+
+    assert ngcx_runtime.__version__ != "0+unknown"
+    assert runtime_version() == ngcx.__version__ == ngcx_runtime.__version__
+    assert f'version = "{ngcx_runtime.__version__}"' in runtime_package_files()["pyproject.toml"].decode()
+    from importlib.metadata import version
+
+    assert version("ngcx") == ngcx_runtime.__version__       # pyproject reads the same attribute
 
 
 def test_runtime_cli_imports_only_numpy_at_startup():

@@ -27,8 +27,13 @@ def ngcx(*args: str) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+# What a user can type today; written out here (not read from COMMAND_MODULES) so a deleted
+# command module fails these tests instead of silently shrinking `ngcx --help`.
+COMMANDS = {"catalog", "render", "base", "build", "test", "push", "login", "logout", "run", "images", "doctor"}
+
+
 def implemented_commands() -> dict[str, list[str]]:
-    """module -> the command / group names it registers (modules not in this checkout skipped)."""
+    """module -> the command / group names it registers."""
     out: dict[str, list[str]] = {}
     for name, module in stage_modules():
         app = typer.Typer()
@@ -42,11 +47,17 @@ def implemented_commands() -> dict[str, list[str]]:
 def test_help_lists_every_registered_command() -> None:
     proc = ngcx("--help")
     assert proc.returncode == 0, proc.stderr
-    commands = implemented_commands()
-    assert "catalog" in commands and "render" in commands
     listed = {line.split()[0] for line in proc.stdout.split("Commands:")[1].splitlines() if line.strip()}
-    expected = {n for names in commands.values() for n in names}
-    assert listed == expected
+    assert listed == COMMANDS
+    assert listed == {n for names in implemented_commands().values() for n in names}
+
+
+def test_a_missing_command_module_is_an_error_not_a_silent_gap(monkeypatch) -> None:
+    import ngcx.main
+
+    monkeypatch.setattr(ngcx.main, "COMMAND_MODULES", (*ngcx.main.COMMAND_MODULES, "no_such_stage"))
+    with pytest.raises(ModuleNotFoundError, match="no_such_stage"):
+        ngcx.main.build_app()
 
 
 @pytest.mark.parametrize("group", ["catalog"])
