@@ -50,7 +50,7 @@ def state_dir() -> Path:
     else:
         xdg = os.environ.get("XDG_STATE_HOME")
         base = Path(xdg) / "ngcx" if xdg else Path.home() / ".local" / "state" / "ngcx"
-    base.mkdir(parents=True, exist_ok=True)
+    _ensure_dir(base, "NGCX_STATE_DIR", "state", mode=0o755, writable=True)
     return base
 
 
@@ -59,5 +59,27 @@ def config_dir() -> Path:
     override = os.environ.get("NGCX_CONFIG_DIR")
     base = Path(override) if override else Path(
         os.environ.get("XDG_CONFIG_HOME", str(Path.home() / ".config"))) / "ngcx"
-    base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _ensure_dir(base, "NGCX_CONFIG_DIR", "config", mode=0o700, writable=False)
     return base
+
+
+def _ensure_dir(folder: Path, env_var: str, what: str, mode: int, writable: bool) -> None:
+    """Create `folder` and require it to be writable, else one UserError line naming the override.
+
+    Why here: every command reaches its state/config folder through these two functions, so an
+    unwritable or impossible path (a read-only mount, a path under a regular file) fails once, with
+    the fix, instead of as an OSError traceback from whichever command touched it first. The config
+    folder is only read (config.toml), so a read-only one (a mounted ConfigMap) is fine.
+    """
+    from ngcx.errors import UserError
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=mode)
+    except OSError as exc:
+        if folder.is_dir() and not writable:
+            return
+        raise UserError(f"cannot create the ngcx {what} folder {folder}: {exc.strerror}",
+                        hint=f"set {env_var} to a writable folder") from None
+    if writable and not os.access(folder, os.W_OK | os.X_OK):
+        raise UserError(f"the ngcx {what} folder {folder} is not writable",
+                        hint=f"fix its permissions, or set {env_var} to a writable folder")

@@ -96,3 +96,81 @@ def test_concurrent_writers_lose_nothing(isolated_state):
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
     assert {tag: len(state.list_pushes(tag)) for tag in ("w0", "w1", "w2")} == {"w0": 40, "w1": 40, "w2": 40}
+
+
+# ----------------------------------------------------------------------------- faults (issue 8)
+
+
+def _lock_holder(db: str, seconds: float) -> subprocess.Popen:
+    """Another process that holds the store exclusively (locking_mode=EXCLUSIVE + a write txn)."""
+    code = ("import sqlite3, sys, time\n"
+            "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+            "c.execute('PRAGMA locking_mode=EXCLUSIVE'); c.execute('BEGIN EXCLUSIVE')\n"
+            "c.execute(\"INSERT INTO pushes (tag, remote_ref, digest, pushed_at) VALUES ('x','y','z',0)\")\n"
+            "print('held', flush=True); time.sleep(float(sys.argv[2]))\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, db, str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_corrupt_store_is_moved_aside_with_one_warning_and_a_fresh_one_starts(isolated_state, capfd, damage):
+    for n in range(300):
+        state.record_push(tag=f"t{n}", remote_ref="r", digest="sha256:" + "ab" * 32)
+    path = isolated_state["state"] / "state.db"
+    if damage == "garbage":
+        path.write_bytes(b"\x8f not sqlite " * 300)
+    else:
+        with path.open("r+b") as handle:
+            handle.truncate(path.stat().st_size // 2)
+    damaged = path.read_bytes()
+
+    assert state.list_pushes() == []  # a fresh store, no exception
+    warning = capfd.readouterr().err.strip().splitlines()
+    moved = sorted(isolated_state["state"].glob("state.db.corrupt-*"))
+    assert len(warning) == 1 and warning[0].startswith("ngcx: warning: ") and str(moved[0]) in warning[0]
+    assert [m.name for m in moved if not m.name.endswith(("-wal", "-shm"))] == [moved[0].name]
+    assert moved[0].read_bytes() == damaged  # nothing lost: the damaged file is kept as it was
+    state.record_push(tag="after", remote_ref="r", digest="sha256:1")  # the next run just works
+    assert [p.tag for p in state.list_pushes()] == ["after"]
+    assert capfd.readouterr().err == ""  # warned once, not on every later run
+
+
+def test_two_processes_meeting_one_corrupt_store_move_it_once(isolated_state):
+    state.list_builds()
+    (isolated_state["state"] / "state.db").write_bytes(b"garbage" * 1000)
+    code = "from ngcx import state; state.record_push(tag='p', remote_ref='r', digest='d')"
+    procs = [subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    errs = [proc.communicate(timeout=60)[1] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0, 0], errs
+    assert sum("moved it to" in err for err in errs) == 1, errs
+    assert len([p for p in isolated_state["state"].glob("state.db.corrupt-*") if "-wal" not in p.name]) == 1
+    assert len(state.list_pushes("p")) == 3  # no process wrote into a store that was then moved away
+
+
+def test_store_locked_longer_than_the_timeout_is_one_line_then_works(isolated_state, monkeypatch):
+    from ngcx.errors import UserError
+
+    state.list_builds()
+    monkeypatch.setenv("NGCX_STATE_LOCK_TIMEOUT", "1")
+    holder = _lock_holder(str(isolated_state["state"] / "state.db"), 30)
+    try:
+        for call in (state.list_builds, lambda: state.record_push(tag="a", remote_ref="b", digest="c")):
+            with pytest.raises(UserError, match="is locked by another ngcx process") as info:
+                call()
+            assert "\n" not in info.value.line() and "run the command again" in info.value.line()
+    finally:
+        holder.kill()
+        holder.wait()
+    state.record_push(tag="a", remote_ref="b", digest="c")
+    assert [p.tag for p in state.list_pushes()] == ["a"]  # the holder's uncommitted row is gone
+
+
+def test_unwritable_state_folder_is_one_line(tmp_path, monkeypatch):
+    """Root ignores permission bits, so the folder is made impossible: a path under a regular file."""
+    from ngcx.errors import UserError
+
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("NGCX_STATE_DIR", str(tmp_path / "a-file" / "state"))
+    with pytest.raises(UserError, match=r"cannot create the ngcx state folder .*a-file/state: Not a directory"):
+        state.list_builds()
