@@ -2,7 +2,7 @@
 
 The JSON shape is a contract: `ngcx test` runs this inside a built image and compares the
 versions with the image's pinned labels, so keys only get added, never renamed.
-    {"probe_version": 1, "python": "3.11.2",
+    {"probe_version": 1, "runtime_version": "0.1.0", "python": "3.11.2",
      "libraries": {"cudart"|"cublas"|"cudnn"|"nccl"|"tensorrt":
                    {"version", "raw", "path", "wheel": {"name", "version"} | null} | {"error"}},
      "frameworks": {"torch": {...}, "tensorflow": {...}, "onnxruntime": {...}, "tensorrt": {...}},

@@ -445,6 +445,7 @@ def gpus() -> list[dict[str, Any]]:
 
 def probe(extra_dirs: Iterable[str | Path] | None = None) -> dict[str, Any]:
     """The full report behind `ngcx-runtime info --json` (shape documented in info.py)."""
+    from ngcx_runtime import __version__
     from ngcx_runtime.backends import availability_report
 
     driver, gpu_list, note = driver_and_gpus()
@@ -453,6 +454,7 @@ def probe(extra_dirs: Iterable[str | Path] | None = None) -> dict[str, Any]:
     framework_copies(libs)
     report: dict[str, Any] = {
         "probe_version": PROBE_VERSION,
+        "runtime_version": __version__,
         "python": platform.python_version(),
         "libraries": libs,
         "frameworks": fws,

@@ -20,6 +20,7 @@ import time
 
 import pytest
 
+import ngcx_runtime
 from conftest import run_ngcx
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -105,6 +106,8 @@ def test_image_builds_and_passes_ngcx_test(base_image, ref):
     framework = ref.split(":")[0]
     if framework != "cuda":
         assert checked[{"pytorch": "torch"}.get(framework, framework)]["status"] == "✓"
+    # The runtime inside reports the repo's one version (it once said 0+unknown: issue 8).
+    assert report["probe"]["runtime_version"] == ngcx_runtime.__version__, report["probe"].get("runtime_version")
     selftests = [c for c in report["checks"] if c["name"].startswith("image test ")]
     assert any(c["status"] == "✓" for c in selftests), f"{ref}: no image selftest passed: {selftests}"
     print(f"{ref}: build {built:.0f}s, build+test {time.monotonic() - started:.0f}s")
