@@ -22,6 +22,9 @@ from ngcx_runtime.engine import KSERVE_TO_NUMPY, NUMPY_TO_KSERVE, TensorSpec
 
 # Datatypes the protocol knows but numeric engines cannot take: rejected with a clear message.
 _KNOWN_UNSUPPORTED = {"BYTES", "BF16"}
+# Largest dimension a request may declare (int64, as Triton): a bigger one can never match a body, and
+# the element count of a few 4000-digit dims cannot even be printed (int -> str limit), which was a 500.
+_DIM_MAX = 2**63 - 1
 
 
 class ProtocolError(Exception):
@@ -53,14 +56,16 @@ def _check_shape(raw: Any, spec: TensorSpec, where: str) -> list[int]:
     if not isinstance(raw, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in raw):
         raise ProtocolError(f"{where}: 'shape' must be a list of integers, got {_brief(raw)}")
     if any(d < 0 for d in raw):
-        raise ProtocolError(f"{where}: shape {raw} has a negative dimension")
+        raise ProtocolError(f"{where}: shape {_brief(raw)} has a negative dimension")
+    if any(d > _DIM_MAX for d in raw):
+        raise ProtocolError(f"{where}: shape {_brief(raw)} has a dimension above {_DIM_MAX}")
     if len(raw) != len(spec.shape):
-        raise ProtocolError(f"{where}: shape {raw} has rank {len(raw)}, the model expects rank "
+        raise ProtocolError(f"{where}: shape {_brief(raw)} has rank {len(raw)}, the model expects rank "
                             f"{len(spec.shape)} {_fmt_shape(spec.shape)}")
     for i, (got, want) in enumerate(zip(raw, spec.shape, strict=True)):
         if want >= 0 and got != want:
-            raise ProtocolError(f"{where}: shape {raw} does not match the model's {_fmt_shape(spec.shape)} "
-                                f"at dimension {i} (expected {want}, got {got})")
+            raise ProtocolError(f"{where}: shape {_brief(raw)} does not match the model's "
+                                f"{_fmt_shape(spec.shape)} at dimension {i} (expected {want}, got {_brief(got)})")
     return raw
 
 
@@ -71,6 +76,11 @@ def _brief(value: Any, limit: int = 80) -> str:
     except (RecursionError, ValueError, TypeError):
         text = f"<a {type(value).__name__}>"
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _quoted(name: str, limit: int = 60) -> str:
+    """A peer's name in an error line: 'name' when short and printable, else escaped and cut (one line)."""
+    return f"'{name}'" if len(name) <= limit and name.isprintable() else _brief(name, limit)
 
 
 def _fmt_shape(shape: tuple[int, ...] | list[int]) -> str:
@@ -84,7 +94,7 @@ def _check_datatype(raw: Any, spec: TensorSpec, where: str) -> np.dtype:
         raise ProtocolError(f"{where}: datatype {raw} is not supported by this numeric model; "
                             f"send {spec.datatype}")
     if raw not in KSERVE_TO_NUMPY:
-        raise ProtocolError(f"{where}: unknown datatype {raw!r}; the model expects {spec.datatype}")
+        raise ProtocolError(f"{where}: unknown datatype {_quoted(raw)}; the model expects {spec.datatype}")
     if raw != spec.datatype:
         raise ProtocolError(f"{where}: datatype {raw} does not match the model's {spec.datatype}")
     # The wire is little-endian (binary extension); a no-op on x86/ARM hosts.
@@ -96,11 +106,13 @@ def _json_tensor(data: Any, dtype: np.dtype, shape: list[int], where: str) -> np
     try:
         arr = np.asarray(data, dtype=dtype)
     except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+        why = " ".join(str(exc).split())          # numpy quotes the bad value whole
         raise ProtocolError(f"{where}: 'data' is not a rectangular list of {dtype.name} values "
-                            f"({exc})") from None
+                            f"({why[:120]})") from None
     need = _element_count(shape)
     if arr.size != need:
-        raise ProtocolError(f"{where}: 'data' has {arr.size} elements but shape {shape} needs {need}")
+        raise ProtocolError(f"{where}: 'data' has {arr.size} elements but shape {_brief(shape)} needs "
+                            f"{_brief(need, 40)}")
     return arr.reshape(shape)
 
 
@@ -137,7 +149,7 @@ def parse_infer_request(doc: dict[str, Any], binary: memoryview | None, inputs: 
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise ProtocolError(f"inputs[{i}] must be an object with a 'name'")
         name = item["name"]
-        where = f"input '{name}'"
+        where = f"input {_quoted(name)}"
         if name not in specs:
             raise ProtocolError(f"{where}: model '{model}' has no such input; its inputs are "
                                 f"{', '.join(sorted(specs))}")
@@ -171,11 +183,11 @@ def parse_infer_request(doc: dict[str, Any], binary: memoryview | None, inputs: 
 def _binary_tensor(binary: memoryview | None, offset: int, size: Any, dtype: np.dtype, shape: list[int],
                    where: str) -> tuple[np.ndarray, int]:
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-        raise ProtocolError(f"{where}: binary_data_size must be a non-negative integer, got {size!r}")
+        raise ProtocolError(f"{where}: binary_data_size must be a non-negative integer, got {_brief(size)}")
     need = _element_count(shape) * dtype.itemsize
     if size != need:
-        raise ProtocolError(f"{where}: binary_data_size {size} does not match shape {shape} "
-                            f"{NUMPY_TO_KSERVE[dtype.newbyteorder('=')]} ({need} bytes)")
+        raise ProtocolError(f"{where}: binary_data_size {_brief(size, 40)} does not match shape {_brief(shape)} "
+                            f"{NUMPY_TO_KSERVE[dtype.newbyteorder('=')]} ({_brief(need, 40)} bytes)")
     if binary is None:
         raise ProtocolError(f"{where} declares binary_data_size but the request has no "
                             "Inference-Header-Content-Length header (binary tensor extension)")
@@ -220,11 +232,11 @@ def _requested_outputs(doc: dict[str, Any], outputs: list[TensorSpec], model: st
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise ProtocolError(f"outputs[{i}] must be an object with a 'name'")
         if item["name"] not in known:
-            raise ProtocolError(f"requested output '{item['name']}': model '{model}' has no such output; "
+            raise ProtocolError(f"requested output {_quoted(item['name'])}: model '{model}' has no such output; "
                                 f"its outputs are {', '.join(sorted(known))}")
         oparams = item.get("parameters") or {}
         if not isinstance(oparams, dict):
-            raise ProtocolError(f"output '{item['name']}': 'parameters' must be an object")
+            raise ProtocolError(f"output {_quoted(item['name'])}: 'parameters' must be an object")
         chosen.append((item["name"], bool(oparams.get("binary_data", default_binary))))
     return chosen
 
