@@ -55,16 +55,16 @@ def request_framing(headers: Message) -> Framing:
     codings = [c.strip().lower() for v in headers.get_all("Transfer-Encoding") or [] for c in v.split(",")]
     lengths = [part for v in headers.get_all("Content-Length") or [] for part in v.split(",")]
     if codings:
+        quoted = _brief(", ".join(codings))             # a peer's header: one bounded line in the error
         if codings[-1] != "chunked":
-            raise FramingError(f"Transfer-Encoding {', '.join(codings)!r} does not end in chunked; "
-                               "the body length is unknown")
+            raise FramingError(f"Transfer-Encoding {quoted} does not end in chunked; the body length is unknown")
         if codings != ["chunked"]:
-            raise FramingError(f"Transfer-Encoding {', '.join(codings)!r} is not supported; send the body "
+            raise FramingError(f"Transfer-Encoding {quoted} is not supported; send the body "
                                "chunked (without other codings) or with a Content-Length", 501)
         return Framing(chunked=True, close=bool(lengths))
     values = {strict_int(v, "Content-Length") for v in lengths}
     if len(values) > 1:
-        raise FramingError(f"conflicting Content-Length values {sorted(values)}; send exactly one")
+        raise FramingError(f"conflicting Content-Length values {_brief(str(sorted(values)))}; send exactly one")
     return Framing(chunked=False, length=values.pop() if values else 0)
 
 
@@ -90,6 +90,12 @@ def read_chunked(rfile: BinaryIO, limit: int, limit_text: str) -> bytes:
         parts.append(chunk)
         if _line(rfile, "chunk terminator") not in (b"\r\n", b"\n"):
             raise FramingError(f"chunk of {n} bytes is not followed by CRLF; the chunk size is wrong")
+
+
+def _brief(text: str, limit: int = 60) -> str:
+    """repr() cut to limit: escapes control characters, so the error stays one line."""
+    quoted = repr(text)
+    return quoted if len(quoted) <= limit else quoted[:limit] + "..."
 
 
 def _line(rfile: BinaryIO, what: str) -> bytes:
