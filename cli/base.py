@@ -105,24 +105,29 @@ def check_inputs(suite: str, mirror: str, tag: str, variant: str) -> None:
             "bullseye", "bookworm", "trixie", "sid", "stable", "testing", "unstable"))
         raise UserError(f"unknown Debian suite {suite!r} (debootstrap has no script for it)",
                         hint=f"use one of: {', '.join(known) or 'bookworm'}")
-    scheme = urllib.parse.urlsplit(mirror).scheme
+    try:
+        scheme = urllib.parse.urlsplit(mirror).scheme
+    except ValueError:  # e.g. an unclosed '[' of an IPv6 address
+        scheme = ""
     if scheme not in ("http", "https", "file"):
         raise UserError(f"--mirror {public_url(mirror)!r} is not an http(s):// or file:// URL",
                         hint=f"e.g. --mirror {DEFAULT_MIRROR}")
-    if not TAG_RE.match(tag):
+    if not TAG_RE.fullmatch(tag):  # not match(): '$' would accept a trailing newline
         raise UserError(f"--tag {tag!r} is not a valid image reference NAME:TAG",
                         hint=f"e.g. --tag {BASE_REPO}:{suite}")
 
 
 def public_url(url: str) -> str:
-    """The URL without user:password, safe for labels, logs and error messages."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    netloc = parts.hostname or ""
-    if parts.port:
-        netloc += f":{parts.port}"
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    """The URL without user:password, safe for labels, logs and error messages.
+
+    Textual, never raising: urlsplit() refuses some URLs a user can type (a bad port, an unclosed
+    IPv6 '['), and this runs while reporting exactly such a mistake. The user-info is everything up
+    to the last '@' of the authority (as urlsplit reads it), with or without a scheme.
+    """
+    return _USERINFO.sub(lambda m: m["prefix"] or "", url, count=1)
+
+
+_USERINFO = re.compile(r"^(?P<prefix>[A-Za-z][A-Za-z0-9+.-]*://|//)?[^/?#]*@")
 
 
 def check_mirror(mirror: str, suite: str) -> None:

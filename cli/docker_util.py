@@ -177,8 +177,20 @@ def auth_field(creds: Credentials) -> str:
 
 # ---------------------------------------------------------------- registry HTTP API
 
+# Docker's reference grammar (distribution/reference): a registry host[:port], then lowercase path
+# components, then a tag. Checked here so a typo is one line now, not an HTTP error later.
+REGISTRY_HOST = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
+                           r"|\[[0-9A-Fa-f:.]+\])(?::(?P<port>[0-9]{1,5}))?")
+PATH_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
+TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+
+
 def split_registry(target: str) -> tuple[str, str]:
-    """'host:5000/team/x' -> ('host:5000', 'team/x'); the namespace part may be empty."""
+    """'host:5000/team/x' -> ('host:5000', 'team/x'); the namespace part may be empty.
+
+    Anything that is not HOST[:PORT][/NAMESPACE] in Docker's grammar is a UserError naming the bad part.
+    """
+    typed = target
     target = target.strip()
     for prefix in ("https://", "http://"):
         if target.startswith(prefix):
@@ -187,8 +199,17 @@ def split_registry(target: str) -> tuple[str, str]:
     if target.endswith("/v2") or target == "v2":
         target = target[:-2].rstrip("/")
     host, _, namespace = target.partition("/")
-    if not host:
-        raise UserError("empty registry name", hint="pass e.g. --registry 127.0.0.1:5000/team")
+    hint = "pass e.g. --registry 127.0.0.1:5000/team"
+    if not host or host == "v2":  # 'v2' alone is the API path of a registry typed without its host
+        raise UserError("empty registry name", hint=hint)
+    match = REGISTRY_HOST.fullmatch(host)
+    if not match or int(match["port"] or 0) > 65535:
+        raise UserError(f"registry {typed!r}: {host!r} is not a HOST[:PORT] (letters, digits, '.', '-', port "
+                        "up to 65535)", hint=hint)
+    bad = next((c for c in namespace.split("/") if not PATH_COMPONENT.fullmatch(c)), None) if namespace else None
+    if bad is not None:
+        raise UserError(f"registry {typed!r}: namespace part {bad!r} is not lowercase letters and digits "
+                        "joined by '.', '_' or '-'", hint=hint)
     return host, namespace
 
 

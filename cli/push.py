@@ -74,11 +74,20 @@ def resolve_local(client, ref: str, variant: str) -> tuple[str, str, str]:
 
 
 def _direct(ref: str) -> tuple[str, str, str]:
-    """'ngcx/base:bookworm' -> ('ngcx/base:bookworm', 'base', 'bookworm'); no tag means latest."""
+    """'ngcx/base:bookworm' -> ('ngcx/base:bookworm', 'base', 'bookworm'); no tag means latest.
+
+    The remote name and tag must be valid in Docker's grammar: a bad one is a UserError now, not a
+    registry error after the upload.
+    """
+    from ngcx.docker_util import PATH_COMPONENT, TAG
+
+    if "@" in ref:
+        raise UserError(f"cannot push a digest reference {ref!r}", hint="pass a tagged image reference")
     last = ref.rsplit("/", 1)[-1]
     name, _, tag = last.partition(":")
-    if "@" in name:
-        raise UserError(f"cannot push a digest reference {ref!r}", hint="pass a tagged image reference")
+    if not PATH_COMPONENT.fullmatch(name) or (tag and not TAG.fullmatch(tag)):
+        raise UserError(f"{ref!r} is not an image reference NAME[:TAG]",
+                        hint="e.g. ngcx/base:bookworm (lowercase name; tag of letters, digits, '_', '.', '-')")
     return ref, name, tag or "latest"
 
 

@@ -25,9 +25,11 @@ from ngcx import paths
 from ngcx.catalog.yamlio import load_yaml
 from ngcx.errors import UserError
 
-RELEASE_TAG = re.compile(r"^\d{2}\.(0[1-9]|1[0-2])$")
+# ASCII digits and \Z on purpose: \d also matches '٤' and '$' matches before a final newline, and
+# "2٤.05" or "24.05\n" must not become a Docker tag (found by tests/unit/test_fuzz_refs.py).
+RELEASE_TAG = re.compile(r"^[0-9]{2}\.(0[1-9]|1[0-2])\Z")
 PIN = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9_,-]+\])?)==(?P<version>[0-9][0-9A-Za-z.+-]*)$")
-CC = re.compile(r"^\d{1,2}\.\d$")
+CC = re.compile(r"^[0-9]{1,2}\.[0-9]\Z")
 
 
 # ----------------------------------------------------------------------------- parse
@@ -141,9 +143,14 @@ class CatalogSpec(_Strict):
     rules: Rules
 
 
+def one_line(text: str) -> str:
+    """Escape newlines, tabs and other control characters, so a key like "24.05\\n" stays on its line."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _schema_errors(exc: ValidationError, source: str) -> list[str]:
     """pydantic errors -> one readable line each: where (dotted path), what, how to fix."""
-    lines = []
+    lines: list[str] = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
@@ -157,7 +164,7 @@ def _schema_errors(exc: ValidationError, source: str) -> list[str]:
                          f"not a string; quote it (e.g. \"25.10\", \"3.10\") - YAML reads 25.10 as 25.1")
         else:
             lines.append(f"{source}: {loc}: {err['msg']}")
-    return lines
+    return [one_line(line) for line in lines]
 
 
 # ----------------------------------------------------------------------------- completed model
@@ -316,7 +323,7 @@ class Checker:
         return self.spec.rules
 
     def fail(self, where: str, text: str) -> None:
-        self.problems.append(f"{where}: {text}")
+        self.problems.append(one_line(f"{where}: {text}"))
 
     # -- helpers
     def wheel_major(self, component: str, wheel: str) -> str | None:
