@@ -12,10 +12,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
 import time
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,19 +59,69 @@ def parse_batches(text: str) -> list[int]:
     return sizes
 
 
+MAX_CALIBRATION_BYTES = 4 << 30  # arrays as loaded; 500 ImageNet samples in fp32 are ~300 MB
+NPZ_FIX = "save it with numpy.savez(path, input_name=array, ...)"
+# Reading a zip or .npy header can fail in all of these ways (zlib.error: corrupt deflate data,
+# NotImplementedError: unknown compression, RuntimeError: encrypted member, EOFError: truncated).
+_NPZ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError)
+
+
 def load_calibration(path: Path) -> tuple[dict[str, np.ndarray], str]:
-    """Read calibration data: an .npz whose arrays are keyed by model input name."""
+    """Read calibration data: an .npz whose arrays are keyed by model input name.
+
+    Why not plain np.load: it trusts the file. Each .npy header is checked against the size the
+    zip records for it, and the total against MAX_CALIBRATION_BYTES, before anything is
+    allocated, so a zip bomb or a header claiming terabytes is one line, not an OOM kill.
+    Pickles (object arrays) are refused, never loaded (allow_pickle stays False).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise RuntimeUserError(f"{path}: no such calibration file; {NPZ_FIX}")
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            data = {k: npz[k] for k in npz.files}
-    except (OSError, ValueError) as exc:
-        raise RuntimeUserError(
-            f"{path}: not a readable .npz ({str(exc).splitlines()[0]}); save it with "
-            "numpy.savez(path, input_name=array, ...)"
-        ) from None
+        data = _read_npz(path)
+    except _NPZ_ERRORS as exc:
+        reason = (str(exc).splitlines() or [exc.__class__.__name__])[0][:200]
+        raise RuntimeUserError(f"{path}: not a readable .npz ({reason}); {NPZ_FIX}") from None
     if not data:
         raise RuntimeUserError(f"{path}: holds no arrays; save one per model input, keyed by input name")
     return data, sha256_file(path)
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    if not zipfile.is_zipfile(path):
+        raise RuntimeUserError(f"{path}: not an .npz (zip) archive; {NPZ_FIX}")
+    with zipfile.ZipFile(path) as zf:
+        members = zf.infolist()
+        total = sum(m.file_size for m in members)
+        if total > MAX_CALIBRATION_BYTES:
+            raise RuntimeUserError(
+                f"{path}: its arrays would take {total / 2**30:.1f} GiB in memory, over the "
+                f"{MAX_CALIBRATION_BYTES / 2**30:g} GiB limit for calibration data; use fewer samples")
+        return {m.filename.removesuffix(".npy"): _read_member(zf, m, path) for m in members}
+
+
+def _read_member(zf: zipfile.ZipFile, member: zipfile.ZipInfo, path: Path) -> np.ndarray:
+    """One .npy member, its header checked before the array is allocated."""
+    where = f"{path}: member {member.filename!r}"
+    if not member.filename.endswith(".npy"):
+        raise RuntimeUserError(f"{where} is not a .npy array; {NPZ_FIX}")
+    with zf.open(member) as f:
+        version = np.lib.format.read_magic(f)
+        if version not in ((1, 0), (2, 0)):
+            raise RuntimeUserError(f"{where}: .npy format {version} is not supported; {NPZ_FIX}")
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(f)
+    if dtype.hasobject or dtype.kind not in "biuf":
+        raise RuntimeUserError(f"{where} holds {dtype} values, not numbers (object arrays are pickles and are "
+                               f"never loaded); {NPZ_FIX}")
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > member.file_size:
+        raise RuntimeUserError(f"{where} is truncated or corrupt: its header promises {nbytes} bytes, the archive "
+                               f"holds {member.file_size}; save it again")
+    if not shape or math.prod(shape) == 0:
+        raise RuntimeUserError(f"{where} is empty or a scalar: give an array of samples, first axis = sample")
+    with zf.open(member) as f:
+        return np.lib.format.read_array(f, allow_pickle=False)
 
 
 def cache_key(model_sha: str, backend: str, backend_version: str, opts: OptimizeOptions, target: dict[str, Any]) -> str:
@@ -86,19 +139,40 @@ def cache_key(model_sha: str, backend: str, backend_version: str, opts: Optimize
 
 
 def options_from_manifest(manifest: dict[str, Any]) -> OptimizeOptions:
-    """Options to rebuild a plan from its manifest (used when a plan meets another GPU)."""
-    calib = manifest.get("calibration") or {}
+    """Options to rebuild a plan from its manifest (used when a plan meets another GPU).
+
+    The manifest is a file on disk that anyone may have edited: a field of the wrong type is a
+    RuntimeUserError naming it, never a KeyError or TypeError from deep in optimize.
+    """
+    calib = _field(manifest, "calibration", dict, {}) or {}
+    batches = _field(manifest, "batch_profile", list, [1]) or [1]
+    if not all(type(b) is int and b >= 1 for b in batches):
+        raise RuntimeUserError(f"plan manifest: batch_profile {str(batches)[:80]} is not a list of positive "
+                               "integers; rebuild the plan with ngcx-runtime optimize")
     data = sha = None
-    if calib.get("path") and Path(calib["path"]).is_file():
-        data, sha = load_calibration(Path(calib["path"]))
+    calib_path = _field(calib, "path", str, None, "calibration.path")
+    if calib_path and Path(calib_path).is_file():
+        data, sha = load_calibration(Path(calib_path))
     return OptimizeOptions(
-        precision=manifest["precision"],
-        batch_profile=manifest.get("batch_profile") or [1],
+        precision=_field(manifest, "precision", str, None, required=True),
+        batch_profile=batches,
         calibration=data,
         calibration_sha256=sha,
-        calibration_method=calib.get("method", "entropy"),
-        name=manifest.get("name", "model"),
+        calibration_method=_field(calib, "method", str, "entropy", "calibration.method"),
+        name=_field(manifest, "name", str, "model"),
     )
+
+
+def _field(doc: dict[str, Any], key: str, kind: type, default: Any, where: str | None = None,
+           required: bool = False) -> Any:
+    """doc[key] if it has type `kind`; None/absent -> default, unless the field is required."""
+    value = doc.get(key)
+    if value is None and not required:
+        return default
+    if not isinstance(value, kind) or isinstance(value, bool) != (kind is bool):
+        raise RuntimeUserError(f"plan manifest: {where or key} is {str(value)[:60]!r}, not a {kind.__name__}; "
+                               "rebuild the plan with ngcx-runtime optimize")
+    return value
 
 
 def optimize(

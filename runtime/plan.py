@@ -72,18 +72,52 @@ def cpu_target() -> dict[str, Any]:
     return {"kind": "cpu", "name": "cpu", "compute_capability": None, "machine": platform.machine()}
 
 
+MAX_MANIFEST_BYTES = 1 << 20  # a manifest is ~1 KB
+# Field -> the JSON types it may have; what _load_plan, mismatch and bench read without further checks.
+MANIFEST_FIELDS: dict[str, tuple[type, ...]] = {
+    "backend": (str,), "backend_version": (str,), "precision": (str,), "artifact": (str,), "target": (dict,)}
+OPTIONAL_FIELDS: dict[str, tuple[type, ...]] = {"source": (dict,), "calibration": (dict, type(None))}
+TARGET_FIELDS: dict[str, tuple[type, ...]] = {
+    "kind": (str,), "name": (str,), "compute_capability": (str, type(None)), "machine": (str, type(None))}
+
+
 def read_manifest(plan_dir: Path) -> dict[str, Any]:
+    """PLAN_DIR/manifest.json, its fields type-checked: a hand-edited or corrupt manifest is one line.
+
+    Why so careful (issue 8): a plan dir is a file tree users copy between machines; deep nesting
+    (RecursionError), a list instead of an object, or a number where a name belongs used to escape
+    as tracebacks from the loader.
+    """
     path = plan_dir / MANIFEST
+    fix = "rebuild the plan with ngcx-runtime optimize MODEL -o PLAN_DIR"
     try:
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            raise ValueError(f"{path.stat().st_size} bytes, a manifest is about 1 KB")
         manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise RuntimeUserError(
-            f"{path}: unreadable plan manifest ({exc}); rebuild the plan with ngcx-runtime optimize MODEL -o PLAN_DIR"
-        ) from None
-    for key in ("backend", "backend_version", "precision", "artifact", "target"):
+    except (OSError, ValueError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).splitlines()[0][:200]
+        raise RuntimeUserError(f"{path}: unreadable plan manifest ({reason}); {fix}") from None
+    if not isinstance(manifest, dict):
+        raise RuntimeUserError(f"{path}: the manifest is a JSON {type(manifest).__name__}, not an object; {fix}")
+    for key in MANIFEST_FIELDS:
         if key not in manifest:
             raise RuntimeUserError(f"{path}: manifest lacks {key!r}; rebuild the plan with ngcx-runtime optimize")
+    _check_types(manifest, {**MANIFEST_FIELDS, **OPTIONAL_FIELDS}, path, "", fix)
+    _check_types(manifest["target"], TARGET_FIELDS, path, "target.", fix)
+    source = manifest.get("source") or {}
+    _check_types(source, {"path": (str,), "sha256": (str,)}, path, "source.", fix)
     return manifest
+
+
+def _check_types(doc: dict[str, Any], fields: dict[str, tuple[type, ...]], path: Path, prefix: str,
+                 fix: str) -> None:
+    """Each present field of `doc` named in `fields` has one of its allowed JSON types."""
+    for key, kinds in fields.items():
+        if key in doc and (not isinstance(doc[key], kinds) or isinstance(doc[key], bool)):
+            wanted = " or ".join("null" if k is type(None) else {"str": "string", "dict": "object"}[k.__name__]
+                                 for k in kinds)
+            raise RuntimeUserError(f"{path}: manifest field {prefix}{key} is {json.dumps(doc[key])[:60]}, "
+                                   f"not a {wanted}; {fix}")
 
 
 def mismatch(manifest: dict[str, Any], target: dict[str, Any], backend_version: str) -> str | None:
