@@ -1,0 +1,47 @@
+"""Typed problems: what is wrong with a file the user wrote, where, and how to fix it.
+
+Why a type instead of strings: the same problem is printed as one line on a terminal, as an
+object under `--json`, and counted by tests by its `rule`. Every validator that collects more
+than one violation (the catalog's rules, `ngcx.yaml`) returns a list of these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ngcx.errors import UserError
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One violation. where = file[:line], field = dotted path inside it ("" for the whole file)."""
+
+    where: str
+    field: str
+    rule: str
+    message: str
+    hint: str = ""
+
+    def line(self) -> str:
+        head = f"{self.where}: {self.field}: " if self.field else f"{self.where}: "
+        text = head + self.message + (f" ({self.hint})" if self.hint else "")
+        return one_line(text)
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def one_line(text: str) -> str:
+    """Escape newlines, tabs and other control characters so a problem stays on its line."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+class ProblemsFound(UserError):
+    """A file broke one or more rules: the first problem as the error line, all of them kept."""
+
+    def __init__(self, what: str, problems: list[Problem], check_command: str = "") -> None:
+        self.problems = problems
+        more = ""
+        if len(problems) > 1:
+            more = f" (+{len(problems) - 1} more" + (f": run `{check_command}`)" if check_command else ")")
+        super().__init__(f"{what} is invalid: {problems[0].line()}{more}")
