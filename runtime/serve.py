@@ -51,6 +51,7 @@ DISCARD_FACTOR = 16              # after a refusal, up to this multiple of the l
 LINGER_IDLE_S = 1.0              # ... while the client keeps sending at least every second
 LINGER_MAX_S = 10.0              # ... and for at most this long
 SOCKET_TIMEOUT_S = 120.0         # a client stalled mid-body this long loses its connection
+DRAIN_GRACE_S = 0.2              # draining: keep-alive connections get this long to deliver a request in transit
 
 
 class ServeError(RuntimeUserError):
@@ -153,6 +154,7 @@ class _Handler(BaseHTTPRequestHandler):
     def finish(self) -> None:
         with self.server.app.cond:
             self.server.app.connections.discard(self.connection)
+            self.server.app.cond.notify_all()          # stop() waits for connections to end
         with contextlib.suppress(OSError):
             super().finish()
 
@@ -564,11 +566,19 @@ class ServerHandle:
         with app.cond:
             app.draining = True
         self._server.shutdown()
+        self._accept_backlog()
         self._server.socket.close()       # new connections are refused from here on
         app.batcher.flush()
         if drain:
             deadline = time.monotonic() + timeout
+            grace = min(deadline, time.monotonic() + DRAIN_GRACE_S)
             with app.cond:
+                while app.inflight and time.monotonic() < deadline:
+                    app.cond.wait(max(0.0, deadline - time.monotonic()))
+                # A request a keep-alive client sent before it saw `Connection: close` is still read
+                # and answered (with close) instead of being lost to the shutdown below (issue 8).
+                while app.connections and time.monotonic() < grace:
+                    app.cond.wait(max(0.0, grace - time.monotonic()))
                 while app.inflight and time.monotonic() < deadline:
                     app.cond.wait(max(0.0, deadline - time.monotonic()))
         app.batcher.stop(timeout if drain else 0.1)
@@ -578,6 +588,18 @@ class ServerHandle:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
         self._thread.join(timeout)
+
+    def _accept_backlog(self) -> None:
+        """Serve the connections the kernel queued while serve_forever was stopping (up to its poll
+        interval): closing the listener would reset them with their requests unanswered (issue 8).
+        Their handlers see the drain and answer with `Connection: close`."""
+        listener = self._server.socket
+        with contextlib.suppress(OSError):
+            listener.setblocking(False)
+            while True:
+                conn, addr = listener.accept()          # BlockingIOError (an OSError) once it is empty
+                conn.setblocking(True)
+                self._server.process_request(conn, addr)
 
     def __enter__(self) -> ServerHandle:
         return self
