@@ -189,7 +189,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         if getattr(self, "request_version", "HTTP/0.9") == "HTTP/0.9":
             self.request_version = self.protocol_version   # garbage request line: still send a status line
-        text = message or explain or self.responses.get(code, ("error",))[0]
+        text = _peer(message or explain or self.responses.get(code, ("error",))[0], 300)
         if code == 501:
             text = f"method {self.command} is not supported; use GET or POST"
         with contextlib.suppress(OSError):
@@ -242,7 +242,7 @@ class _Handler(BaseHTTPRequestHandler):
         parts = [unquote(p) for p in path.split("/")[1:]]
         if not parts or parts[0] != "v2":
             self._drain_body()
-            raise ProtocolError(f"unknown path {path or '/'}; this server speaks KServe v2 under /v2", 404)
+            raise ProtocolError(f"unknown path {_peer(path or '/')}; this server speaks KServe v2 under /v2", 404)
         rest = parts[1:]
         if method == "POST" and rest and rest[0] == "models" and rest[-1] == "infer":
             self._model_from(rest[1:-1])
@@ -251,7 +251,7 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "POST" and rest == ["repository", "index"]:
             return self._send_json(200, [{"name": app.name, "version": MODEL_VERSION, "state": "READY"}])
         if method not in ("GET", "HEAD"):
-            raise ProtocolError(f"method {method} is not allowed on {path}", 405)
+            raise ProtocolError(f"method {method} is not allowed on {_peer(path)}", 405)
         if rest == []:
             meta = {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS}
             return self._send_json(200, meta)
@@ -262,7 +262,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send_json(200, app.model_stats())
         if rest and rest[0] == "models":
             return self._model_get(rest[1:], path)
-        raise ProtocolError(f"unknown path {path}", 404)
+        raise ProtocolError(f"unknown path {_peer(path)}", 404)
 
     def _model_from(self, rest: list[str]) -> list[str]:
         """[NAME, (versions, V)?, ...tail] -> tail, after checking the name and version."""
@@ -270,11 +270,11 @@ class _Handler(BaseHTTPRequestHandler):
         if not rest:
             raise ProtocolError("no model name in the path; use /v2/models/NAME/...", 404)
         if rest[0] != app.name:
-            raise ProtocolError(f"unknown model '{rest[0]}'; this server serves '{app.name}'", 404)
+            raise ProtocolError(f"unknown model '{_peer(rest[0])}'; this server serves '{app.name}'", 404)
         tail = rest[1:]
         if len(tail) >= 2 and tail[0] == "versions":
             if tail[1] != MODEL_VERSION:
-                raise ProtocolError(f"model '{app.name}' has no version '{tail[1]}'; "
+                raise ProtocolError(f"model '{app.name}' has no version '{_peer(tail[1])}'; "
                                     f"available: {MODEL_VERSION}", 404)
             tail = tail[2:]
         return tail
@@ -291,7 +291,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send_json(200, app.config())
         if tail == ["stats"]:
             return self._send_json(200, app.model_stats())
-        raise ProtocolError(f"unknown path {path}", 404)
+        raise ProtocolError(f"unknown path {_peer(path)}", 404)
 
     # -- inference --
     def _infer(self) -> None:
@@ -477,6 +477,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.flush_headers()
         for p in pieces[inline:]:
             self.wfile.write(p)
+
+
+def _peer(text: str, limit: int = 80) -> str:
+    """A peer's path, name or request line inside an error: as is when short and printable, else
+    escaped and cut, so the error stays one bounded line (issue 8: %0A in a model name, 64 KB paths)."""
+    if len(text) <= limit and text.isprintable():
+        return text
+    return repr(text[:limit])[1:-1] + ("..." if len(text) > limit else "")
 
 
 def _too_large(length: int, limit_text: str) -> str:

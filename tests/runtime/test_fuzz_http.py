@@ -268,11 +268,21 @@ def mutated_requests(draw) -> bytes:
 @example(b"GET / HTTP/2.0\r\n\r\n", True)
 @example(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", True)          # a TLS ClientHello
 @example(b"POST /v2/models/mlp/infer HTTP/1.1\r\nContent-Length: 40\r\n\r\n{\"inputs\":", True)
+@example(b"POST /v2/models/" + b"m" * 20000 + b"/infer HTTP/1.1\r\nContent-Length: 0\r\n\r\n", False)
+@example(b"GET /v2/models/mlp%0A%0Dx/versions/1%0A HTTP/1.1\r\n\r\n", True)
+@example(b"GET /" + b"p" * 20000 + b" HTTP/1.1\r\n\r\n", True)
+@example(b"GET / HTTP/1.1" + b"v" * 20000 + b"\r\n\r\n", True)
+@example(b"GET / HTTP/1.1 " + b"w " * 5000 + b"\r\n\r\n", True)
 def test_a_malformed_request_never_gets_a_5xx_and_the_server_keeps_serving(server, session, raw, half_close):
+    """Also: every refusal is {"error": one line of bounded length}, whatever the peer sent."""
     TRIED["live: mutated requests / random bytes, then a correct request"] += 1
     ex = send_and_read(server.port, raw, half_close)
     bad = [r.status for r in ex.responses if r.status >= 500 and r.status not in ALLOWED_5XX]
     assert not bad, (raw[:300], [(r.status, r.body[:200]) for r in ex.responses])
+    for r in ex.responses:
+        if r.status >= 400:
+            error = r.json()["error"]
+            assert isinstance(error, str) and "\n" not in error and len(error) <= 600, (r.status, error[:300])
     assert_still_serving(server, session)
 
 
