@@ -355,8 +355,8 @@ class _Handler(BaseHTTPRequestHandler):
         except FramingError:
             self.close_connection = True
             raise
-        if framing.close:
-            self.close_connection = True
+        if framing.close or (framing.chunked and self.request_version == "HTTP/1.0"):
+            self.close_connection = True       # RFC 9112 §6.1: chunked in HTTP/1.0 is faulty framing: close after
         return framing
 
     def _read_chunked(self) -> memoryview:
@@ -517,8 +517,11 @@ def _decompress(body: memoryview, encoding: str, limit: int, limit_text: str) ->
         if len(out) > limit or d.unconsumed_tail:
             raise ProtocolError(f"the decompressed request body exceeds the limit of {limit_text}; "
                                 "restart the server with a larger --max-body-mb", 413)
+        if not d.eof:                          # zlib hands back what it has of a cut-off stream
+            continue
         return out
-    raise ProtocolError(f"the request body is not valid {encoding} data (Content-Encoding: {encoding})")
+    raise ProtocolError(f"the request body is not valid {encoding} data (Content-Encoding: {encoding}); "
+                        "it is corrupt or truncated")
 
 
 def _compress(pieces: list, coding: str) -> bytes:

@@ -14,6 +14,7 @@ runs here as a bounded subprocess.
 
 from __future__ import annotations
 
+import gzip
 import http.client
 import io
 import json
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -39,7 +41,7 @@ from ngcx_runtime.protocol import ProtocolError
 ort = pytest.importorskip("onnxruntime")
 
 from ngcx_runtime.plan import load  # noqa: E402
-from ngcx_runtime.serve import start_server  # noqa: E402
+from ngcx_runtime.serve import _decompress, start_server  # noqa: E402
 
 INFER = "/v2/models/mlp/infer"
 LIMIT_MB = 0.05
@@ -167,6 +169,47 @@ def test_a_mutated_chunked_body_fails_cleanly_within_its_bytes(data):
         assert len(out) <= 4096
     assert rfile.tell() <= len(data) and time.monotonic() - start < 2.0
     assert LINE_MAX < 4096
+
+
+# -- Content-Encoding (serve._decompress) --
+
+def compress(payload: bytes, coding: str) -> bytes:
+    if coding == "gzip":
+        return gzip.compress(payload)
+    if coding == "deflate":
+        return zlib.compress(payload)
+    c = zlib.compressobj(6, zlib.DEFLATED, -15)         # raw deflate, as some clients send it
+    return c.compress(payload) + c.flush()
+
+
+@FAST
+@given(st.binary(max_size=4096), st.sampled_from(["gzip", "deflate", "raw deflate"]), st.integers(0, 64))
+@example(b"x" * 100, "gzip", 10)          # a cut-off stream was accepted as the bytes zlib had so far
+def test_a_compressed_body_decodes_whole_or_is_refused(payload, coding, cut):
+    """Only a complete stream within the limit decodes (to the payload); a truncated one is a 400."""
+    TRIED["Content-Encoding bodies (valid, truncated)"] += 1
+    data = compress(payload, coding)
+    data = data[:len(data) - cut] if cut else data
+    encoding = "gzip" if coding == "gzip" else "deflate"
+    try:
+        out = _decompress(memoryview(data), encoding, 1 << 20, "1 MB")
+    except ProtocolError as exc:
+        assert exc.status == 400 and cut, (exc.message, cut)
+        return
+    assert out == payload
+
+
+@FAST
+@given(st.binary(max_size=512), st.sampled_from(["gzip", "deflate"]))
+@example(gzip.compress(b"\0" * (1 << 22)), "gzip")    # a 4 MB bomb against a 64 KB limit
+def test_random_or_bomb_compressed_bodies_are_a_clean_4xx(data, encoding):
+    TRIED["Content-Encoding random / bombs"] += 1
+    try:
+        out = _decompress(memoryview(data), encoding, 64 * 1024, "64 KB")
+    except ProtocolError as exc:
+        assert exc.status in (400, 413)
+        return
+    assert len(out) <= 64 * 1024
 
 
 # -- a live server --
@@ -310,6 +353,18 @@ def test_an_http_1_0_request_is_answered_and_closed(server, session):
     raw, x = json_request(5)
     raw = raw.replace(b"HTTP/1.1", b"HTTP/1.0", 1)
     ex = rawhttp.exchange(server.port, raw, idle=5.0)
+    assert len(ex.responses) == 1 and ex.closed, ex
+    assert_correct(ex.responses[0], x, session)
+
+
+def test_chunked_http_1_0_is_answered_and_closed_even_with_keep_alive(server, session):
+    """RFC 9112 §6.1: Transfer-Encoding in an HTTP/1.0 message is faulty framing; close after it."""
+    raw, x = json_request(7, headers={"Connection": "keep-alive"})
+    head, body = raw.split(b"\r\n\r\n", 1)
+    head = head.replace(b"HTTP/1.1", b"HTTP/1.0", 1).replace(b"Content-Length", b"Transfer-Encoding", 1)
+    head = head.replace(f"Transfer-Encoding: {len(body)}".encode(), b"Transfer-Encoding: chunked")
+    chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    ex = rawhttp.exchange(server.port, head + b"\r\n\r\n" + chunked + rawhttp.request("GET", "/v2"), idle=5.0)
     assert len(ex.responses) == 1 and ex.closed, ex
     assert_correct(ex.responses[0], x, session)
 
