@@ -102,13 +102,24 @@ def _check_datatype(raw: Any, spec: TensorSpec, where: str) -> np.dtype:
 
 
 def _json_tensor(data: Any, dtype: np.dtype, shape: list[int], where: str) -> np.ndarray:
-    """JSON 'data' is row-major, flat or nested; its element count must equal the shape's."""
+    """JSON 'data' is row-major, flat or nested; its element count must equal the shape's.
+
+    Only numbers and booleans: numpy would turn "1.5" into 1.5, null into NaN and any non-empty
+    string (even "false") into True for a BOOL input (issue 8).
+    """
+    if not isinstance(data, list):
+        raise ProtocolError(f"{where}: 'data' must be a JSON list of values (flat or nested), "
+                            f"got {_brief(data, 40)}")
     try:
         arr = np.asarray(data, dtype=dtype)
+        probe = np.asarray(data)                  # untyped: what the JSON values really are
     except (ValueError, TypeError, OverflowError, RecursionError) as exc:
         why = " ".join(str(exc).split())          # numpy quotes the bad value whole
         raise ProtocolError(f"{where}: 'data' is not a rectangular list of {dtype.name} values "
                             f"({why[:120]})") from None
+    if probe.dtype.kind in "USV" or (probe.dtype.kind == "O" and any(
+            v is None or isinstance(v, (str, list, dict)) for v in probe.reshape(-1))):
+        raise ProtocolError(f"{where}: 'data' must hold numbers (or true/false), not strings or null")
     need = _element_count(shape)
     if arr.size != need:
         raise ProtocolError(f"{where}: 'data' has {arr.size} elements but shape {_brief(shape)} needs "

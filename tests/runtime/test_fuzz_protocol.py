@@ -290,6 +290,23 @@ def test_a_random_binary_tail_is_taken_exactly_or_refused(case: Case, tail: byte
     assert_same(req.inputs, case.arrays)
 
 
+@FUZZ
+@given(st.sampled_from(DATATYPES), st.integers(1, 6), st.data())
+@example("BOOL", 1, None)          # "false" was taken as True: numpy turns any non-empty string into True
+def test_strings_or_null_in_json_data_are_refused_not_converted(datatype, n, data):
+    TRIED["strings / null inside JSON data"] += 1
+    values: list[Any] = [1] * n
+    if data is None:
+        values = ["false"]
+    else:
+        values[data.draw(st.integers(0, n - 1))] = data.draw(st.one_of(
+            st.none(), st.text(max_size=5), st.sampled_from(["false", "0", "1.5", "NaN", "1e3"])))
+    doc = {"inputs": [{"name": "x", "datatype": datatype, "shape": [len(values)], "data": values}]}
+    with pytest.raises(ProtocolError) as info:
+        parse([TensorSpec("x", datatype, (-1,))], json.dumps(doc).encode(), None)
+    assert_clean(info.value)
+
+
 # -- responses through tritonclient's own parser --
 
 @st.composite
