@@ -8,6 +8,7 @@ image carries OCI labels saying which suite and mirror it came from (never mirro
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import re
@@ -33,6 +34,8 @@ DEBOOTSTRAP_SCRIPTS = Path("/usr/share/debootstrap/scripts")
 LABEL_SUITE = "ai.ngcx.base.suite"
 LABEL_MIRROR = "ai.ngcx.base.mirror"
 LABEL_VARIANT = "ai.ngcx.base.variant"
+ROOT_PREFIX = "ngcx-base-"  # temp root filesystems under --workdir: ngcx-base-<suite>-<random>
+OWNER_FILE = "ngcx-owner.pid"  # in each: the pid of the ngcx that made it (stale once that is gone)
 
 # Same trimming as the official debian:*-slim images (debuerreotype's slimify): docs, man pages and
 # translations are excluded now and for every package installed later in the image.
@@ -161,16 +164,75 @@ def check_mirror(mirror: str, suite: str) -> None:
 
 def bootstrap(client, *, suite: str, mirror: str, tag: str, variant: str, slim: bool, workdir: Path):
     """Build the root filesystem and import it; the temp dir is removed whatever happens."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix=f"ngcx-base-{suite}-", dir=workdir))
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        reclaim_stale_roots(workdir)
+        root = Path(tempfile.mkdtemp(prefix=f"{ROOT_PREFIX}{suite}-", dir=workdir))
+    except OSError as exc:
+        raise UserError(f"cannot use --workdir {workdir}: {exc.strerror}",
+                        hint="pass --workdir a writable folder with ~400 MB free") from None
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
+        (root / OWNER_FILE).write_text(f"{os.getpid()}\n")
         run_debootstrap(root / "rootfs", suite=suite, mirror=mirror, variant=variant, tag=tag)
         finish_rootfs(root / "rootfs", slim=slim, mirror=mirror)
         return import_rootfs(client, root / "rootfs", tag=tag, labels=image_labels(suite, mirror, variant))
     finally:
         signal.signal(signal.SIGTERM, previous)
         remove_tree(root)
+
+
+def reclaim_stale_roots(workdir: Path) -> None:
+    """Remove root filesystems left by a bootstrap that was killed (SIGKILL, OOM, power loss).
+
+    Why: SIGINT/SIGTERM clean up in bootstrap()'s finally, but a killed ngcx leaves its temp root
+    (~300 MB, maybe with /proc mounted in it) and an orphaned debootstrap still writing into it. A
+    root is stale when the ngcx named in its owner file is gone; its processes are killed, its
+    mounts released, then it is deleted, so the next run recovers with no manual cleanup.
+    """
+    for root in sorted(workdir.glob(f"{ROOT_PREFIX}*")):
+        if not root.is_dir() or _owner_alive(root):
+            continue
+        _kill_processes_in(root)
+        remove_tree(root)
+        print(f"ngcx: removed {root}, left by an interrupted bootstrap", file=sys.stderr)
+
+
+def _owner_alive(root: Path) -> bool:
+    """True while the ngcx that made `root` still runs (no owner file yet: only if just made)."""
+    try:
+        pid = int((root / OWNER_FILE).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return time.time() - root.stat().st_mtime < 60
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"ngcx" in cmdline
+
+
+def _kill_processes_in(root: Path) -> None:
+    """SIGKILL every process whose command line names `root` or whose root/cwd is inside it (an
+    orphaned debootstrap and what it runs chrooted), until none is left (bounded)."""
+    real = str(root.resolve())
+    for _ in range(20):
+        found = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+                continue
+            try:
+                args = proc.joinpath("cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                links = [os.readlink(proc / name) for name in ("root", "cwd")]
+            except OSError:
+                continue
+            if real in args or any(link == real or link.startswith(real + "/") for link in links):
+                found.append(int(proc.name))
+        if not found:
+            return
+        for pid in found:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
 
 
 def _raise_interrupt(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
@@ -184,7 +246,12 @@ def run_debootstrap(target: Path, *, suite: str, mirror: str, variant: str, tag:
     from ngcx import paths
 
     log_path = paths.state_dir() / "logs" / f"base-{re.sub(r'[^A-Za-z0-9_.-]', '_', tag)}.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.touch()
+    except OSError as exc:
+        raise UserError(f"cannot write the debootstrap log {log_path}: {exc.strerror}",
+                        hint="free space there, or set NGCX_STATE_DIR to a writable folder") from None
     cmd = ["debootstrap"]
     if variant != "default":
         cmd.append(f"--variant={variant}")
