@@ -12,6 +12,7 @@ with --secret, mounted as tmpfs for the RUN steps that need them, and deleted af
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import subprocess
@@ -293,6 +294,7 @@ def build(release: Release, opts: BuildOptions, catalog=None) -> BuildResult:
     ca = detect_ca(opts.ca_cert)
     tag = opts.tag or naming.local_tag(release.image, release.tag, opts.variant)
     base = render.resolve_base(release, opts.base)
+    state.check()  # a locked, corrupt-beyond-repair, full or unwritable store fails now, not after the build
 
     client = engine_client()
     cli = docker_cli()
@@ -302,7 +304,7 @@ def build(release: Release, opts: BuildOptions, catalog=None) -> BuildResult:
     ensure_base(client, base, release)
 
     context_dir = paths.state_dir() / "contexts" / f"{release.image}-{release.tag}-{opts.variant}"
-    ctx = render.write_context(release, context_dir, opts.variant, opts.base, catalog)
+    ctx = write_context(release, context_dir, opts, catalog)
 
     with tempfile.TemporaryDirectory(prefix="ngcx-secrets-") as secret_dir:
         os.chmod(secret_dir, 0o700)
@@ -316,9 +318,7 @@ def build(release: Release, opts: BuildOptions, catalog=None) -> BuildResult:
             cmd += ["--secret", f"id=ca,src={ca}"]
         conf = pip_conf_text(opts)
         if conf:
-            conf_file = Path(secret_dir) / "pip.conf"
-            conf_file.touch(mode=0o600)
-            conf_file.write_text(conf)
+            conf_file = _write_secret(Path(secret_dir) / "pip.conf", conf)
             cmd += ["--secret", f"id=pip_conf,src={conf_file}"]
         if opts.no_cache:
             cmd.append("--no-cache")
@@ -335,10 +335,82 @@ def build(release: Release, opts: BuildOptions, catalog=None) -> BuildResult:
     size = int(img.attrs.get("Size") or 0)
     steps = parser.build_steps()
     cached = sum(1 for s in steps if s.status == "cached")
-    state.record_build(image=release.image, release=release.tag, variant=opts.variant, tag=tag,
-                       image_id=img.id, digest=None, size_bytes=size, duration_s=round(duration, 2),
-                       base=base, dockerfile_sha=ctx.digest)
+    try:
+        state.record_build(image=release.image, release=release.tag, variant=opts.variant, tag=tag,
+                           image_id=img.id, digest=None, size_bytes=size, duration_s=round(duration, 2),
+                           base=base, dockerfile_sha=ctx.digest)
+    except UserError as exc:
+        raise UserError(f"built {tag}, but it is not in `ngcx images`: {exc.message}", hint=exc.hint) from None
     return BuildResult(tag, img.id, size, duration, len(steps), cached, base, ctx.path)
+
+
+def write_context(release: Release, context_dir: Path, opts: BuildOptions, catalog=None):
+    """render.write_context, but a full or read-only disk is one line naming the folder and the space
+    needed, checked BEFORE writing, and no half-written context is left behind on a failure."""
+    import shutil
+
+    from ngcx import render
+
+    needed = _context_bytes(release)
+    free = _free_bytes(context_dir) + _tree_bytes(context_dir)  # an earlier context here is replaced
+    if free < needed:
+        raise _no_space(context_dir, needed, free)
+    ours = not context_dir.exists() or (context_dir / "ngcx-runtime").is_dir()
+    try:
+        return render.write_context(release, context_dir, opts.variant, opts.base, catalog)
+    except (OSError, UserError) as exc:
+        if ours:
+            shutil.rmtree(context_dir, ignore_errors=True)
+        reason = exc.message if isinstance(exc, UserError) else f"{context_dir}: {exc.strerror}"
+        if getattr(exc, "errno", None) == errno.ENOSPC or os.strerror(errno.ENOSPC) in reason:
+            raise _no_space(context_dir, needed, _free_bytes(context_dir)) from None
+        raise UserError(reason, hint="make that folder writable, or set NGCX_STATE_DIR to a writable folder") from None
+
+
+def _no_space(context_dir: Path, needed: int, free: int) -> UserError:
+    return UserError(f"no space left on device for the build context {context_dir}: it needs about "
+                     f"{needed // 1024 + 1} KB, {free // 1024} KB free there",
+                     hint="free some space there, or set NGCX_STATE_DIR to a folder on a disk with room")
+
+
+def _tree_bytes(folder: Path) -> int:
+    if not folder.is_dir():
+        return 0
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def _context_bytes(release: Release) -> int:
+    """What a context takes on disk: each file rounded up to a 4 KB block, plus the folders."""
+    from ngcx import render
+
+    block = 4096
+    sizes = [len(data) for data in render.runtime_package_files().values()]
+    tests = render.load_recipe(release.image).tests_dir
+    if tests.is_dir():
+        sizes += [f.stat().st_size for f in tests.rglob("*") if f.is_file() and "__pycache__" not in f.parts]
+    sizes += [64 * 1024, 64]  # the Dockerfile (generous) and .dockerignore
+    return sum(-(-n // block) * block for n in sizes) + 16 * block
+
+
+def _free_bytes(folder: Path) -> int:
+    import shutil
+
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
+
+
+def _write_secret(path: Path, text: str) -> Path:
+    """Write a secret file 0600 (private temp dir); a full or read-only $TMPDIR is one line, no secret in it."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+    except OSError as exc:
+        raise UserError(f"cannot write the pip.conf secret to {path.parent}: {exc.strerror}",
+                        hint="free space in $TMPDIR or point TMPDIR at a writable folder") from None
+    return path
 
 
 def _revision() -> str:

@@ -10,6 +10,7 @@ Heavy imports (docker SDK, requests) stay inside functions so `ngcx --help` stay
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -128,14 +129,21 @@ def read_docker_config() -> dict[str, Any]:
 def write_docker_config(config: dict[str, Any]) -> Path:
     """Write the docker config atomically with mode 0600 (it may hold base64 passwords)."""
     path = docker_config_path()
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = path.with_name(path.name + ".ngcx-tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(config, handle, indent="\t")
-        handle.write("\n")
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(config, handle, indent="\t")
+            handle.write("\n")
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except OSError as exc:  # full or read-only disk: the old file stays whole, no half-written copy
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise UserError(f"cannot write the docker credentials file {path}: {exc.strerror}",
+                        hint="free space or fix permissions there, or set DOCKER_CONFIG to a writable "
+                             "folder; nothing was stored") from None
     return path
 
 

@@ -35,6 +35,7 @@ def push_command(
     local_ref, name, tag = resolve_local(client, ref, variant)
     repository = f"{host}/{namespace}/{name}" if namespace else f"{host}/{name}"
     creds = check_access(host)
+    state.check()  # a locked, full or unwritable store fails before the upload, not after it
     digest = push_and_verify(client, local_ref, repository, tag, host, creds)
     state.record_push(tag=local_ref, remote_ref=f"{repository}:{tag}", digest=digest)
     print(f"{repository}:{tag}@{digest}")
@@ -185,4 +186,6 @@ def _push_hint(error: str, host: str) -> str:
         return "the registry refuses uploads (read-only mode, or a pull-through mirror?)"
     if "connection refused" in low or "no such host" in low or "timeout" in low:
         return "is the registry running and reachable from the Docker Engine?"
+    if " 500 " in low or "internal server error" in low or "no space left" in low:
+        return "the registry could not store the upload (is its storage full?); nothing was recorded, see its logs"
     return "see the registry's logs"

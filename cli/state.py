@@ -74,8 +74,10 @@ def db_path() -> Path:
 
 
 # Primary SQLite result codes (sqlite3.Error.sqlite_errorcode & 0xff) we turn into one clear line.
-SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY, SQLITE_CORRUPT, SQLITE_FULL, SQLITE_CANTOPEN, SQLITE_NOTADB = (
-    5, 6, 8, 11, 13, 14, 26)
+SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY, SQLITE_IOERR, SQLITE_CORRUPT, SQLITE_FULL, SQLITE_CANTOPEN = (
+    5, 6, 8, 10, 11, 13, 14)
+SQLITE_NOTADB = 26
+LOW_DISK_BYTES = 1 << 20  # an I/O error with less than this free is a full disk (the -shm mmap fails so)
 CORRUPT_CODES = (SQLITE_CORRUPT, SQLITE_NOTADB)
 
 
@@ -156,7 +158,7 @@ def _as_user_error(exc: sqlite3.Error, path: Path) -> UserError:
     if code in (SQLITE_BUSY, SQLITE_LOCKED) or "locked" in str(exc):
         return UserError(f"state database {path} is locked by another ngcx process "
                          f"(waited {lock_timeout():.0f} s)", hint="wait for it to finish, then run the command again")
-    if code == SQLITE_FULL or "disk is full" in str(exc):
+    if code == SQLITE_FULL or "disk is full" in str(exc) or (code == SQLITE_IOERR and _low_disk(path)):
         return UserError(f"no space left on the device holding the state database {path}",
                          hint="free some space there (df -h), or set NGCX_STATE_DIR to a folder on another disk")
     if code in (SQLITE_READONLY, SQLITE_CANTOPEN):
@@ -167,6 +169,15 @@ def _as_user_error(exc: sqlite3.Error, path: Path) -> UserError:
                          hint="check the disk, or set NGCX_STATE_DIR to another folder")
     return UserError(f"state database {path}: {exc}", hint="run the command again; if it persists, "
                      "move that file aside (ngcx starts a new one)")
+
+
+def _low_disk(path: Path) -> bool:
+    import shutil
+
+    try:
+        return shutil.disk_usage(path.parent).free < LOW_DISK_BYTES
+    except OSError:
+        return False
 
 
 def _move_corrupt_aside(path: Path, exc: sqlite3.Error) -> None:
