@@ -34,7 +34,7 @@ LOCK_FILE = "ngcx.lock"
 HEADER = re.compile(r"^# (?P<key>[a-z0-9-]+): (?P<value>.*)$")
 RESOLVE = (
     'pip list --format=freeze | grep -v -E "^(pip|setuptools|wheel)==" > /tmp/ngcx-frozen.txt '
-    "&& pip install --dry-run --quiet --progress-bar off --report /tmp/ngcx-report.json "
+    "&& pip install --dry-run --progress-bar off --report /tmp/ngcx-report.json "
     '--constraint /etc/ngcx/constraints.txt --constraint /tmp/ngcx-frozen.txt "$@" 1>&2 '
     "&& cat /tmp/ngcx-report.json"
 )

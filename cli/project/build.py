@@ -369,12 +369,21 @@ DEPENDS = re.compile(r"^\s*(?P<pkg>\S+) (?P<ver>\S+) depends on (?P<dep>.+?)\s*$
 USER_REQ = re.compile(r"^\s*The user requested (?P<req>[^(].*?)\s*$")
 CONSTRAINT = re.compile(r"^\s*The user requested \(constraint\) (?P<pin>.+?)\s*$")
 NOT_FOUND = re.compile(r"ERROR: No matching distribution found for (?P<req>.+?)\s*$")
+FROM_FILE = re.compile(r"-r \S+ \(line (\d+)\)")
 REPLACED = re.compile(r"ngcx-replaced: (?P<what>.+)$")
 
 
-def pip_problem(lines: list[str], base_ref: str) -> UserError | None:
+def pip_problem(lines: list[str], base_ref: str, requirements: str = "") -> UserError | None:
     """pip's output (a failed wheels step or `ngcx lock`) -> one line naming the requirement and
-    the pin it would break; None when it is not a resolution problem."""
+    the pin it would break; None when it is not a resolution problem. `requirements` is the file pip
+    read with -r, so "-r FILE (line 3)" is shown as the requirement written there."""
+    reqs = requirements.splitlines()
+
+    def named(match: re.Match) -> str:
+        n = int(match.group(1))
+        return reqs[n - 1].strip() if 0 < n <= len(reqs) else match.group(0)
+
+    lines = [FROM_FILE.sub(named, line) for line in lines]
     text = "\n".join(lines)
     pins = [m.group("pin") for line in lines if (m := CONSTRAINT.match(line))]
     hint = (f"drop it, pick a version of it that works with what {base_ref} ships, or choose another base "
@@ -467,12 +476,12 @@ def build_project(project: Project, opts: BuildOptions, catalog: Catalog | None 
                      link={f"model/{project.model.name}"} if project.model is not None else set())
         parser = _docker_build(cli, project, base, ctx, opts, ca, dockerfile)
     except BaseException:
-        shutil.rmtree(ctx, ignore_errors=True)     # no stale context after a failed or interrupted build
+        _discard(folder)
         raise
     duration = time.monotonic() - started
     if parser.returncode != 0:
-        shutil.rmtree(ctx, ignore_errors=True)
-        _fail(parser, dockerfile, project.release.ref)
+        _discard(folder)
+        _fail(parser, dockerfile, project.release.ref, reqs)
 
     img = client.images.get(project.image_tag)
     _verify_on_base(client, img, base, project.image_tag)
@@ -494,6 +503,14 @@ def build_project(project: Project, opts: BuildOptions, catalog: Catalog | None 
     _remove_untagged(client, old_id, img.id)
     cached = sum(1 for s in steps if s.status == "cached")
     return ProjectBuildResult(project.image_tag, img.id, size, duration, len(steps), cached, base, ctx, actual, line)
+
+
+def _discard(folder: Path) -> None:
+    """After a failed or interrupted build: no stale context; the project's folder goes too unless an
+    earlier build's record (build.json) is in it."""
+    shutil.rmtree(folder / "context", ignore_errors=True)
+    if not (folder / "build.json").exists():
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _docker_build(cli: str, project: Project, base: BaseImage, ctx: Path, opts: BuildOptions, ca: Path | None,
@@ -522,7 +539,7 @@ def _docker_build(cli: str, project: Project, base: BaseImage, ctx: Path, opts: 
         return cb._run_build(cmd, env, opts.progress, cb.step_titles(dockerfile))
 
 
-def _fail(parser: ProgressParser, dockerfile: str, base_ref: str) -> None:
+def _fail(parser: ProgressParser, dockerfile: str, base_ref: str, requirements: str) -> None:
     """A failed wheels step that is a pin conflict -> one line, exit 2; anything else -> the step's log."""
     from ngcx import build as cb
     from ngcx.project.render import step_layers
@@ -531,7 +548,7 @@ def _fail(parser: ProgressParser, dockerfile: str, base_ref: str) -> None:
     if step is not None:
         m = re.match(r"^\[(?:[\w.-]+ )?(\d+)/\d+\] ", step.name)
         if m and step_layers(dockerfile).get(int(m.group(1))) == "wheels":
-            problem = pip_problem(list(step.log), base_ref)
+            problem = pip_problem(list(step.log), base_ref, requirements)
             if problem is not None:
                 raise problem
     cb._report_failure(parser)
