@@ -73,7 +73,8 @@ class OutputTensor(_Strict):
 
     data: list[Any] | None = Field(None, description="expected values, flat or nested")
     npy: str | None = Field(None, description=".npy file relative to examples.yaml")
-    shape: list[int] | None = Field(None, description="expected shape (default: compare values only)")
+    shape: list[int] | None = Field(None, description="expected shape (default: a nested list's or .npy's own "
+                                    "shape; a flat list compares values only)")
     rtol: float | None = Field(None, ge=0, description=f"relative tolerance for floats (default {DEFAULT_RTOL})")
     atol: float | None = Field(None, ge=0, description=f"absolute tolerance for floats (default {DEFAULT_ATOL})")
 
@@ -379,8 +380,9 @@ def _expected(o: OutputTensor, root: Path) -> Expected:
         arr = _as_bytes(arr)
     elif arr.dtype == object:
         raise _BadValue("values mix text and numbers", "data", "examples.values", "use one kind per output")
-    shape = tuple(o.shape) if o.shape is not None else None
-    if shape is not None:
+    # An explicit shape, or the nesting of `data:` / the .npy's own shape when it has more than one axis.
+    shape = tuple(o.shape) if o.shape is not None else (tuple(arr.shape) if arr.ndim > 1 else None)
+    if o.shape is not None:
         if math.prod(shape) != arr.size:
             raise _BadValue(f"{arr.size} values do not fill shape {o.shape}", "shape", "examples.count",
                             "fix the shape or the values")
@@ -520,5 +522,5 @@ def _index(flat: int, shape: tuple[int, ...]) -> str:
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
+    text = repr(value.item() if hasattr(value, "item") else value)     # 5, not np.int64(5)
     return text if len(text) <= 60 else text[:57] + "..."
