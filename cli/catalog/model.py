@@ -15,11 +15,11 @@ import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
 from ngcx import paths
 from ngcx.catalog.yamlio import load_yaml
@@ -30,6 +30,12 @@ from ngcx.errors import UserError
 RELEASE_TAG = re.compile(r"^[0-9]{2}\.(0[1-9]|1[0-2])\Z")
 PIN = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9_,-]+\])?)==(?P<version>[0-9][0-9A-Za-z.+-]*)$")
 CC = re.compile(r"^[0-9]{1,2}\.[0-9]\Z")
+DRIVER = re.compile(r"^[0-9]+(\.[0-9]+){1,2}\Z")
+# Schema types for values that complete() computes with (int(), Version()): a malformed one must
+# stop at validation, not crash completion (a '$' spliced into full_driver did: test_fuzz_catalog.py).
+DriverVersion = Annotated[str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+){1,2}$")]
+ComputeCapability = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,2}\.[0-9]$")]
+PATTERN_EXAMPLES = {DriverVersion: "a driver version like 570.26", ComputeCapability: "MAJOR.MINOR like 8.6"}
 
 
 # ----------------------------------------------------------------------------- parse
@@ -88,16 +94,16 @@ class ImageSpec(_Strict):
 
 
 class CudaMajorRule(_Strict):
-    min_driver: str
-    min_cc: str
-    max_cc: str
+    min_driver: DriverVersion
+    min_cc: ComputeCapability
+    max_cc: ComputeCapability
     toolkit_suffix: str
     library_suffix: str
 
 
 class CudaMinorRule(_Strict):
-    full_driver: str
-    max_cc: str
+    full_driver: DriverVersion
+    max_cc: ComputeCapability
 
 
 class ComponentRule(_Strict):
@@ -109,7 +115,7 @@ class ComponentRule(_Strict):
 class RangeRule(_Strict):
     versions: str
     cuda_majors: list[str]
-    min_cc: str | None = None
+    min_cc: ComputeCapability | None = None
 
 
 class FrameworkRule(_Strict):
@@ -119,13 +125,13 @@ class FrameworkRule(_Strict):
     python: str
     install: str | None = None
     requires: dict[str, str] = Field(default_factory=dict)
-    max_cc: str | None = None
+    max_cc: ComputeCapability | None = None
 
 
 class Rules(_Strict):
     cuda_majors: dict[str, CudaMajorRule]
     cuda_minors: dict[str, CudaMinorRule]
-    arch_min_driver: dict[str, str]
+    arch_min_driver: dict[ComputeCapability, DriverVersion]
     driver_branches: list[int]
     require_cuda_brands: list[str]
     components: dict[str, ComponentRule]
@@ -162,6 +168,10 @@ def _schema_errors(exc: ValidationError, source: str) -> list[str]:
             what = "release tag" if err["loc"][-1] == "[key]" else "value"
             lines.append(f"{source}: {loc.removesuffix('.[key]')}: {what} {err['input']!r} is a number, "
                          f"not a string; quote it (e.g. \"25.10\", \"3.10\") - YAML reads 25.10 as 25.1")
+        elif err["type"] == "string_pattern_mismatch":
+            what = next((v for t, v in PATTERN_EXAMPLES.items() if t.__metadata__[0].pattern == err["ctx"]["pattern"]),
+                        f"matching {err['ctx']['pattern']}")
+            lines.append(f"{source}: {loc.removesuffix('.[key]')}: {err['input']!r} is not {what}")
         else:
             lines.append(f"{source}: {loc}: {err['msg']}")
     return [one_line(line) for line in lines]
@@ -439,6 +449,8 @@ class Checker:
         if rel.min_driver is None:
             return
         try:
+            if not DRIVER.match(rel.min_driver):  # Version() also takes '1!2', 'v570', '570\n'
+                raise InvalidVersion(rel.min_driver)
             too_low = _v(rel.min_driver) < _v(major_rule.min_driver)
         except InvalidVersion:
             self.fail(where, f"min_driver {rel.min_driver!r} is not a driver version like 570.26")
