@@ -28,6 +28,10 @@ KSERVE_TO_NUMPY: dict[str, np.dtype] = {
     "FP64": np.dtype(np.float64),
 }
 NUMPY_TO_KSERVE: dict[np.dtype, str] = {v: k for k, v in KSERVE_TO_NUMPY.items()}
+# BYTES (strings, encoded images) travel as numpy object arrays of `bytes`. Kept out of the numeric
+# tables above: backends cast with them, and no tensor library takes object arrays.
+BYTES = "BYTES"
+BYTES_DTYPE = np.dtype(object)
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,7 @@ class TensorSpec:
 
     @property
     def numpy_dtype(self) -> np.dtype:
-        return KSERVE_TO_NUMPY[self.datatype]
+        return BYTES_DTYPE if self.datatype == BYTES else KSERVE_TO_NUMPY[self.datatype]
 
 
 @runtime_checkable
