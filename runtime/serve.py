@@ -610,6 +610,8 @@ class ServerHandle:
             while True:
                 conn, addr = listener.accept()          # BlockingIOError (an OSError) once it is empty
                 conn.setblocking(True)
+                with self._app.cond:                    # counted now, so the drain's grace waits for it
+                    self._app.connections.add(conn)
                 self._server.process_request(conn, addr)
 
     def __enter__(self) -> ServerHandle:

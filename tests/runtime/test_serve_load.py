@@ -300,13 +300,19 @@ def server(mlp_path, pool):
     assert warm.outcomes["ok"] == 40, warm.figures()
     settle()
     handle.baseline = {"threads": threading.active_count(), "rss_mb": rss_mb()}
+    handle.last_stats = handle.stats()
     yield handle
     handle.stop()
 
 
 def finish_scenario(name: str, server, tally: Tally, before_threads: int) -> None:
     left = settle()
-    figures = {**tally.figures(), "threads_before": before_threads, "threads_after": threading.active_count(),
+    now, last = server.stats(), server.last_stats
+    server.last_stats = now
+    merged = {k: now[k] - last[k] for k in ("requests", "engine_calls", "batched_requests")}
+    figures = {**tally.figures(), "server_requests": merged["requests"], "engine_calls": merged["engine_calls"],
+               "merged_requests": merged["batched_requests"],
+               "threads_before": before_threads, "threads_after": threading.active_count(),
                "connection_threads_after": left,
                "rss_growth_mb": round(rss_mb() - server.baseline["rss_mb"], 1)}
     report(name, figures)
