@@ -1,5 +1,9 @@
 """`ngcx run IMAGE[:RELEASE] -- CMD...`: the workstation path — the same image, on this host's GPUs.
 
+In a project folder (ngcx.yaml), `ngcx run` serves the project's image instead: it starts it on
+localhost (all GPUs when present), waits until the model is loaded and warmed up, prints the URL
+once, and stops the server on Ctrl-C (cli/project/serving.py).
+
 Why a driver check first: a CUDA 13 image on a 550 driver fails deep inside the framework
 ("CUDA driver version is insufficient") or, through NVIDIA_REQUIRE_CUDA, with a terse
 nvidia-container-cli error. ngcx compares the host driver with the release's floor for the
@@ -67,7 +71,11 @@ def register(app: typer.Typer) -> None:
     @app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def run_cmd(
         ctx: typer.Context,
-        ref: Annotated[str, typer.Argument(help="IMAGE[:RELEASE] or a local image tag.")],
+        ref: Annotated[str | None, typer.Argument(
+            help="IMAGE[:RELEASE] or a local image tag; omit it in a project folder (ngcx.yaml).")] = None,
+        project_file: Annotated[Path | None, typer.Option("-f", "--file", help="A project's ngcx.yaml.")] = None,
+        port: Annotated[int, typer.Option("--port", help="Project mode: host port on 127.0.0.1.")] = 8000,
+        detach: Annotated[bool, typer.Option("--detach", "-d", help="Project mode: leave it running.")] = False,
         variant: Annotated[str, typer.Option("--variant", help="runtime or devel.")] = "runtime",
         publish: Annotated[list[str] | None, typer.Option("-p", "--publish", help="Port mapping (repeatable).")] = None,
         volume: Annotated[list[str] | None, typer.Option("-v", "--volume", help="Bind mount (repeatable).")] = None,
@@ -84,6 +92,8 @@ def register(app: typer.Typer) -> None:
 
         if gpu not in ("auto", "require", "off"):
             raise UserError(f"--gpu {gpu!r}: use auto, require or off")
+        if ref is None:
+            return run_project(project_file, port, detach, gpu)
         tag = resolve_image(ref, variant, catalog_file)
         labels = engine_client().images.get(tag).labels or {}
         release = None
@@ -108,3 +118,50 @@ def register(app: typer.Typer) -> None:
         argv = docker_run_argv(cli, tag, list(ctx.args), use_gpu, sys.stdin.isatty() and sys.stdout.isatty(),
                                publish or [], volume or [], env or [])
         os.execvp(argv[0], argv)
+
+
+def run_project(project_file: Path | None, port: int, detach: bool, gpu_mode: str) -> None:
+    """Serve the project here until Ctrl-C (or leave it running with --detach)."""
+    import signal
+    import sys
+    import time
+
+    from ngcx.project import find_project_file
+    from ngcx.project.serving import start
+    from ngcx.project.spec import load_project
+    from ngcx.test import host_has_gpu
+
+    file = find_project_file(project_file) if project_file else find_project_file()
+    if file is None:
+        where = project_file or Path.cwd()
+        raise UserError(f"no IMAGE given and no ngcx.yaml in {where}",
+                        hint="give an image (`ngcx run cuda:24.05 -- nvidia-smi`) or run `ngcx init` here")
+    project = load_project(file)
+    use_gpu, why = host_has_gpu()
+    if gpu_mode == "require" and not use_gpu:
+        raise UserError(f"--gpu require: {why}")
+    use_gpu = use_gpu and gpu_mode != "off"
+    if use_gpu:
+        driver, gpus = host_gpus()
+        check_driver({}, project.release, driver, gpus)
+    served = start(project, port=port, gpu=use_gpu)
+    device = "all GPUs" if use_gpu else "CPU"
+    print(f"ready: {served.url}/v2/models/{served.model} ({project.image_tag} on {device}, "
+          f"ready in {served.ready_s:.1f} s)", flush=True)
+    if detach:
+        print(f"container {served.container.short_id}: stop it with `docker stop {served.container.short_id}`")
+        return
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        for chunk in served.container.logs(stream=True, follow=True, since=int(time.time())):
+            sys.stderr.write(chunk.decode(errors="replace"))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        print("ngcx: stopping the server", file=sys.stderr)
+        served.stop()
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    """SIGTERM stops `ngcx run` the way Ctrl-C does: the server is stopped, not orphaned."""
+    raise KeyboardInterrupt

@@ -5,6 +5,9 @@ and the framework really load (a wrong wheel, a stray LD_LIBRARY_PATH, pip repla
 The probe is ngcx-runtime's `info --json` (ctypes calls: cudaRuntimeGetVersion, cublasGetProperty,
 cudnnGetVersion, ncclGetVersion; framework __version__ and its own CUDA view), then the image's
 own tests (`ngcx-runtime selftest`). GPU checks run with a GPU, else they are reported skipped.
+
+In a project folder (ngcx.yaml) the same checks run on the project's image, and then its served
+model answers every example in examples.yaml (cli/project/check.py).
 """
 
 from __future__ import annotations
@@ -227,7 +230,11 @@ def print_table(tag: str, checks: list[Check]) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("test")
     def test_cmd(
-        ref: Annotated[str, typer.Argument(help="IMAGE_REF (local tag) or IMAGE[:RELEASE].")],
+        ref: Annotated[str | None, typer.Argument(
+            help="IMAGE_REF (local tag) or IMAGE[:RELEASE]; omit it in a project folder (ngcx.yaml).")] = None,
+        project_file: Annotated[Path | None, typer.Option("-f", "--file", help="A project's ngcx.yaml.")] = None,
+        repeats: Annotated[int, typer.Option("--repeats", min=0, help="Project mode: extra requests per "
+                                             "example for the latency figures.")] = 20,
         variant: Annotated[str, typer.Option("--variant", help="Variant when IMAGE[:RELEASE] is given.")] = "runtime",
         gpu: Annotated[str, typer.Option("--gpu", help="auto | require | off")] = "auto",
         json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
@@ -238,16 +245,37 @@ def register(app: typer.Typer) -> None:
 
         if gpu not in ("auto", "require", "off"):
             raise UserError(f"--gpu {gpu!r}: use auto, require or off")
-        tag = resolve_image(ref, variant, catalog_file)
-        checks, report = test_image(tag, gpu)
+        if ref is None:
+            tag, checks, report = _project_checks(project_file, gpu, repeats)
+        else:
+            tag = resolve_image(ref, variant, catalog_file)
+            checks, report = test_image(tag, gpu)
         failed = [c for c in checks if c.status == FAIL]
         if json_out:
-            output.emit_json({"image": tag, "ok": not failed, "checks": [asdict(c) for c in checks],
-                              "probe": report})
+            doc = {"image": tag, "ok": not failed, "checks": [asdict(c) for c in checks]}
+            output.emit_json({**doc, **(report if "probe" in report else {"probe": report})})
         else:
             print_table(tag, checks)
+            for ex in report.get("examples", []):          # project mode: the whole diff, not the table's cut
+                for line in ex["diffs"] or ([ex["error"]] if ex["error"] else []):
+                    print(f"example {ex['name']}: {line}")
             passed = sum(c.status == PASS for c in checks)
             skipped = sum(c.status == SKIP for c in checks)
             print(f"{passed} passed, {len(failed)} failed, {skipped} skipped")
         if failed:
             raise CheckFailed()
+
+
+def _project_checks(project_file: Path | None, gpu: str, repeats: int) -> tuple[str, list[Check], dict[str, Any]]:
+    """The project in project_file (or ./ngcx.yaml): release checks + served examples."""
+    from ngcx.project import find_project_file
+    from ngcx.project.check import test_project
+    from ngcx.project.spec import load_project
+
+    file = find_project_file(project_file) if project_file else find_project_file()
+    if file is None:
+        raise UserError(f"no IMAGE given and no ngcx.yaml in {project_file or Path.cwd()}",
+                        hint="give an image (`ngcx test cuda:24.05`) or run it in a project folder")
+    project = load_project(file)
+    checks, report = test_project(project, gpu, repeats)
+    return project.image_tag, checks, report
