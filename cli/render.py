@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from ngcx_runtime import __version__
+
 if TYPE_CHECKING:
     from ngcx.catalog.model import Catalog, Release
 
 # The OS packages every image needs; image.yaml adds its own. Python comes from the base OS.
 BASE_APT = ("ca-certificates", "python3", "python3-venv", "libgomp1")
 DEVEL_APT = ("build-essential", "python3-dev", "git", "pkg-config")
-RUNTIME_VERSION = "0.1.0"
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,7 @@ def runtime_package_files() -> dict[str, bytes]:
         if path.name == "__init__.py":
             packages.append(".".join(("ngcx_runtime", *rel.parent.parts)))
     pyproject = _environment().get_template("runtime-pyproject.toml.j2").render(
-        version=RUNTIME_VERSION, packages=sorted(packages))
+        version=__version__, packages=sorted(packages))
     files["pyproject.toml"] = pyproject.encode()
     return files
 
