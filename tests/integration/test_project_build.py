@@ -201,3 +201,26 @@ def test_a_requirement_that_would_replace_a_pin_fails_in_one_line_and_leaves_not
     result = ngcx("lock", cwd=root, env=env)
     assert result.returncode == 2 and f"requirement '{CONFLICT}' needs protobuf==3.20.2" in errors(result)[0]
     assert not (root / "ngcx.lock").exists()
+
+
+TOOL = "name: x\nbase: onnxruntime:25.08\ncommand: [sleep, '1']\n"
+
+
+@pytest.mark.parametrize(("files", "args", "expect"), [
+    ({}, ["build"], "no ngcx.yaml in"),
+    ({"ngcx.yaml": TOOL + "modle: {}\n"}, ["build"],
+     "ngcx.yaml:4: modle: unknown key"),
+    ({"ngcx.yaml": TOOL}, ["build", "cuda:24.05", "-f", "ngcx.yaml"],
+     "pass either IMAGE (cuda:24.05) or -f"),
+    ({"ngcx.yaml": TOOL}, ["build", "--tag", "me/x:1"],
+     "--tag does not apply to a project"),
+    ({"ngcx.yaml": TOOL}, ["lock"], "nothing to lock"),
+])
+def test_project_bad_input_is_one_line_exit_2_and_builds_nothing(tmp_path, files, args, expect):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    state = tmp_path / "state"
+    result = ngcx(*args, cwd=tmp_path, env={"NGCX_STATE_DIR": str(state), "NGCX_CONFIG_DIR": str(tmp_path / "c")})
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert result.returncode == 2 and len(lines) == 1 and expect in lines[0], result.stderr
+    assert not (state / "projects").exists()
