@@ -7,7 +7,9 @@ green by silently skipping the integration tests.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -170,3 +172,163 @@ def isolated_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str,
     monkeypatch.setenv("NGCX_CONFIG_DIR", str(dirs["config"]))
     monkeypatch.setenv("DOCKER_CONFIG", str(dirs["docker_config"]))
     return dirs
+
+
+# ----------------------------------------------------------------------------- secrets (issue 8)
+
+CLOUD_SECRET_VARS = ("ALIBABA_CLOUD_ACCESS_KEY_SECRET", "AWS_SECRET_ACCESS_KEY")
+CLOUD_TOKEN_VARS = ("ALIBABA_CLOUD_SECURITY_TOKEN", "AWS_SESSION_TOKEN")
+
+
+def host_ca_bundle() -> Path:
+    for var in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
+        if os.environ.get(var) and Path(os.environ[var]).is_file():
+            return Path(os.environ[var])
+    return Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+def marker_ca_bundle(folder: Path) -> tuple[Path, list[str]]:
+    """The host's CA bundle plus one freshly made CA; returns (bundle, 4 base64 body lines unique to it)."""
+    key, crt = folder / "marker.key", folder / "marker.crt"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", f"/CN=ngcx-leak-test-{secrets.token_hex(4)}", "-keyout", str(key), "-out", str(crt)],
+                   check=True, capture_output=True)
+    body = [ln for ln in crt.read_text().splitlines() if ln and not ln.startswith("-----")]
+    bundle = folder / "bundle.pem"
+    bundle.write_text(host_ca_bundle().read_text() + "\n" + crt.read_text())
+    key.unlink()
+    return bundle, body[2:6]  # past the fixed header bytes: random key material and serial
+
+
+@dataclass(frozen=True)
+class SecretCanaries:
+    """Unique secrets a test hands to ngcx; none may ever come back out of anything ngcx writes.
+
+    Each is minted per test, so a hit can only be a leak by the code under test. Reusable by any
+    command's test (deploy will take the cloud ones from the same environment variables).
+    """
+
+    ca_bundle: Path
+    ca_lines: tuple[str, ...]
+    registry_user: str
+    registry_password: str
+    pip_password: str
+    cloud_secret: str
+    cloud_token: str
+
+    def pip_index_url(self, host: str = "pypi.org") -> str:
+        return f"https://ngcxuser:{self.pip_password}@{host}/simple"
+
+    def cloud_env(self) -> dict[str, str]:
+        """The cloud credentials as the official SDKs read them (key ids are not secret, the rest is)."""
+        env = {"ALIBABA_CLOUD_ACCESS_KEY_ID": "LTAI5tNGCXCANARYKEYID", "AWS_ACCESS_KEY_ID": "AKIANGCXCANARYKEYID0"}
+        env.update({var: self.cloud_secret for var in CLOUD_SECRET_VARS})
+        env.update({var: self.cloud_token for var in CLOUD_TOKEN_VARS})
+        return env
+
+    def registry_auth_b64(self) -> str:
+        """How docker stores the registry login in config.json `auths` (base64 of user:password)."""
+        return base64.b64encode(f"{self.registry_user}:{self.registry_password}".encode()).decode()
+
+    def needles(self) -> dict[str, str]:
+        """label -> string to search for: every secret plainly, plus its Basic-auth base64 form."""
+        found = {f"CA body line {i}": line for i, line in enumerate(self.ca_lines[:2], 1)}
+        found.update({
+            "registry password": self.registry_password,
+            "registry user:password (base64)": self.registry_auth_b64(),
+            "pip index password": self.pip_password,
+            "pip user:password (base64)": base64.b64encode(f"ngcxuser:{self.pip_password}".encode()).decode(),
+            "cloud AccessKey secret": self.cloud_secret,
+            "cloud security token": self.cloud_token,
+        })
+        return found
+
+
+@pytest.fixture
+def secret_canaries(tmp_path: Path) -> SecretCanaries:
+    folder = tmp_path / "canaries"
+    folder.mkdir()
+    bundle, lines = marker_ca_bundle(folder)
+    mint = secrets.token_hex
+    return SecretCanaries(ca_bundle=bundle, ca_lines=tuple(lines), registry_user="ngcx-test",
+                          registry_password=f"regpw-{mint(12)}", pip_password=f"pippw-{mint(12)}",
+                          cloud_secret=f"aksecret{mint(15)}", cloud_token=f"sts-{mint(24)}")
+
+
+class SecretScan:
+    """Searches everything it is shown for the canaries; counts the places it looked.
+
+    A "place" is one stream, file, table, image layer file or image document. Hits name the place
+    and the canary's label, never the secret itself (so a failing assert does not leak it either).
+    """
+
+    def __init__(self, needles: dict[str, str]) -> None:
+        self.needles = {label: value.encode() for label, value in needles.items()}
+        self.places = 0
+        self.bytes_scanned = 0
+        self.hits: list[str] = []
+
+    def data(self, where: str, blob: bytes | str, skip: tuple[str, ...] = ()) -> None:
+        raw = blob.encode() if isinstance(blob, str) else blob
+        self.places += 1
+        self.bytes_scanned += len(raw)
+        self.hits += [f"{where}: {label}" for label, needle in self.needles.items()
+                      if label not in skip and needle in raw]
+
+    def file(self, path: Path, skip: tuple[str, ...] = ()) -> None:
+        self.data(str(path), path.read_bytes(), skip)
+
+    def tree(self, folder: Path) -> None:
+        """Every regular file under `folder` (links are not followed)."""
+        for path in sorted(folder.rglob("*")):
+            if path.is_file() and not path.is_symlink():
+                self.file(path)
+
+    def sqlite(self, db: Path) -> list[str]:
+        """Every row of every table, as values; returns the table names (the raw file is tree()'s)."""
+        import sqlite3
+
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+            for table in tables:
+                rows = conn.execute(f'SELECT * FROM "{table}"').fetchall()
+                self.data(f"{db.name} table {table} ({len(rows)} rows)", repr(rows))
+        return tables
+
+    def process(self, name: str, proc: subprocess.CompletedProcess[str]) -> None:
+        self.data(f"{name} stdout", proc.stdout)
+        self.data(f"{name} stderr", proc.stderr)
+
+    def image(self, docker_client, ref: str, workdir: Path) -> None:
+        """Every file of every layer, the config, the manifest, `docker history` and the inspect JSON.
+
+        The saved image is streamed to disk first: a CUDA image is 2 GB, too big to hold in memory.
+        """
+        import tarfile
+
+        saved = workdir / "image.tar"
+        with saved.open("wb") as out:
+            for chunk in docker_client.images.get(ref).save(named=True):
+                out.write(chunk)
+        try:
+            with tarfile.open(saved) as outer:
+                for member in outer.getmembers():
+                    if not member.isfile():
+                        continue
+                    handle = outer.extractfile(member)
+                    if member.name.endswith("layer.tar"):
+                        with tarfile.open(fileobj=handle) as layer:
+                            for item in layer.getmembers():
+                                if item.isfile():
+                                    self.data(f"{ref} {member.name}:{item.name}", layer.extractfile(item).read())
+                    else:
+                        self.data(f"{ref} {member.name}", handle.read())
+        finally:
+            saved.unlink()
+        history = subprocess.run(["docker", "history", "--no-trunc", ref], capture_output=True, text=True)
+        self.data(f"docker history {ref}", history.stdout + history.stderr)
+        self.data(f"docker inspect {ref}", json.dumps(docker_client.api.inspect_image(ref)))
+
+    def summary(self) -> str:
+        return (f"{self.places} places scanned ({self.bytes_scanned / 1e6:.1f} MB) for {len(self.needles)} "
+                f"canaries: found {len(self.hits)} times")

@@ -8,18 +8,14 @@ history, the config and the build output are searched for both afterwards.
 
 from __future__ import annotations
 
-import io
 import json
-import os
 import re
 import secrets
 import subprocess
-import tarfile
-from pathlib import Path
 
 import pytest
 
-from conftest import BASE_IMAGE, run_ngcx
+from conftest import BASE_IMAGE, SecretScan, run_ngcx
 
 pytestmark = pytest.mark.docker
 
@@ -27,57 +23,19 @@ CUDA_REF = "cuda:24.05"
 CUDA_TAG = "ngcx/cuda:24.05-runtime"
 
 
-def _host_ca_bundle() -> Path:
-    for var in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
-        if os.environ.get(var) and Path(os.environ[var]).is_file():
-            return Path(os.environ[var])
-    return Path("/etc/ssl/certs/ca-certificates.crt")
-
-
-def _marker_ca_bundle(tmp_path: Path) -> tuple[Path, list[str]]:
-    """The host's CA bundle plus one freshly made certificate whose body lines are unique."""
-    key, crt = tmp_path / "marker.key", tmp_path / "marker.crt"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", f"/CN=ngcx-leak-test-{secrets.token_hex(4)}", "-keyout", str(key), "-out", str(crt)],
-                   check=True, capture_output=True)
-    body = [ln for ln in crt.read_text().splitlines() if ln and not ln.startswith("-----")]
-    bundle = tmp_path / "bundle.pem"
-    bundle.write_text(_host_ca_bundle().read_text() + "\n" + crt.read_text())
-    return bundle, body[2:6]  # four 64-char base64 lines: unique to this certificate
-
-
-def _scan_image(docker_client, tag: str, needles: list[str]) -> list[str]:
-    """Every place (layer file, history, config) where any needle occurs."""
-    hits: list[str] = []
-    raw = b"".join(docker_client.images.get(tag).save(named=True))
-    with tarfile.open(fileobj=io.BytesIO(raw)) as outer:
-        for member in outer.getmembers():
-            data = outer.extractfile(member).read() if member.isfile() else b""
-            if member.name.endswith("layer.tar"):
-                with tarfile.open(fileobj=io.BytesIO(data)) as layer:
-                    for f in layer.getmembers():
-                        if f.isfile():
-                            content = layer.extractfile(f).read()
-                            hits += [f"{member.name}:{f.name}" for n in needles if n.encode() in content]
-            else:
-                hits += [member.name for n in needles if n.encode() in data]
-    history = subprocess.run(["docker", "history", "--no-trunc", tag], capture_output=True, text=True).stdout
-    inspect = json.dumps(docker_client.api.inspect_image(tag))
-    hits += [f"history:{n[:8]}" for n in needles if n in history]
-    hits += [f"inspect:{n[:8]}" for n in needles if n in inspect]
-    return hits
-
-
-def test_build_through_ca_and_password_index_leaves_no_secret(docker_client, base_image, tmp_path, isolated_state):
-    bundle, cert_lines = _marker_ca_bundle(tmp_path)
-    password = f"pw-{secrets.token_hex(12)}"
+def test_build_through_ca_and_password_index_leaves_no_secret(docker_client, base_image, tmp_path, isolated_state,
+                                                              secret_canaries):
+    """A no-cache build, so every RUN step really mounts the CA and pip.conf; then no layer may hold them."""
     tag = "ngcx-test/secrets:cuda"
     result = run_ngcx("build", CUDA_REF, "--base", "offline", "--tag", tag, "--no-cache", "--progress", "plain",
-                      "--ca-cert", str(bundle), "--pip-index-url", f"https://ngcxuser:{password}@pypi.org/simple")
+                      "--ca-cert", str(secret_canaries.ca_bundle), "--pip-index-url", secret_canaries.pip_index_url())
     try:
         assert result.returncode == 0, result.stderr[-2000:]
-        assert password not in result.stdout + result.stderr
-        assert _scan_image(docker_client, tag, [password, *cert_lines]) == []
+        scan = SecretScan(secret_canaries.needles())
+        scan.process("build", result)
+        scan.image(docker_client, tag, tmp_path)
+        print(f"no-cache build: {scan.summary()}")
+        assert scan.hits == []
     finally:
         subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
 
