@@ -18,10 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from ngcx_runtime.engine import KSERVE_TO_NUMPY, NUMPY_TO_KSERVE, TensorSpec
+from ngcx_runtime.engine import BYTES, BYTES_DTYPE, KSERVE_TO_NUMPY, NUMPY_TO_KSERVE, TensorSpec
 
 # Datatypes the protocol knows but numeric engines cannot take: rejected with a clear message.
+# BYTES is accepted where the model declares it (handlers); BF16 never.
 _KNOWN_UNSUPPORTED = {"BYTES", "BF16"}
+_LEN_BYTES = 4               # Triton's binary BYTES element: 4-byte little-endian length, then the bytes
 # Largest dimension a request may declare (int64, as Triton): a bigger one can never match a body, and
 # the element count of a few 4000-digit dims cannot even be printed (int -> str limit), which was a 500.
 _DIM_MAX = 2**63 - 1
@@ -90,6 +92,11 @@ def _fmt_shape(shape: tuple[int, ...] | list[int]) -> str:
 def _check_datatype(raw: Any, spec: TensorSpec, where: str) -> np.dtype:
     if not isinstance(raw, str):
         raise ProtocolError(f"{where}: 'datatype' must be a string such as \"{spec.datatype}\"")
+    if raw == BYTES and spec.datatype == BYTES:
+        return BYTES_DTYPE
+    if spec.datatype == BYTES:
+        raise ProtocolError(f"{where}: datatype {_quoted(raw)} does not match the model's BYTES; send strings "
+                            "as BYTES")
     if raw in _KNOWN_UNSUPPORTED:
         raise ProtocolError(f"{where}: datatype {raw} is not supported by this numeric model; "
                             f"send {spec.datatype}")
@@ -105,11 +112,13 @@ def _json_tensor(data: Any, dtype: np.dtype, shape: list[int], where: str) -> np
     """JSON 'data' is row-major, flat or nested; its element count must equal the shape's.
 
     Only numbers and booleans: numpy would turn "1.5" into 1.5, null into NaN and any non-empty
-    string (even "false") into True for a BOOL input (issue 8).
+    string (even "false") into True for a BOOL input (issue 8). BYTES take strings instead.
     """
     if not isinstance(data, list):
         raise ProtocolError(f"{where}: 'data' must be a JSON list of values (flat or nested), "
                             f"got {_brief(data, 40)}")
+    if dtype == BYTES_DTYPE:
+        return _json_bytes(data, shape, where)
     try:
         arr = np.asarray(data, dtype=dtype)
         probe = np.asarray(data)                  # untyped: what the JSON values really are
@@ -124,6 +133,31 @@ def _json_tensor(data: Any, dtype: np.dtype, shape: list[int], where: str) -> np
     if arr.size != need:
         raise ProtocolError(f"{where}: 'data' has {arr.size} elements but shape {_brief(shape)} needs "
                             f"{_brief(need, 40)}")
+    return arr.reshape(shape)
+
+
+def _json_bytes(data: Any, shape: list[int], where: str) -> np.ndarray:
+    """BYTES as JSON: a (flat or nested) list of strings, each becoming its UTF-8 bytes."""
+    flat: list[bytes] = []
+    stack = [data]
+    while stack:                                  # iterative: a deeply nested list is no RecursionError
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(reversed(item))
+        elif isinstance(item, str):
+            try:
+                flat.append(item.encode("utf-8"))
+            except UnicodeEncodeError:
+                raise ProtocolError(f"{where}: 'data' holds a string that is not valid Unicode (a lone "
+                                    "surrogate); send such bytes as binary data") from None
+        else:
+            raise ProtocolError(f"{where}: BYTES 'data' must be a list of strings, got {_brief(item, 40)}")
+    need = _element_count(shape)
+    if len(flat) != need:
+        raise ProtocolError(f"{where}: 'data' has {len(flat)} elements but shape {_brief(shape)} needs "
+                            f"{_brief(need, 40)}")
+    arr = np.empty(len(flat), dtype=object)
+    arr[:] = flat
     return arr.reshape(shape)
 
 
@@ -195,6 +229,8 @@ def _binary_tensor(binary: memoryview | None, offset: int, size: Any, dtype: np.
                    where: str) -> tuple[np.ndarray, int]:
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise ProtocolError(f"{where}: binary_data_size must be a non-negative integer, got {_brief(size)}")
+    if dtype == BYTES_DTYPE:
+        return _binary_bytes(binary, offset, size, shape, where), offset + size
     need = _element_count(shape) * dtype.itemsize
     if size != need:
         raise ProtocolError(f"{where}: binary_data_size {_brief(size, 40)} does not match shape {_brief(shape)} "
@@ -207,6 +243,36 @@ def _binary_tensor(binary: memoryview | None, offset: int, size: Any, dtype: np.
                             f"carries only {len(binary)} bytes after the JSON header")
     arr = np.frombuffer(binary, dtype=dtype, count=_element_count(shape), offset=offset).reshape(shape)
     return arr, offset + size
+
+
+def _binary_bytes(binary: memoryview | None, offset: int, size: int, shape: list[int], where: str) -> np.ndarray:
+    """Triton's binary BYTES: per element a 4-byte little-endian length and the bytes, `size` bytes in all."""
+    if binary is None:
+        raise ProtocolError(f"{where} declares binary_data_size but the request has no "
+                            "Inference-Header-Content-Length header (binary tensor extension)")
+    if offset + size > len(binary):
+        raise ProtocolError(f"binary data: {where} needs bytes {offset}..{offset + size} but the body "
+                            f"carries only {len(binary)} bytes after the JSON header")
+    need = _element_count(shape)
+    if need > size // _LEN_BYTES:               # every element takes at least its 4 length bytes
+        raise ProtocolError(f"{where}: shape {_brief(shape)} needs {_brief(need, 40)} BYTES elements but "
+                            f"binary_data_size {size} cannot hold that many length prefixes")
+    chunk = binary[offset:offset + size]
+    arr = np.empty(need, dtype=object)
+    pos = 0
+    for i in range(need):
+        if pos + _LEN_BYTES > size:
+            raise ProtocolError(f"{where}: binary BYTES data ends after {i} of {need} elements")
+        n = int.from_bytes(chunk[pos:pos + 4], "little")
+        if pos + 4 + n > size:
+            raise ProtocolError(f"{where}: binary BYTES element {i} claims {n} bytes but only {size - pos - 4} "
+                                "remain in its binary_data_size")
+        arr[i] = bytes(chunk[pos + 4:pos + 4 + n])
+        pos += 4 + n
+    if pos != size:
+        raise ProtocolError(f"{where}: binary_data_size {size} holds {size - pos} bytes beyond its {need} "
+                            "BYTES elements")
+    return arr.reshape(shape)
 
 
 def _batch_of(feeds: dict[str, np.ndarray], model: str) -> int:
@@ -263,6 +329,12 @@ def build_response(model: str, version: str, req: InferRequest,
     blobs: list[memoryview] = []
     for name, binary in req.outputs:
         arr = results[name]
+        if arr.dtype.kind in "OSU":
+            entry, blob = _bytes_output(name, arr, binary)
+            outs.append(entry)
+            if blob is not None:
+                blobs.append(blob)
+            continue
         datatype = NUMPY_TO_KSERVE.get(arr.dtype.newbyteorder("="))
         if datatype is None:
             raise ProtocolError(f"output '{name}' has numpy dtype {arr.dtype}, which KServe v2 cannot carry",
@@ -284,3 +356,29 @@ def build_response(model: str, version: str, req: InferRequest,
     if not blobs:
         return [header], None
     return [header, *blobs], len(header)
+
+
+def _as_bytes(value: Any, name: str) -> bytes:
+    """One BYTES output element: bytes as they are, str as UTF-8; anything else is the engine's bug."""
+    if isinstance(value, bytes | bytearray | memoryview | np.bytes_):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape")
+    raise ProtocolError(f"output '{name}' holds a {type(value).__name__}, not bytes or str; a BYTES output "
+                        "must be a numpy object array of bytes", status=500)
+
+
+def _bytes_output(name: str, arr: np.ndarray, binary: bool) -> tuple[dict[str, Any], bytes | None]:
+    """A BYTES output: length-prefixed binary, or JSON strings (bytes must then be UTF-8 text)."""
+    items = [_as_bytes(v, name) for v in arr.reshape(-1).tolist()]
+    entry: dict[str, Any] = {"name": name, "datatype": BYTES, "shape": list(arr.shape)}
+    if binary:
+        blob = b"".join(len(b).to_bytes(4, "little") + b for b in items)
+        entry["parameters"] = {"binary_data_size": len(blob)}
+        return entry, blob
+    try:
+        entry["data"] = [b.decode("utf-8") for b in items]
+    except UnicodeDecodeError:
+        raise ProtocolError(f"output '{name}' holds bytes that are not UTF-8 text, which JSON cannot carry; "
+                            "request it as binary data (binary_data: true)") from None
+    return entry, None

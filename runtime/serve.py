@@ -30,9 +30,13 @@ import sys
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
+
+import numpy as np
 
 from ngcx_runtime import __version__
 from ngcx_runtime.batching import Batcher, EngineFailure, ShuttingDown, Stats
@@ -44,7 +48,8 @@ from ngcx_runtime.protocol import ProtocolError, build_response, parse_header, p
 SERVER_NAME = "ngcx-runtime"
 MODEL_VERSION = "1"
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration"]
-PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan", "pytorch": "pytorch_torchscript"}
+PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan", "pytorch": "pytorch_torchscript",
+             "python": "python"}
 DEFAULT_MAX_BATCH = 256          # for engines without a bound of their own (max_batch == 0)
 SMALL_WRITE = 64 * 1024          # responses below this go out in one send
 DISCARD_FACTOR = 16              # after a refusal, up to this multiple of the limit is read and dropped
@@ -59,46 +64,84 @@ class ServeError(RuntimeUserError):
 
 
 class _App:
-    """Everything a request handler needs: the model, its batcher, limits and counters."""
+    """Everything a request handler needs: the model, its batcher, limits and counters.
 
-    def __init__(self, engine: Engine, name: str, max_batch: int, max_queue_delay_ms: float,
+    The engine may arrive after the server listens (start_loading): until attach() the model is
+    loading (ready 503, inference 503); after fail() it never will be (same answers, the reason).
+    """
+
+    def __init__(self, engine: Engine | None, name: str, max_batch: int | None, max_queue_delay_ms: float,
                  max_body_bytes: int, verbose: bool):
-        self.engine = engine
         self.name = name
-        self.batchable = _batchable(engine)
-        self.max_batch = max_batch
+        self.requested_max_batch = max_batch
         self.max_queue_delay_ms = max_queue_delay_ms
         self.max_body = max_body_bytes
         self.max_body_text = f"{max_body_bytes / 2**20:.4g} MB ({max_body_bytes} bytes)"
         self.verbose = verbose
         self.stats = Stats()
-        self.batcher = Batcher(engine, max_batch, max_queue_delay_ms, self.stats, self.batchable, name)
+        self.engine: Engine | None = None
+        self.batcher: Batcher | None = None
+        self.batchable = False
+        self.max_batch = max_batch or 0
+        self.load_error: str | None = None
+        self.loaded = threading.Event()           # set once attach() or fail() ran
+        if engine is not None:
+            self.attach(engine)
         self.draining = False
         self.inflight = 0
         self.cond = threading.Condition()
         self.connections: set[socket.socket] = set()
 
+    def attach(self, engine: Engine) -> None:
+        """Serve `engine` from now on (it is loaded and warmed up); checks --max-batch against it."""
+        self.max_batch = _resolve_max_batch(engine, self.requested_max_batch)
+        self.batchable = _batchable(engine)
+        self.batcher = Batcher(engine, self.max_batch, self.max_queue_delay_ms, self.stats, self.batchable,
+                               self.name)
+        self.engine = engine
+        self.loaded.set()
+
+    def fail(self, error: str) -> None:
+        """Loading failed: stay live, never ready; requests get the reason."""
+        self.load_error = error
+        self.loaded.set()
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None and not getattr(self, "draining", False)
+
+    def require_engine(self) -> Engine:
+        """The engine, or 503 while it loads (or after it failed to)."""
+        if self.engine is None:
+            if self.load_error is not None:
+                raise ProtocolError(f"model '{self.name}' failed to load: {self.load_error}", 503)
+            raise ProtocolError(f"model '{self.name}' is loading; retry when /v2/health/ready is 200", 503)
+        return self.engine
+
     def metadata(self) -> dict[str, Any]:
+        engine = self.require_engine()
         return {
             "name": self.name, "versions": [MODEL_VERSION],
-            "platform": PLATFORMS.get(self.engine.backend, self.engine.backend),
-            "inputs": [_spec_json(s) for s in self.engine.inputs],
-            "outputs": [_spec_json(s) for s in self.engine.outputs],
+            "platform": PLATFORMS.get(engine.backend, engine.backend),
+            "inputs": [_spec_json(s) for s in engine.inputs],
+            "outputs": [_spec_json(s) for s in engine.outputs],
         }
 
     def config(self) -> dict[str, Any]:
         """Triton-style model config: dims exclude the batch dim when max_batch_size > 0."""
+        engine = self.require_engine()
         skip = 1 if self.batchable else 0
 
         def dims(s: TensorSpec) -> dict[str, Any]:
-            return {"name": s.name, "data_type": f"TYPE_{s.datatype}", "dims": list(s.shape[skip:])}
+            datatype = "STRING" if s.datatype == "BYTES" else s.datatype       # Triton's config spelling
+            return {"name": s.name, "data_type": f"TYPE_{datatype}", "dims": list(s.shape[skip:])}
 
         return {
-            "name": self.name, "platform": PLATFORMS.get(self.engine.backend, self.engine.backend),
-            "backend": self.engine.backend, "max_batch_size": self.max_batch if self.batchable else 0,
-            "input": [dims(s) for s in self.engine.inputs], "output": [dims(s) for s in self.engine.outputs],
+            "name": self.name, "platform": PLATFORMS.get(engine.backend, engine.backend),
+            "backend": engine.backend, "max_batch_size": self.max_batch if self.batchable else 0,
+            "input": [dims(s) for s in engine.inputs], "output": [dims(s) for s in engine.outputs],
             "dynamic_batching": {"max_queue_delay_microseconds": int(self.max_queue_delay_ms * 1000)},
-            "parameters": {"device": self.engine.device, "precision": self.engine.precision},
+            "parameters": {"device": engine.device, "precision": engine.precision},
         }
 
     def model_stats(self) -> dict[str, Any]:
@@ -249,14 +292,15 @@ class _Handler(BaseHTTPRequestHandler):
             return self._infer()
         self._drain_body()
         if method == "POST" and rest == ["repository", "index"]:
-            return self._send_json(200, [{"name": app.name, "version": MODEL_VERSION, "state": "READY"}])
+            state = "READY" if app.engine is not None else "UNAVAILABLE" if app.load_error else "LOADING"
+            return self._send_json(200, [{"name": app.name, "version": MODEL_VERSION, "state": state}])
         if method not in ("GET", "HEAD"):
             raise ProtocolError(f"method {method} is not allowed on {_peer(path)}", 405)
         if rest == []:
             meta = {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS}
             return self._send_json(200, meta)
         if rest in (["health", "live"], ["health", "ready"]):
-            ready = rest[1] == "live" or not app.draining
+            ready = rest[1] == "live" or app.ready
             return self._send_json(200 if ready else 503, {rest[1]: ready})
         if rest == ["models", "stats"]:
             return self._send_json(200, app.model_stats())
@@ -285,7 +329,7 @@ class _Handler(BaseHTTPRequestHandler):
         if tail == []:
             return self._send_json(200, app.metadata())
         if tail == ["ready"]:
-            ready = not app.draining
+            ready = app.ready
             return self._send_json(200 if ready else 503, {"name": app.name, "ready": ready})
         if tail == ["config"]:
             return self._send_json(200, app.config())
@@ -299,6 +343,9 @@ class _Handler(BaseHTTPRequestHandler):
         with app.stats.lock:
             app.stats.requests += 1
         try:
+            if app.engine is None:
+                self._drain_body()
+                app.require_engine()
             req = self._read_request()
             if app.batchable and req.batch > app.max_batch:
                 raise ProtocolError(f"batch {req.batch} (dimension 0) exceeds the server's max batch "
@@ -306,7 +353,7 @@ class _Handler(BaseHTTPRequestHandler):
             if app.batchable and req.batch == 0:
                 raise ProtocolError("batch size 0: dimension 0 of the inputs must be at least 1")
             try:
-                results = app.batcher.submit(req.inputs, req.batch)
+                results = app.batcher.submit(req.inputs, req.batch)  # type: ignore[union-attr]
             except EngineFailure as exc:
                 raise ProtocolError(str(exc), 503 if isinstance(exc, ShuttingDown) else 500) from None
             missing = [n for n, _ in req.outputs if n not in results]
@@ -539,6 +586,7 @@ class ServerHandle:
         self._thread = thread
         self.host, self.port = server.server_address[:2]
         self._stopped = False
+        self.load_exception: BaseException | None = None
 
     @property
     def url(self) -> str:
@@ -551,6 +599,20 @@ class ServerHandle:
     @property
     def max_batch(self) -> int:
         return self._app.max_batch
+
+    @property
+    def ready(self) -> bool:
+        return self._app.ready
+
+    @property
+    def load_error(self) -> str | None:
+        """Why the model did not load (start_loading), or None."""
+        return self._app.load_error
+
+    def wait_loaded(self, timeout: float | None = None) -> bool:
+        """Wait until loading ended: True when the model is ready, False when it failed or timed out."""
+        self._app.loaded.wait(timeout)
+        return self._app.engine is not None
 
     def stats(self) -> dict[str, Any]:
         """requests, success, failed, engine_calls, batched_requests, inferences, batch_sizes ..."""
@@ -579,7 +641,8 @@ class ServerHandle:
         self._server.shutdown()
         self._accept_backlog()
         self._server.socket.close()       # new connections are refused from here on
-        app.batcher.flush()
+        if app.batcher is not None:
+            app.batcher.flush()
         if drain:
             deadline = time.monotonic() + timeout
             grace = min(deadline, time.monotonic() + DRAIN_GRACE_S)
@@ -592,7 +655,8 @@ class ServerHandle:
                     app.cond.wait(max(0.0, grace - time.monotonic()))
                 while app.inflight and time.monotonic() < deadline:
                     app.cond.wait(max(0.0, deadline - time.monotonic()))
-        app.batcher.stop(timeout if drain else 0.1)
+        if app.batcher is not None:
+            app.batcher.stop(timeout if drain else 0.1)
         with app.cond:
             idle = list(app.connections)
         for conn in idle:                 # idle keep-alive connections: wake their threads
@@ -625,25 +689,95 @@ def start_server(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *, n
                  max_batch: int | None = None, max_queue_delay_ms: float = 1.0, max_body_mb: float = 256.0,
                  verbose: bool = False) -> ServerHandle:
     """Serve engine on host:port (0 = a free port) from background threads; returns at once."""
-    bound = engine.max_batch if engine.max_batch and engine.max_batch > 0 else 0
-    if max_batch is None:
-        max_batch = bound or DEFAULT_MAX_BATCH
-    if max_batch < 1:
+    check_limits(max_batch, name, max_queue_delay_ms, max_body_mb)
+    app = _App(engine, name or engine.name, max_batch, max_queue_delay_ms, int(max_body_mb * 2**20), verbose)
+    return _listen(app, host, port)
+
+
+def start_loading(loader: Callable[[], Engine], host: str = "127.0.0.1", port: int = 8000, *, name: str,
+                  max_batch: int | None = None, max_queue_delay_ms: float = 1.0, max_body_mb: float = 256.0,
+                  verbose: bool = False, warmup: bool = True) -> ServerHandle:
+    """Listen at once (live), then load in the background: ready only after loader() returned AND
+    one warm-up inference ran, so a readiness probe never sends traffic to a cold model.
+
+    A loader failure leaves the server live and not ready, with handle.load_error saying why; the
+    exception itself is kept as handle.load_exception for the caller to re-raise.
+    """
+    check_limits(max_batch, name, max_queue_delay_ms, max_body_mb)
+    app = _App(None, name, max_batch, max_queue_delay_ms, int(max_body_mb * 2**20), verbose)
+    handle = _listen(app, host, port)
+
+    def load() -> None:
+        try:
+            engine = loader()
+            if warmup:
+                warm_up(engine)
+            app.attach(engine)
+        except Exception as exc:  # noqa: BLE001 - any failure is reported, the server stays up not ready
+            handle.load_exception = exc
+            text = str(exc) if isinstance(exc, RuntimeUserError) else f"{type(exc).__name__}: {exc}"
+            app.fail(" ".join(text.split()))
+
+    threading.Thread(target=load, name="ngcx-load", daemon=True).start()
+    return handle
+
+
+def warm_up(engine: Engine) -> bool:
+    """One inference on zeros of the engine's input shapes (dynamic dims = 1): first-call costs
+    (CUDA context, kernel selection, lazy allocation) are paid before the server says ready.
+
+    A handler's own `warmup_inputs` are used when it has them; BYTES inputs have no neutral value,
+    so without them only the model the handler wraps is warmed. Returns whether anything ran.
+    """
+    from ngcx_runtime.engine import BYTES
+
+    custom = getattr(engine, "warmup_inputs", None)
+    feeds = custom() if callable(custom) else None
+    target: Engine | None = engine
+    if feeds is None and any(s.datatype == BYTES for s in engine.inputs):
+        target = getattr(engine, "inner", None)
+    if target is None:
+        return False
+    if feeds is None:
+        feeds = {s.name: np.zeros([1 if d < 0 else d for d in s.shape], s.numpy_dtype) for s in target.inputs}
+    try:
+        target.infer(feeds)
+    except Exception as exc:  # noqa: BLE001
+        hint = "; give the handler a `warmup_inputs` dict" if target is engine else ""
+        raise RuntimeUserError(f"the warm-up inference of '{target.name}' failed: {type(exc).__name__}: "
+                               f"{' '.join(str(exc).split())[:300]}{hint}") from None
+    return True
+
+
+def check_limits(max_batch: int | None, name: str | None, max_queue_delay_ms: float, max_body_mb: float) -> None:
+    """Flag checks that need no engine (done before listening)."""
+    if max_batch is not None and max_batch < 1:
         raise ServeError(f"--max-batch {max_batch} must be at least 1")
-    if bound and max_batch > bound:
-        raise ServeError(f"--max-batch {max_batch} exceeds the engine's max batch {bound} (its optimization "
-                         f"profile); use --max-batch {bound} or rebuild the plan with a larger profile")
     if name is not None and (not name or "/" in name):
         raise ServeError(f"--name {name!r} must be a non-empty name without '/' (it is a URL path segment)")
     if max_queue_delay_ms < 0:
         raise ServeError(f"--max-queue-delay-ms {max_queue_delay_ms} must not be negative")
     if max_body_mb <= 0:
         raise ServeError(f"--max-body-mb {max_body_mb} must be positive")
-    app = _App(engine, name or engine.name, max_batch, max_queue_delay_ms, int(max_body_mb * 2**20), verbose)
+
+
+def _resolve_max_batch(engine: Engine, max_batch: int | None) -> int:
+    """--max-batch, or the engine's own bound, or DEFAULT_MAX_BATCH; never above the engine's bound."""
+    bound = engine.max_batch if engine.max_batch and engine.max_batch > 0 else 0
+    if max_batch is None:
+        max_batch = bound or DEFAULT_MAX_BATCH
+    if bound and max_batch > bound:
+        raise ServeError(f"--max-batch {max_batch} exceeds the engine's max batch {bound} (its optimization "
+                         f"profile); use --max-batch {bound} or rebuild the plan with a larger profile")
+    return max_batch
+
+
+def _listen(app: _App, host: str, port: int) -> ServerHandle:
     try:
         server = _Server((host, port), _Handler)
     except OSError as exc:
-        app.batcher.stop(0.1)
+        if app.batcher is not None:
+            app.batcher.stop(0.1)
         why = exc.strerror or exc
         raise ServeError(f"cannot listen on {host}:{port}: {why}; pick another --port") from None
     server.app = app
@@ -665,8 +799,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", metavar="PLAN_DIR|MODEL",
-                   help="a plan directory from `optimize`, or an .onnx model")
+    p.add_argument("model", metavar="PLAN_DIR|MODEL", nargs="?", default=None,
+                   help="a plan directory from `optimize`, or a model (.onnx / .pt2); optional with --handler")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 = any free port)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")
     p.add_argument("--name", default=None, help="model name in the URL (default: the engine's name)")
@@ -679,23 +813,153 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None, choices=["tensorrt", "onnxruntime", "pytorch"],
                    help="engine backend (default: chosen automatically)")
     p.add_argument("--verbose", action="store_true", help="log every request to stderr")
+    p.add_argument("--handler", default=None, metavar="MODULE:CLASS",
+                   help="serve a Python handler class (load(context), predict(inputs)) from --app-dir")
+    p.add_argument("--app-dir", default=None, metavar="DIR",
+                   help="folder the handler module is imported from (default /opt/ngcx/app when it exists, "
+                        "else the current directory)")
+    p.add_argument("--precision", default=None, choices=["fp32", "fp16", "int8"],
+                   help="optimize MODEL at this precision on first start, into the plan cache "
+                        "($NGCX_RUNTIME_CACHE); later starts load the cached plan")
+    p.add_argument("--batch-profile", default=None, metavar="1,8,32",
+                   help="batch sizes to optimize MODEL for (the largest is the max batch); implies optimizing")
+    p.add_argument("--calibration-data", default=None, metavar="FILE.npz",
+                   help="int8 calibration inputs, one array per model input keyed by its name")
+
+
+def load_engine(model: str | Path | None, *, handler: str | None = None, app_dir: str | Path | None = None,
+                backend: str | None = None, precision: str | None = None, batch_profile: list[int] | None = None,
+                calibration: str | Path | None = None, name: str | None = None,
+                log: Callable[[str], None] | None = None) -> Engine:
+    """The engine `serve` runs: the model (optimized through the plan cache when a precision, batch
+    profile or calibration file is given), wrapped in the handler when there is one."""
+    from ngcx_runtime.plan import load
+
+    engine: Engine | None = None
+    if model is not None:
+        path = Path(model)
+        wants_plan = precision is not None or batch_profile is not None or calibration is not None
+        if wants_plan and path.is_file():
+            path = _cached_plan(path, backend, precision or "fp32", batch_profile, calibration, name, log or print)
+        engine = load(path, backend=backend)
+    if handler is not None:
+        from ngcx_runtime.handler import load_handler
+
+        engine = load_handler(handler, Path(app_dir) if app_dir else None, engine=engine,
+                              model_path=Path(model).resolve() if model is not None else None, name=name)
+    if engine is None:
+        raise ServeError("nothing to serve: give a MODEL (or PLAN_DIR), a --handler module:Class, or both")
+    return engine
+
+
+def _cached_plan(model: Path, backend: str | None, precision: str, batch_profile: list[int] | None,
+                 calibration: str | Path | None, name: str | None, log: Callable[[str], None]) -> Path:
+    """Optimize through optimize.py's cache (keyed by model hash, backend version, GPU, precision,
+    batch profile, calibration): the first start builds, every later one is a cache hit."""
+    from ngcx_runtime.optimize import load_calibration, optimize
+    from ngcx_runtime.plan import OptimizeOptions, _model_name
+
+    calib = sha = None
+    if calibration is not None:
+        calib, sha = load_calibration(Path(calibration))
+    opts = OptimizeOptions(precision=precision, calibration=calib, calibration_sha256=sha,
+                           name=name or _model_name(model))
+    if batch_profile is not None:
+        opts.batch_profile = list(batch_profile)
+    res = optimize(model, None, opts, backend=backend,
+                   calibration_path=Path(calibration).resolve() if calibration is not None else None)
+    m = res.manifest
+    what = (f"{m['backend']} {m['precision']}, batch {','.join(map(str, m.get('batch_profile') or []))}, "
+            f"{res.plan_dir}")
+    if res.cache_hit:
+        log(f"plan: cache hit ({what}) in {res.seconds:.2f} s")
+    else:
+        log(f"plan: built in {res.seconds:.1f} s (cache miss; {what})")
+    return res.plan_dir
+
+
+def _check_args(args: argparse.Namespace) -> list[int] | None:
+    """Everything checkable without loading, so a typo exits 2 before the server listens."""
+    from ngcx_runtime.errors import RuntimeUserError
+
+    check_limits(args.max_batch, args.name, args.max_queue_delay_ms, args.max_body_mb)
+    if args.model is None and args.handler is None:
+        raise ServeError("nothing to serve: give a MODEL (or PLAN_DIR), a --handler module:Class, or both")
+    if args.model is not None and not Path(args.model).exists():
+        raise RuntimeUserError(f"{args.model}: no such model or plan directory")
+    if args.handler is not None:
+        from ngcx_runtime.handler import parse_spec
+
+        parse_spec(args.handler)
+        if args.app_dir is not None and not Path(args.app_dir).is_dir():
+            raise ServeError(f"--app-dir {args.app_dir}: no such directory; point it at the folder with the handler")
+    if args.calibration_data is not None and not Path(args.calibration_data).is_file():
+        raise ServeError(f"--calibration-data {args.calibration_data}: no such file; save one with "
+                         "numpy.savez(path, input_name=array, ...)")
+    if args.precision == "int8" and args.calibration_data is None and args.model and Path(args.model).is_file():
+        raise ServeError("--precision int8 needs --calibration-data FILE.npz (one array per model input, keyed "
+                         "by input name, samples along axis 0)")
+    if args.model is not None and Path(args.model).is_dir() and (args.precision or args.batch_profile
+                                                                 or args.calibration_data):
+        raise ServeError(f"{args.model} is an optimized plan already; --precision, --batch-profile and "
+                         "--calibration-data apply to a MODEL file (or rebuild it with ngcx-runtime optimize)")
+    if args.batch_profile is None:
+        return None
+    from ngcx_runtime.optimize import parse_batches
+
+    try:
+        return parse_batches(args.batch_profile)
+    except RuntimeUserError:
+        raise ServeError(f"--batch-profile {args.batch_profile!r}: give positive batch sizes separated by "
+                         "commas, e.g. 1,8,32") from None
+
+
+def _default_name(args: argparse.Namespace) -> str:
+    """The URL name before the engine exists: --name, the plan's, the model file's, or the handler module's."""
+    from ngcx_runtime.plan import _model_name, read_manifest
+
+    if args.name:
+        return args.name
+    if args.model is not None:
+        path = Path(args.model)
+        if path.is_dir():
+            name = read_manifest(path).get("name")
+            return name if isinstance(name, str) and name and "/" not in name else _model_name(path)
+        return _model_name(path)
+    return args.handler.partition(":")[0].rsplit(".", 1)[-1]
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load, serve until SIGTERM/SIGINT, drain in-flight requests, exit 0."""
-    from ngcx_runtime.plan import load
-
-    engine = load(args.model, backend=args.backend)
-    handle = start_server(engine, args.host, args.port, name=args.name, max_batch=args.max_batch,
-                          max_queue_delay_ms=args.max_queue_delay_ms, max_body_mb=args.max_body_mb,
-                          verbose=args.verbose)
+    """Listen at once, load (optimize on a cache miss), warm up, turn ready; serve until
+    SIGTERM/SIGINT, drain in-flight requests, exit 0. A load failure: one line, exit 2."""
+    batch_profile = _check_args(args)
+    name = _default_name(args)
     stop = threading.Event()
 
     def _on_signal(signum: int, _frame: Any) -> None:
         stop.set()
 
+    def loader() -> Engine:
+        return load_engine(args.model, handler=args.handler, app_dir=args.app_dir, backend=args.backend,
+                           precision=args.precision, batch_profile=batch_profile,
+                           calibration=args.calibration_data, name=name, log=lambda line: print(line, flush=True))
+
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    handle = start_loading(loader, args.host, args.port, name=name, max_batch=args.max_batch,
+                           max_queue_delay_ms=args.max_queue_delay_ms, max_body_mb=args.max_body_mb,
+                           verbose=args.verbose)
+    print(f"serve: listening at {handle.url} (live; ready once '{name}' is loaded and warmed up)", flush=True)
+    while not handle.wait_loaded(0.2):
+        if handle.load_error is not None or stop.is_set():
+            break
+    if handle.load_error is not None or stop.is_set():
+        handle.stop(drain=False, timeout=1.0)
+        if handle.load_exception is not None:
+            raise handle.load_exception
+        return 0
+    engine = handle._app.engine
+    assert engine is not None
     print(f"serving model '{handle.name}' ({engine.backend}, {engine.device}, {engine.precision}) at "
           f"{handle.url}/v2/models/{handle.name} (max batch {handle.max_batch}, queue delay "
           f"{args.max_queue_delay_ms:g} ms)", flush=True)
