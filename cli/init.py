@@ -29,6 +29,7 @@ READERS = {"onnx": ("onnxruntime", "tensorrt"), "pt2": ("pytorch",), "savedmodel
 FORMAT_NAMES = {"onnx": "an ONNX", "pt2": "a .pt2", "savedmodel": "a SavedModel"}
 INLINE_MAX = 64          # input elements written inline in examples.yaml; larger ones go to an .npy
 SAMPLES = "samples"
+EXAMPLE = "zeros"        # the stub example's name (its large inputs: samples/zeros-<input>.npy)
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ def example_inputs(sig: Signature) -> tuple[list[dict[str, Any]], dict[str, byte
             zero = "false" if t["datatype"] == "BOOL" else "0"
             source = f"data: [{', '.join([zero] * count)}]"
         else:
-            rel = f"{SAMPLES}/{_file_stem(t['name'])}.npy"
+            rel = f"{SAMPLES}/{EXAMPLE}-{_file_stem(t['name'])}.npy"
             buf = io.BytesIO()
             np.save(buf, np.zeros(shape, dtype=numpy_dtype(t["datatype"])), allow_pickle=False)
             files[rel] = buf.getvalue()
@@ -146,7 +147,7 @@ def plan_init(folder: Path, model: Path, base: str | None, name: str | None, han
     files: dict[str, str | bytes] = {
         "ngcx.yaml": env.get_template("ngcx.yaml.j2").render(context),
         "examples.yaml": env.get_template("examples.yaml.j2").render(
-            {**context, "example_name": "zeros", "inputs": inputs, "outputs": outputs}),
+            {**context, "example_name": EXAMPLE, "inputs": inputs, "outputs": outputs}),
         **samples,
     }
     if handler:
@@ -226,7 +227,9 @@ def init_project(folder: Path, model: Path, base: str | None = None, name: str |
     taken = in_the_way(plan)
     if taken and not force:
         shown = ", ".join(str(p) for p in taken[:3]) + (f" (+{len(taken) - 3} more)" if len(taken) > 3 else "")
-        raise UserError(f"{shown} already exist{'s' if len(taken) == 1 else ''}; ngcx init writes nothing over them",
+        one = len(taken) == 1
+        raise UserError(f"{shown} already exist{'s' if one else ''}; ngcx init writes nothing over "
+                        f"{'it' if one else 'them'}",
                         hint="pass --force to overwrite, or init into another folder")
     written = write(plan)
     project = load_project(plan.root / "ngcx.yaml", catalog)      # the generated files must load as written
