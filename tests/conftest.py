@@ -266,6 +266,7 @@ class SecretScan:
         self.needles = {label: value.encode() for label, value in needles.items()}
         self.places = 0
         self.bytes_scanned = 0
+        self.layers_skipped = 0
         self.hits: list[str] = []
 
     def data(self, where: str, blob: bytes | str, skip: tuple[str, ...] = ()) -> None:
@@ -299,21 +300,34 @@ class SecretScan:
         self.data(f"{name} stdout", proc.stdout)
         self.data(f"{name} stderr", proc.stderr)
 
-    def image(self, docker_client, ref: str, workdir: Path) -> None:
+    def image(self, docker_client, ref: str, workdir: Path, older_layers: frozenset[str] = frozenset()) -> None:
         """Every file of every layer, the config, the manifest, `docker history` and the inspect JSON.
 
-        The saved image is streamed to disk first: a CUDA image is 2 GB, too big to hold in memory.
+        older_layers: diff IDs that existed before the canaries were minted (see local_layers()); they
+        cannot hold a canary, so they are counted as skipped instead of being read (a cached 2 GB CUDA
+        layer). The saved image is streamed to disk, never held in memory.
         """
         import tarfile
 
+        attrs = docker_client.api.inspect_image(ref)
+        diff_ids = attrs["RootFS"]["Layers"]
+        self.layers_skipped += sum(1 for d in diff_ids if d in older_layers)
+        self.data(f"docker inspect {ref}", json.dumps(attrs))
+        history = subprocess.run(["docker", "history", "--no-trunc", ref], capture_output=True, text=True)
+        self.data(f"docker history {ref}", history.stdout + history.stderr)
+        if all(d in older_layers for d in diff_ids):
+            return
         saved = workdir / "image.tar"
         with saved.open("wb") as out:
             for chunk in docker_client.images.get(ref).save(named=True):
                 out.write(chunk)
         try:
             with tarfile.open(saved) as outer:
+                manifest = json.load(outer.extractfile("manifest.json"))
+                skip = {path for item in manifest for path, diff in zip(item["Layers"], diff_ids, strict=True)
+                        if diff in older_layers}
                 for member in outer.getmembers():
-                    if not member.isfile():
+                    if not member.isfile() or member.name in skip:
                         continue
                     handle = outer.extractfile(member)
                     if member.name.endswith("layer.tar"):
@@ -325,10 +339,14 @@ class SecretScan:
                         self.data(f"{ref} {member.name}", handle.read())
         finally:
             saved.unlink()
-        history = subprocess.run(["docker", "history", "--no-trunc", ref], capture_output=True, text=True)
-        self.data(f"docker history {ref}", history.stdout + history.stderr)
-        self.data(f"docker inspect {ref}", json.dumps(docker_client.api.inspect_image(ref)))
 
     def summary(self) -> str:
-        return (f"{self.places} places scanned ({self.bytes_scanned / 1e6:.1f} MB) for {len(self.needles)} "
-                f"canaries: found {len(self.hits)} times")
+        skipped = f", {self.layers_skipped} image layers older than the canaries skipped" if self.layers_skipped else ""
+        return (f"{self.places} places scanned ({self.bytes_scanned / 1e6:.1f} MB{skipped}) for "
+                f"{len(self.needles)} canaries: found {len(self.hits)} times")
+
+
+def local_layers(docker_client) -> frozenset[str]:
+    """Diff IDs of every layer of every local image now: layers that cannot hold canaries minted later."""
+    return frozenset(d for image in docker_client.images.list(all=True)
+                     for d in image.attrs.get("RootFS", {}).get("Layers", []))

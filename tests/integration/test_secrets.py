@@ -6,8 +6,10 @@ $TMPDIR, the built image (each layer file, config, manifest, history), the regis
 and docker's config.json (where the registry login may exist only as docker keeps it: base64 in
 `auths`, file mode 0600).
 
-The build reuses the cached cuda:24.05 layers (test_build.py's no-cache build already proves the CA and
-pip.conf never enter a RUN layer); the push sends the small offline base to an htpasswd registry.
+The build reuses the cached cuda:24.05 layers: layers that existed before the canaries were minted
+cannot hold them and are skipped (test_build.py's no-cache build reads every layer of a build that ran
+each RUN step with the CA and pip.conf mounted); any layer this build makes anew is read file by file.
+The push sends the small offline base to an htpasswd registry.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SecretScan, run_ngcx
+from conftest import SecretScan, local_layers, run_ngcx
 
 pytestmark = pytest.mark.docker
 
@@ -41,6 +43,7 @@ def cli_env(tmp_path: Path, isolated_state, secret_canaries) -> dict[str, str]:
 
 def test_no_canary_in_anything_the_cli_writes(docker_client, base_image, auth_registry, isolated_state, tmp_path,
                                               secret_canaries, cli_env, request):
+    older_layers = local_layers(docker_client)  # taken before any canary reaches the engine
     host, user, password = auth_registry
     canaries = dataclasses.replace(secret_canaries, registry_user=user, registry_password=password)
     scan = SecretScan(canaries.needles())
@@ -96,13 +99,13 @@ def test_no_canary_in_anything_the_cli_writes(docker_client, base_image, auth_re
             scan.file(other)
 
     # the image, and the registry it went to (storage + its request log)
-    scan.image(docker_client, tag, tmp_path)
+    scan.image(docker_client, tag, tmp_path, older_layers)  # layers this build (re)made are read in full
     scan.tree(tmp_path / "data")
     scan.file(tmp_path / "registry.log")
 
     print(f"\nsecrets: {scan.summary()}")
     assert scan.hits == [], scan.hits
-    assert scan.places > 1000  # the scan really looked (image layer files, outputs, rows, files)
+    assert scan.places > 50  # the scan really looked (outputs, rows, files, registry blobs, image documents)
 
 
 def test_ca_from_environment_and_cloud_keys_never_echoed(docker_client, base_image, isolated_state,
