@@ -176,6 +176,18 @@ def load_examples(file: Path, inputs: list | None = None, outputs: list | None =
     return built
 
 
+def load_project_examples(project: Any, signature: Any = None) -> list[Example]:
+    """A project's examples.yaml ([] when it has none), checked against `signature` (a sniff.Signature,
+    e.g. from the running server's /v2/models/NAME metadata) or else the one known before building
+    (sniff.project_signature: the handler's declared tensors or the ONNX model's)."""
+    from ngcx.project.sniff import project_signature
+
+    if project.examples is None:
+        return []
+    sig = signature or project_signature(project)
+    return load_examples(project.examples, sig.inputs if sig else None, sig.outputs if sig else None)
+
+
 def _parse(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
     """YAML text -> (data, {path: line}) through the one limited loader."""
     import yaml

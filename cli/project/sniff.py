@@ -130,3 +130,78 @@ def sniff_signature(model: Path, fmt: str, image_tag: str, build_hint: str) -> S
         else:
             return onnx_signature(model)
     return image_signature(model, fmt, image_tag, build_hint)
+
+
+def project_signature(project: Any) -> Signature | None:
+    """The signature clients of a project will see, known before anything is built, or None.
+
+    With a handler: its class's `inputs` / `outputs`, read from the source with `ast` (the handler's
+    imports, e.g. Pillow, need not exist on the host); a handler without them serves the model's own
+    signature (the contract). Without one: the ONNX model's. None when it can only be known from the
+    running server (a .pt2 or SavedModel model, attributes computed at run time): ask its
+    /v2/models/NAME metadata then.
+    """
+    model_sig = None
+    if project.model is not None and project.model_format == "onnx":
+        try:
+            model_sig = onnx_signature(project.model)
+        except (ImportError, UserError):
+            model_sig = None
+    if not project.spec.handler:
+        return model_sig
+    module, _, cls = project.spec.handler.partition(":")
+    base = project.root / module.replace(".", "/")
+    source = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+    declared = handler_attributes(source, cls)
+    if declared is None:
+        return None
+    if declared == {}:
+        return model_sig
+    return Signature(declared["inputs"], declared["outputs"])
+
+
+def handler_attributes(source: Path, cls: str) -> dict[str, list] | None:
+    """{"inputs": [...], "outputs": [...]} declared as literals on class `cls` in `source` (module-level
+    constants allowed, e.g. "shape": [-1, TOP]); {} when the class declares neither; None when they are
+    not literals (or the file does not parse: the server reports that with file:line)."""
+    import ast
+
+    try:
+        tree = ast.parse(source.read_text(encoding="utf-8"), str(source))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    constants: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                constants[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+    found: dict[str, list] = {}
+    for node in tree.body:
+        if not (isinstance(node, ast.ClassDef) and node.name == cls):
+            continue
+        for stmt in node.body:
+            target = stmt.targets[0] if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else (
+                stmt.target if isinstance(stmt, ast.AnnAssign) else None)
+            if isinstance(target, ast.Name) and target.id in ("inputs", "outputs") and stmt.value is not None:
+                try:
+                    found[target.id] = ast.literal_eval(_inline(stmt.value, constants))
+                except ValueError:
+                    return None
+    if not found:
+        return {}
+    return found if set(found) == {"inputs", "outputs"} else None
+
+
+def _inline(node: Any, constants: dict[str, Any]) -> Any:
+    """The expression with module-level literal constants put in place of their names."""
+    import ast
+
+    class Inline(ast.NodeTransformer):
+        def visit_Name(self, name: ast.Name) -> ast.AST:
+            if name.id in constants:
+                return ast.copy_location(ast.parse(repr(constants[name.id]), mode="eval").body, name)
+            return name
+
+    return Inline().visit(node)

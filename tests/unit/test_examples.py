@@ -21,8 +21,8 @@ import pytest
 
 from ngcx.errors import UserError
 from ngcx.problems import ProblemsFound
-from ngcx.project.examples import Expected, compare, load_examples
-from ngcx.project.sniff import onnx_signature
+from ngcx.project.examples import Expected, compare, load_examples, load_project_examples
+from ngcx.project.sniff import handler_attributes, onnx_signature, project_signature
 from ngcx.project.spec import load_project
 
 REPO = Path(__file__).parents[2]
@@ -227,6 +227,7 @@ def test_onnx_zero_code_examples_fit_the_model_and_its_fp32_reference(tmp_path):
         project = load_project(root / file)
         assert project.spec.handler is None and project.spec.model.precision == precision
         sig = onnx_signature(project.model)
+        assert project_signature(project) == sig
         [ex] = load_examples(project.examples, sig.inputs, sig.outputs)
         session = session or onnxruntime.InferenceSession(str(project.model), providers=["CPUExecutionProvider"])
         got = {"logits": session.run(None, ex.inputs)[0]}
@@ -254,7 +255,9 @@ def test_resnet_classifier_examples_fit_the_handler_and_the_model_fits_the_handl
     assert sig.inputs == [{"name": "input", "datatype": "FP32", "shape": [-1, 3, 224, 224]}]
     assert sig.outputs == [{"name": "logits", "datatype": "FP32", "shape": [-1, 1000]}]
     handler = load_handler(root)
-    [ex] = load_examples(project.examples, handler.Classifier.inputs, handler.Classifier.outputs)
+    declared = project_signature(project)                                     # read without importing it
+    assert (declared.inputs, declared.outputs) == (handler.Classifier.inputs, handler.Classifier.outputs)
+    [ex] = load_project_examples(project)
     assert ex.inputs["image"][0] == (root / "samples" / "cat.png").read_bytes()
     labels = (root / "labels.txt").read_text().splitlines()
     assert len(labels) == 1000 == len(set(labels))
@@ -278,3 +281,29 @@ def test_resnet_classifier_handler_answers_the_committed_top5(tmp_path):
     [ex] = load_examples(project.examples, handler.inputs, handler.outputs)
     assert compare(ex.outputs, handler.predict(ex.inputs)) == []
     assert handler.predict(handler.warmup_inputs())["labels"].shape == (1,)
+
+
+def test_the_signature_known_before_building_comes_from_the_handler_source_or_the_model(tmp_path):
+    """Handler tensors are read with ast (its imports need not exist on the host); without them the
+    model's signature applies (the contract); computed at run time, it is unknown (None)."""
+    source = tmp_path / "h.py"
+    source.write_text("import pillow_that_is_not_here\nTOP = 5\nclass A:\n    inputs = [{'name': 'image', "
+                      "'datatype': 'BYTES', 'shape': [-1]}]\n    outputs = [{'name': 'p', 'datatype': 'FP32', "
+                      "'shape': [-1, TOP]}]\nclass B:\n    def predict(self, inputs): ...\n"
+                      "class C:\n    inputs = make()\n    outputs = []\n")
+    assert handler_attributes(source, "A") == {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [-1]}],
+                                               "outputs": [{"name": "p", "datatype": "FP32", "shape": [-1, 5]}]}
+    assert handler_attributes(source, "B") == {} and handler_attributes(source, "C") is None
+    models_dir = Path(__file__).parents[1] / "runtime"
+    sys.path.insert(0, str(models_dir))
+    import models
+
+    models.mlp(tmp_path / "m.onnx")
+    (tmp_path / "ngcx.yaml").write_text("name: t\nbase: onnxruntime:25.08\nmodel: {path: m.onnx}\n"
+                                        "handler: h:B\nexamples: ex.yaml\n")
+    (tmp_path / "ex.yaml").write_text("examples:\n  - name: a\n    inputs:\n"
+                                      "      x: {datatype: FP32, shape: [1, 31], data: [0]}\n")
+    project = load_project(tmp_path / "ngcx.yaml")
+    assert project_signature(project) == onnx_signature(tmp_path / "m.onnx")       # B declares nothing
+    with pytest.raises(ProblemsFound, match="has 31 at dim 1 where the model fixes 32"):
+        load_project_examples(project)
