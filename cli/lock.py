@@ -36,7 +36,7 @@ RESOLVE = (
     'pip list --format=freeze | grep -v -E "^(pip|setuptools|wheel)==" > /tmp/ngcx-frozen.txt '
     "&& pip install --dry-run --progress-bar off --report /tmp/ngcx-report.json "
     '--constraint /etc/ngcx/constraints.txt --constraint /tmp/ngcx-frozen.txt "$@" 1>&2 '
-    "&& cat /tmp/ngcx-report.json"
+    "&& cat /tmp/ngcx-report.json && echo"      # a last line without newline can be lost from the logs
 )
 
 

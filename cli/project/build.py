@@ -191,7 +191,8 @@ def changed_layer(old: dict | None, new: dict, locked: bool) -> tuple[str | None
         if a == b:
             continue
         if layer == "code":
-            names = sorted(set(a or {}) ^ set(b or {}) | {k for k in (b or {}) if (a or {}).get(k) not in (None, b[k])})
+            a, b = a or {}, b or {}
+            names = sorted((set(a) ^ set(b)) | {k for k in b if k in a and a[k] != b[k]})
             shown = ", ".join(Path(n).name for n in names[:3]) + (" ..." if len(names) > 3 else "")
             return layer, f"{shown} changed" if names else "code changed"
         if layer == "model":
