@@ -25,6 +25,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
 import models  # noqa: E402
 
+pytestmark = pytest.mark.docker
+
 BASE_TAG = "ngcx/onnxruntime:25.08-runtime"
 CONFLICT = "onnxconverter-common==1.14.0"      # pure Python; pins protobuf==3.20.2, the base ships protobuf 7
 
@@ -224,3 +226,35 @@ def test_project_bad_input_is_one_line_exit_2_and_builds_nothing(tmp_path, files
     lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
     assert result.returncode == 2 and len(lines) == 1 and expect in lines[0], result.stderr
     assert not (state / "projects").exists()
+
+
+def test_no_ca_or_index_password_in_the_project_image_lock_or_state(docker_client, base_image, tmp_path, env,
+                                                                    secret_canaries):
+    """Build and lock through a canary CA bundle and a password index URL; then search everything for both.
+    The requirement text is unique, so the wheels step really runs (with the secrets mounted). Most of this
+    test's minute is `docker save` of the 3.9 GB image; the base's layers are then skipped, the new ones read."""
+    from conftest import SecretScan, local_layers
+
+    older = local_layers(docker_client)
+    name = f"it-sec-{secrets.token_hex(4)}"
+    root = write_project(tmp_path / name, name, [f"six!=0.0.{secrets.randbelow(10**9)}"])
+    run_env = {**env, "NGCX_STATE_DIR": str(tmp_path / "state")}
+    flags = ["--ca-cert", str(secret_canaries.ca_bundle), "--pip-index-url", secret_canaries.pip_index_url()]
+    scan = SecretScan(secret_canaries.needles())
+    try:
+        build = ngcx("build", "--progress", "plain", *flags, cwd=root, env=run_env)
+        assert build.returncode == 0, build.stderr[-3000:]
+        assert "pip install" in build.stderr or "Collecting" in build.stderr      # the wheels step ran here
+        lock = ngcx("lock", *flags, cwd=root, env=run_env)
+        assert lock.returncode == 0, lock.stderr[-3000:]
+        for label, proc in (("build", build), ("lock", lock)):
+            scan.process(label, proc)
+        scan.image(docker_client, f"ngcx-app/{name}:latest", tmp_path, older)
+        scan.tree(root)
+        scan.tree(tmp_path / "state")
+        scan.sqlite(tmp_path / "state" / "state.db")
+        print(scan.summary())
+        assert scan.places > 10 and scan.hits == []
+    finally:
+        with contextlib.suppress(Exception):
+            docker_client.images.remove(f"ngcx-app/{name}:latest", force=True)
