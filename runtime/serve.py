@@ -609,6 +609,11 @@ class ServerHandle:
         """Why the model did not load (start_loading), or None."""
         return self._app.load_error
 
+    @property
+    def loading(self) -> bool:
+        """True until the engine is attached or loading failed."""
+        return not self._app.loaded.is_set()
+
     def wait_loaded(self, timeout: float | None = None) -> bool:
         """Wait until loading ended: True when the model is ready, False when it failed or timed out."""
         self._app.loaded.wait(timeout)
@@ -950,16 +955,14 @@ def run(args: argparse.Namespace) -> int:
                            max_queue_delay_ms=args.max_queue_delay_ms, max_body_mb=args.max_body_mb,
                            verbose=args.verbose)
     print(f"serve: listening at {handle.url} (live; ready once '{name}' is loaded and warmed up)", flush=True)
-    while not handle.wait_loaded(0.2):
-        if handle.load_error is not None or stop.is_set():
-            break
-    if handle.load_error is not None or stop.is_set():
+    while handle.loading and not stop.is_set():
+        handle.wait_loaded(0.2)
+    engine = handle._app.engine
+    if engine is None:                  # the load failed (one line, exit 2), or a signal came first
         handle.stop(drain=False, timeout=1.0)
         if handle.load_exception is not None:
             raise handle.load_exception
         return 0
-    engine = handle._app.engine
-    assert engine is not None
     print(f"serving model '{handle.name}' ({engine.backend}, {engine.device}, {engine.precision}) at "
           f"{handle.url}/v2/models/{handle.name} (max batch {handle.max_batch}, queue delay "
           f"{args.max_queue_delay_ms:g} ms)", flush=True)

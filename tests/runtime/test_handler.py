@@ -300,3 +300,53 @@ def test_warm_up_uses_warmup_inputs_and_skips_bytes_without_them(tmp_path, warmu
         assert requests.get(f"{handle.url}/v2/health/ready", timeout=TIMEOUT).status_code == 200
     finally:
         handle.stop()
+
+
+# -- the BYTES wire format, without sockets --
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from ngcx_runtime.engine import TensorSpec  # noqa: E402
+from ngcx_runtime.protocol import InferRequest, ProtocolError, build_response, parse_infer_request  # noqa: E402
+
+TEXT_SPEC = [TensorSpec("t", "BYTES", (-1,))]
+
+
+def _parse_binary(blob: bytes, shape: list[int], size: int | None = None):
+    doc = {"inputs": [{"name": "t", "datatype": "BYTES", "shape": shape,
+                       "parameters": {"binary_data_size": len(blob) if size is None else size}}]}
+    return parse_infer_request(doc, memoryview(blob), TEXT_SPEC, TEXT_SPEC, "m", batchable=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=300), max_size=20), st.booleans())
+def test_bytes_round_trip_through_the_wire_format(items, binary):
+    arr = np.empty(len(items), dtype=object)
+    arr[:] = items
+    req = InferRequest(id=None, inputs={}, outputs=[("t", binary)])
+    try:
+        pieces, hlen = build_response("m", "1", req, {"t": arr})
+    except ProtocolError as exc:                       # JSON cannot carry bytes that are not UTF-8
+        assert not binary and exc.status == 400 and "binary" in exc.message
+        return
+    out = json.loads(pieces[0])["outputs"][0]
+    assert out["datatype"] == "BYTES" and out["shape"] == [len(items)]
+    if binary:
+        parsed = _parse_binary(b"".join(bytes(p) for p in pieces[1:]), [len(items)])
+        assert parsed.inputs["t"].tolist() == items
+    else:
+        assert [s.encode() for s in out["data"]] == items
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64), st.integers(0, 20), st.integers(-2, 70))
+def test_random_binary_bytes_parse_or_give_one_clean_400(blob, n, size):
+    try:
+        parsed = _parse_binary(blob, [n], size if size >= 0 else None)
+    except ProtocolError as exc:
+        assert exc.status == 400 and "\n" not in exc.message
+        return
+    got = parsed.inputs["t"]
+    assert got.shape == (n,) and all(isinstance(b, bytes) for b in got)
+    assert sum(4 + len(b) for b in got) == len(blob)
