@@ -175,7 +175,9 @@ def run_in_image(client, tag: str, args: list[str], gpu: bool) -> tuple[int, str
     from docker.types import DeviceRequest
 
     kwargs: dict[str, Any] = {"device_requests": [DeviceRequest(count=-1, capabilities=[["gpu"]])]} if gpu else {}
-    container = client.containers.run(tag, args, detach=True, network_mode="none", **kwargs)
+    # The entrypoint is named: a project image (recipes/project.Dockerfile.j2) clears the base's.
+    container = client.containers.run(tag, args, entrypoint=["ngcx-runtime"], detach=True, network_mode="none",
+                                      **kwargs)
     try:
         result = container.wait(timeout=600)
         out = container.logs(stdout=True, stderr=False).decode(errors="replace")
