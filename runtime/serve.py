@@ -13,10 +13,17 @@ dynamic on every input and output are never merged (max_batch_size 0 in /config)
 
 Status codes: 400 bad request body, 404 unknown model / version / path, 405 wrong method,
 413 body over --max-body-mb (also answered to `Expect: 100-continue`, before the upload),
-500 engine failure (the server keeps serving), 503 while draining. SIGTERM: stop accepting,
-finish in-flight requests (queued ones run at once), exit 0.
+500 engine failure (the server keeps serving), 503 while loading or draining. SIGTERM: stop
+accepting, finish in-flight requests (queued ones run at once), exit 0.
 
-Python API (used by bench and tests): start_server(engine, ...) -> ServerHandle.
+Start-up (the CLI): listen first (/v2/health/live 200 at once), then load: a MODEL given
+--precision / --batch-profile / --calibration-data is optimized through the plan cache
+($NGCX_RUNTIME_CACHE; built once, a cache hit on every later start), a --handler module:Class
+wraps it (handler.py); one warm-up inference runs; only then are /v2/health/ready and
+/v2/models/NAME/ready 200. A failed load is one line and exit 2.
+
+Python API (used by bench and tests): start_server(engine, ...) and start_loading(loader, ...)
+-> ServerHandle; load_engine(...) builds what the CLI serves.
 """
 
 from __future__ import annotations
