@@ -149,7 +149,8 @@ def run_project(project_file: Path | None, port: int, detach: bool, gpu_mode: st
     print(f"ready: {served.url}/v2/models/{served.model} ({project.image_tag} on {device}, "
           f"ready in {served.ready_s:.1f} s)", flush=True)
     if detach:
-        print(f"container {served.container.short_id}: stop it with `docker stop {served.container.short_id}`")
+        print(f"container {served.container.short_id}: stop and remove it with "
+              f"`docker rm -f {served.container.short_id}`")
         return
     signal.signal(signal.SIGTERM, _interrupt)
     try:
