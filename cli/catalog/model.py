@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
-from packaging.specifiers import SpecifierSet
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
 from ngcx import paths
 from ngcx.catalog.yamlio import load_yaml
@@ -36,6 +36,28 @@ DRIVER = re.compile(r"^[0-9]+(\.[0-9]+){1,2}\Z")
 DriverVersion = Annotated[str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+){1,2}$")]
 ComputeCapability = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,2}\.[0-9]$")]
 PATTERN_EXAMPLES = {DriverVersion: "a driver version like 570.26", ComputeCapability: "MAJOR.MINOR like 8.6"}
+
+
+def _specifier(text: str) -> str:
+    """A PEP 440 specifier set, checked at load: the rules evaluate it (found by test_fuzz_catalog: '>\\t=3.8')."""
+    try:
+        SpecifierSet(text)
+    except InvalidSpecifier:
+        raise ValueError(f"{text!r} is not a version range like >=3.9,<3.14") from None
+    return text
+
+
+def _install_template(text: str) -> str:
+    """complete() fills it with str.format(version=...): any other {field} would be a KeyError there."""
+    try:
+        text.format(version="0")
+    except (KeyError, IndexError, ValueError, AttributeError):
+        raise ValueError(f"{text!r} may use only {{version}} as a placeholder") from None
+    return text
+
+
+VersionRange = Annotated[str, AfterValidator(_specifier)]
+InstallTemplate = Annotated[str, AfterValidator(_install_template)]
 
 
 # ----------------------------------------------------------------------------- parse
@@ -113,7 +135,7 @@ class ComponentRule(_Strict):
 
 
 class RangeRule(_Strict):
-    versions: str
+    versions: VersionRange
     cuda_majors: list[str]
     min_cc: ComputeCapability | None = None
 
@@ -122,8 +144,8 @@ class FrameworkRule(_Strict):
     cuda: str | None = None
     cuda_majors: list[str] | None = None
     cudnn_majors: list[str] | None = None
-    python: str
-    install: str | None = None
+    python: VersionRange
+    install: InstallTemplate | None = None
     requires: dict[str, str] = Field(default_factory=dict)
     max_cc: ComputeCapability | None = None
 
@@ -172,6 +194,8 @@ def _schema_errors(exc: ValidationError, source: str) -> list[str]:
             what = next((v for t, v in PATTERN_EXAMPLES.items() if t.__metadata__[0].pattern == err["ctx"]["pattern"]),
                         f"matching {err['ctx']['pattern']}")
             lines.append(f"{source}: {loc.removesuffix('.[key]')}: {err['input']!r} is not {what}")
+        elif err["type"] == "value_error":  # our validators' messages, without pydantic's prefix
+            lines.append(f"{source}: {loc}: {err['msg'].removeprefix('Value error, ')}")
         else:
             lines.append(f"{source}: {loc}: {err['msg']}")
     return [one_line(line) for line in lines]
@@ -516,7 +540,8 @@ class Checker:
             else:
                 if major not in rng.cuda_majors:
                     self.fail(where, f"TensorRT {version} has no CUDA-{major} build")
-                low = [cc for cc in rel.compute_capabilities if rng.min_cc and _cc_key(cc) < _cc_key(rng.min_cc)]
+                low = [cc for cc in rel.compute_capabilities
+                       if rng.min_cc and CC.match(cc) and _cc_key(cc) < _cc_key(rng.min_cc)]
                 if low:
                     self.fail(where, f"TensorRT {version} needs compute capability >= {rng.min_cc} "
                                      f"but the release lists {', '.join(low)}")
