@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ngcx_runtime.engine import Engine
+from ngcx_runtime.errors import InvalidInput
 
 
 @dataclass
@@ -64,10 +65,14 @@ class ShuttingDown(EngineFailure):
     """The batcher has stopped (server draining); the server answers 503."""
 
 
+class BadRequest(EngineFailure):
+    """The engine (a handler) refused this request's data with InvalidInput; the server answers 400."""
+
+
 class _Pending:
     """One queued request: its inputs, batch key, and a slot for the result."""
 
-    __slots__ = ("feeds", "batch", "key", "enqueued", "done", "result", "error")
+    __slots__ = ("feeds", "batch", "key", "enqueued", "done", "result", "error", "bad_input")
 
     def __init__(self, feeds: dict[str, np.ndarray], batch: int, key: tuple):
         self.feeds = feeds
@@ -77,6 +82,7 @@ class _Pending:
         self.done = threading.Event()
         self.result: dict[str, np.ndarray] | None = None
         self.error: str | None = None
+        self.bad_input = False
 
 
 def batch_key(feeds: dict[str, np.ndarray]) -> tuple:
@@ -119,7 +125,7 @@ class Batcher:
             self._cond.notify()
         item.done.wait()
         if item.error is not None:
-            raise EngineFailure(item.error)
+            raise (BadRequest if item.bad_input else EngineFailure)(item.error)
         assert item.result is not None
         return item.result
 
@@ -181,9 +187,19 @@ class Batcher:
                 return
             outputs = self.engine.infer(feeds)
         except Exception as exc:  # noqa: BLE001 - any engine failure becomes a 500, never a dead worker
-            self._fail(group, exc, start)
+            self._fail_or_isolate(group, exc, start)
             return
         self._complete(group, outputs, start)
+
+    def _fail_or_isolate(self, group: list[_Pending], exc: Exception, start: float) -> None:
+        """A merged batch failed: run its requests one by one, so one client's bad data (or one
+        input the engine chokes on) never fails the requests it happened to be merged with."""
+        if len(group) == 1:
+            self._fail(group, exc, start)
+            return
+        self._account(group, start, ok=False)
+        for item in group:
+            self._execute([item])
 
     def _finish_loop(self) -> None:
         """Wait for launched batches in order and hand their outputs to the waiting requests."""
@@ -211,9 +227,12 @@ class Batcher:
         self._account(group, start, ok=True)
 
     def _fail(self, group: list[_Pending], exc: Exception, start: float) -> None:
-        msg = f"engine '{self.name}' failed: {type(exc).__name__}: {exc}".replace("\n", " ")
+        bad_input = isinstance(exc, InvalidInput)
+        msg = (str(exc) if bad_input else f"engine '{self.name}' failed: {type(exc).__name__}: {exc}")
+        msg = " ".join(msg.split())[:1000] or type(exc).__name__
         for item in group:
             item.error = msg
+            item.bad_input = bad_input
             item.done.set()
         self._account(group, start, ok=False)
 

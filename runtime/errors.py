@@ -13,3 +13,9 @@ class RuntimeUserError(Exception):
     The message is one line: what is wrong, where, and how to fix it. cli.main prints it and
     exits 2.
     """
+
+
+class InvalidInput(Exception):  # noqa: N818 - the name a handler author reads in their code
+    """Raised by a handler's predict() for a request the CLIENT got wrong (an image that does not
+    decode, text too long): the server answers 400 with this message to that request alone, and
+    requests merged into the same batch are run again without it (batching.py)."""

@@ -15,6 +15,8 @@ The contract a handler class follows:
                      arrays of `bytes` (a returned str is sent as UTF-8).
   warmup_inputs      optional: a dict of arrays (or a method returning one) for the warm-up
                      inference; without it, handlers with BYTES inputs are not warmed up.
+  InvalidInput       `from ngcx_runtime.handler import InvalidInput`: raise it from predict() for a
+                     bad request (400 to that client only); any other exception is a 500.
 
 A handler that fails to import, to construct or to load() is a RuntimeUserError that names the
 handler's file:line and the exception in one line (exit 2), never a traceback.
@@ -32,7 +34,9 @@ from typing import Any
 import numpy as np
 
 from ngcx_runtime.engine import BYTES, KSERVE_TO_NUMPY, Engine, TensorSpec
-from ngcx_runtime.errors import RuntimeUserError
+from ngcx_runtime.errors import InvalidInput, RuntimeUserError
+
+__all__ = ["Context", "HandlerEngine", "InvalidInput", "load_handler"]
 
 DEFAULT_APP_DIR = Path("/opt/ngcx/app")
 DATATYPES = (*KSERVE_TO_NUMPY, BYTES)

@@ -46,7 +46,7 @@ from urllib.parse import unquote, urlsplit
 import numpy as np
 
 from ngcx_runtime import __version__
-from ngcx_runtime.batching import Batcher, EngineFailure, ShuttingDown, Stats
+from ngcx_runtime.batching import BadRequest, Batcher, EngineFailure, ShuttingDown, Stats
 from ngcx_runtime.engine import Engine, TensorSpec
 from ngcx_runtime.errors import RuntimeUserError
 from ngcx_runtime.framing import Framing, FramingError, read_chunked, request_framing, strict_int
@@ -362,7 +362,8 @@ class _Handler(BaseHTTPRequestHandler):
             try:
                 results = app.batcher.submit(req.inputs, req.batch)  # type: ignore[union-attr]
             except EngineFailure as exc:
-                raise ProtocolError(str(exc), 503 if isinstance(exc, ShuttingDown) else 500) from None
+                status = 503 if isinstance(exc, ShuttingDown) else 400 if isinstance(exc, BadRequest) else 500
+                raise ProtocolError(str(exc), status) from None
             missing = [n for n, _ in req.outputs if n not in results]
             if missing:
                 raise ProtocolError(f"engine '{app.name}' returned no output {', '.join(missing)}", 500)

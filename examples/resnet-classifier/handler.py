@@ -56,12 +56,16 @@ class Classifier:
 
 def preprocess(data: bytes) -> np.ndarray:
     """Encoded image -> FP32 [3, 224, 224], RGB, scaled to [0, 1] and normalized per channel."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
+
+    from ngcx_runtime.handler import InvalidInput
 
     try:
         image = Image.open(io.BytesIO(data)).convert("RGB")
-    except UnidentifiedImageError:
-        raise ValueError(f"input 'image' is not a PNG or JPEG image ({len(data)} bytes)") from None
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:   # not an image, truncated, too large
+        # InvalidInput: a 400 to this client only; images batched with it are answered normally.
+        raise InvalidInput(f"input 'image' is not a readable PNG or JPEG image ({len(data)} bytes: "
+                           f"{type(exc).__name__})") from None
     pixels = np.asarray(image.resize((SIZE, SIZE), Image.Resampling.BILINEAR), dtype=np.float32) / 255.0
     return ((pixels - MEAN) / STD).transpose(2, 0, 1)
 

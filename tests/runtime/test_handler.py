@@ -36,6 +36,8 @@ TEXT_HANDLER = '''
 import json
 import numpy as np
 
+from ngcx_runtime.handler import InvalidInput
+
 
 class Shout:
     """BYTES in, JSON text (BYTES) and a length (INT64) out; batch along dim 0."""
@@ -48,7 +50,10 @@ class Shout:
         self.loaded = context.engine is None
 
     def predict(self, inputs):
-        texts = [t.decode("utf-8") for t in inputs["text"]]
+        try:
+            texts = [t.decode("utf-8") for t in inputs["text"]]
+        except UnicodeDecodeError as exc:
+            raise InvalidInput(f"input 'text' is not UTF-8 ({exc.reason})") from None
         reply = np.array([json.dumps({"upper": t.upper(), "loaded": self.loaded}).encode() for t in texts],
                          dtype=object)
         return {"reply": reply, "length": np.array([len(t) for t in texts], dtype=np.int64)}
@@ -144,6 +149,30 @@ def test_concurrent_text_requests_are_batched_and_each_gets_its_own_answer(text_
     after = text_server.stats()
     assert after["batched_requests"] > before["batched_requests"], "BYTES requests were never merged"
     assert after["engine_calls"] - before["engine_calls"] < 6
+
+
+def test_a_bad_request_is_a_400_and_never_fails_the_requests_merged_with_it(text_server):
+    """InvalidInput from predict(): 400 to that client; the batch it was merged into runs again without it."""
+    before = text_server.stats()
+    answers: dict[int, object] = {}
+
+    def send(i: int) -> None:
+        texts = [b"\xff\xfe not utf-8"] if i == 3 else [f"ok{i}".encode()]
+        try:
+            answers[i] = json.loads(_text_infer(text_server, texts, binary=True).as_numpy("reply")[0])["upper"]
+        except Exception as exc:  # noqa: BLE001 - tritonclient raises its own error type
+            answers[i] = exc
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+    bad = answers.pop(3)
+    assert answers == {i: f"OK{i}" for i in (0, 1, 2, 4, 5)}
+    assert getattr(bad, "status", lambda: None)() == "400" and "is not UTF-8" in str(bad), repr(bad)
+    after = text_server.stats()
+    assert after["batched_requests"] > before["batched_requests"], "the six requests were never merged"
 
 
 def test_text_server_metadata_says_bytes(text_server):
