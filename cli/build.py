@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ngcx.errors import UserError
+from ngcx.options import CatalogOpt, ProjectFileOpt, VariantOpt
 
 if TYPE_CHECKING:
     from ngcx.catalog.model import Release
@@ -445,19 +446,15 @@ def _report_failure(parser: ProgressParser) -> None:
 
 # ----------------------------------------------------------------------------- command
 
-VariantOpt = Annotated[str, typer.Option("--variant", help="runtime (slim) or devel.")]
-
-
 def register(app: typer.Typer) -> None:
     @app.command("build")
     def build_cmd(
         ref: Annotated[str | None, typer.Argument(
             help="IMAGE[:RELEASE]; a bare image = newest release. Left out: the project in ./ngcx.yaml.")] = None,
-        file: Annotated[Path | None, typer.Option(
-            "-f", "--file", help="Build the project of this ngcx.yaml (image ngcx-app/NAME:latest).")] = None,
+        file: ProjectFileOpt = None,
         tag: Annotated[str | None, typer.Option(
             "--tag", help="Image tag (default ngcx/IMAGE:RELEASE-VARIANT).")] = None,
-        variant: Annotated[str | None, typer.Option("--variant", help="runtime (slim) or devel.")] = None,
+        variant: VariantOpt = None,
         base: Annotated[str | None, typer.Option(
             "--base", help="Base image; 'offline' = the bootstrapped base (ngcx base bootstrap).")] = None,
         ca_cert: Annotated[Path | None, typer.Option(
@@ -471,7 +468,7 @@ def register(app: typer.Typer) -> None:
             "--apt-mirror", help="Debian mirror, e.g. http://mirrors.aliyun.com.")] = None,
         no_cache: Annotated[bool, typer.Option("--no-cache", help="Ignore the layer cache.")] = False,
         progress: Annotated[str, typer.Option("--progress", help="auto | plain | quiet.")] = "auto",
-        catalog_file: Annotated[Path | None, typer.Option("--catalog", help="Catalog file.")] = None,
+        catalog_file: CatalogOpt = None,
     ) -> None:
         """Build an image from the catalog, or the project in ./ngcx.yaml, with BuildKit (secrets never land
         in a layer)."""

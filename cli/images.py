@@ -7,9 +7,10 @@ it took); the engine says whether the image still exists and what it weighs now.
 from __future__ import annotations
 
 import time
-from typing import Annotated
 
 import typer
+
+from ngcx.options import JsonOpt
 
 
 def rows() -> list[dict]:
@@ -39,7 +40,7 @@ def rows() -> list[dict]:
 
 def register(app: typer.Typer) -> None:
     @app.command("images")
-    def images_cmd(json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
+    def images_cmd(json_out: JsonOpt = False) -> None:
         """Table of images built by ngcx: tag, release, size, digest, built at."""
         from ngcx import output
 

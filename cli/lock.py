@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ngcx.errors import UserError
+from ngcx.options import CatalogOpt
 
 if TYPE_CHECKING:
     from ngcx.build import BuildOptions
@@ -212,7 +213,7 @@ def register(app: typer.Typer) -> None:
         pip_index_url: Annotated[str | None, typer.Option("--pip-index-url", help="pip index.")] = None,
         pip_extra_index_url: Annotated[list[str] | None, typer.Option(
             "--pip-extra-index-url", help="Extra pip index (repeatable).")] = None,
-        catalog_file: Annotated[Path | None, typer.Option("--catalog", help="Catalog file.")] = None,
+        catalog_file: CatalogOpt = None,
     ) -> None:
         """Resolve the project's requirements inside its base image into ngcx.lock (build then uses it)."""
         from ngcx.build import BuildOptions

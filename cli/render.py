@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from ngcx.options import CatalogOpt, VariantOpt
 from ngcx_runtime import __version__
 
 if TYPE_CHECKING:
@@ -267,7 +268,6 @@ def _write_output(output: Path, text: str) -> None:
 
 # ----------------------------------------------------------------------------- command
 
-VariantOpt = Annotated[str, typer.Option("--variant", help="runtime (slim) or devel (compilers, headers).")]
 BaseOpt = Annotated[str | None, typer.Option(
     "--base", help="Base image to build FROM; 'offline' = the catalog's bootstrapped base (ngcx base bootstrap).")]
 
@@ -281,7 +281,7 @@ def register(app: typer.Typer) -> None:
         base: BaseOpt = None,
         context: Annotated[Path | None, typer.Option(
             "--context", help="Write a whole build context (Dockerfile, ngcx-runtime/, tests/) here.")] = None,
-        catalog_file: Annotated[Path | None, typer.Option("--catalog", help="Catalog file.")] = None,
+        catalog_file: CatalogOpt = None,
     ) -> None:
         """Render the Dockerfile of one image release (stdout unless -o/--context)."""
         from ngcx.catalog import load_catalog

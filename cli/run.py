@@ -19,6 +19,7 @@ from typing import Annotated
 import typer
 
 from ngcx.errors import UserError
+from ngcx.options import CatalogOpt, Gpu, GpuOpt, ProjectFileOpt, VariantOpt
 
 
 def host_gpus() -> tuple[str | None, list[dict]]:
@@ -73,15 +74,15 @@ def register(app: typer.Typer) -> None:
         ctx: typer.Context,
         ref: Annotated[str | None, typer.Argument(
             help="IMAGE[:RELEASE] or a local image tag; omit it in a project folder (ngcx.yaml).")] = None,
-        project_file: Annotated[Path | None, typer.Option("-f", "--file", help="A project's ngcx.yaml.")] = None,
+        project_file: ProjectFileOpt = None,
         port: Annotated[int, typer.Option("--port", help="Project mode: host port on 127.0.0.1.")] = 8000,
         detach: Annotated[bool, typer.Option("--detach", "-d", help="Project mode: leave it running.")] = False,
-        variant: Annotated[str, typer.Option("--variant", help="runtime or devel.")] = "runtime",
+        variant: VariantOpt = "runtime",
         publish: Annotated[list[str] | None, typer.Option("-p", "--publish", help="Port mapping (repeatable).")] = None,
         volume: Annotated[list[str] | None, typer.Option("-v", "--volume", help="Bind mount (repeatable).")] = None,
         env: Annotated[list[str] | None, typer.Option("-e", "--env", help="Environment variable (repeatable).")] = None,
-        gpu: Annotated[str, typer.Option("--gpu", help="auto | require | off")] = "auto",
-        catalog_file: Annotated[Path | None, typer.Option("--catalog", help="Catalog file.")] = None,
+        gpu: GpuOpt = Gpu.auto,
+        catalog_file: CatalogOpt = None,
     ) -> None:
         """Run a command in an image on this host, with all its GPUs when it has NVIDIA GPUs."""
         import sys
@@ -90,8 +91,6 @@ def register(app: typer.Typer) -> None:
         from ngcx.docker_util import docker_cli, engine_client
         from ngcx.test import host_has_gpu, resolve_image
 
-        if gpu not in ("auto", "require", "off"):
-            raise UserError(f"--gpu {gpu!r}: use auto, require or off")
         if ref is None:
             return run_project(project_file, port, detach, gpu)
         tag = resolve_image(ref, variant, catalog_file)

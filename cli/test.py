@@ -21,6 +21,7 @@ from typing import Annotated, Any
 import typer
 
 from ngcx.errors import CheckFailed, UserError
+from ngcx.options import CatalogOpt, Gpu, GpuOpt, JsonOpt, ProjectFileOpt, VariantOpt
 
 PASS, FAIL, SKIP = "✓", "✗", "skipped"
 
@@ -234,19 +235,17 @@ def register(app: typer.Typer) -> None:
     def test_cmd(
         ref: Annotated[str | None, typer.Argument(
             help="IMAGE_REF (local tag) or IMAGE[:RELEASE]; omit it in a project folder (ngcx.yaml).")] = None,
-        project_file: Annotated[Path | None, typer.Option("-f", "--file", help="A project's ngcx.yaml.")] = None,
+        project_file: ProjectFileOpt = None,
         repeats: Annotated[int, typer.Option("--repeats", min=0, help="Project mode: extra requests per "
                                              "example for the latency figures.")] = 20,
-        variant: Annotated[str, typer.Option("--variant", help="Variant when IMAGE[:RELEASE] is given.")] = "runtime",
-        gpu: Annotated[str, typer.Option("--gpu", help="auto | require | off")] = "auto",
-        json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
-        catalog_file: Annotated[Path | None, typer.Option("--catalog", help="Catalog file.")] = None,
+        variant: VariantOpt = "runtime",
+        gpu: GpuOpt = Gpu.auto,
+        json_out: JsonOpt = False,
+        catalog_file: CatalogOpt = None,
     ) -> None:
         """Verify a built image: pins vs loaded libraries, framework views, the image's own tests."""
         from ngcx import output
 
-        if gpu not in ("auto", "require", "off"):
-            raise UserError(f"--gpu {gpu!r}: use auto, require or off")
         if ref is None:
             tag, checks, report = _project_checks(project_file, gpu, repeats)
         else:
