@@ -204,7 +204,7 @@ def split_registry(target: str) -> tuple[str, str]:
         if target.startswith(prefix):
             target = target[len(prefix):]
     target = target.strip("/")
-    if target.endswith("/v2") or target == "v2":
+    while target.endswith("/v2") or target == "v2":  # all of them: 'h/v2/v2' -> 'h', as 'h/v2' -> 'h'
         target = target[:-2].rstrip("/")
     host, _, namespace = target.partition("/")
     hint = "pass e.g. --registry 127.0.0.1:5000/team"

@@ -57,6 +57,7 @@ def one_line(exc: UserError) -> str:
 @example(typed="a b/team")
 @example(typed="host/Team")
 @example(typed="https://registry.cn-hangzhou.aliyuncs.com/ml/prod/v2/")
+@example(typed="0/v2/v2")  # was ('0', 'v2'), which re-split as ('0', '')
 def test_split_registry_round_trips_or_refuses(typed: str) -> None:
     try:
         host, namespace = split_registry(typed)
