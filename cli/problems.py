@@ -28,7 +28,8 @@ class Problem:
         return one_line(text)
 
     def as_dict(self) -> dict[str, str]:
-        return asdict(self)
+        """The fields plus the rendered line, for --json (scripts filter on rule, people read line)."""
+        return {**asdict(self), "line": self.line()}
 
 
 def one_line(text: str) -> str:

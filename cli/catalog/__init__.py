@@ -123,6 +123,7 @@ def _check(catalog_file: Path | None, json_out: bool) -> None:
     from ngcx import output, paths
     from ngcx.catalog.model import complete, problems_of
     from ngcx.errors import UserError
+    from ngcx.problems import Problem
 
     file = catalog_file or paths.registry_file()
     try:
@@ -134,13 +135,14 @@ def _check(catalog_file: Path | None, json_out: bool) -> None:
                         hint="save it as UTF-8, or check that this is the right file") from None
     try:
         spec, problems = problems_of(text, str(file))
-    except UserError as exc:  # malformed YAML: one problem, with its line
-        spec, problems = None, [exc.line()]
+    except UserError as exc:  # malformed YAML: one problem, with its file:line:column
+        where, _, message = exc.message.partition(": ")
+        spec, problems = None, [Problem(where, "", "parse.yaml", message, exc.hint or "")]
     if json_out:
-        output.emit_json({"file": str(file), "ok": not problems, "problems": problems})
+        output.emit_json({"file": str(file), "ok": not problems, "problems": [p.as_dict() for p in problems]})
     elif problems:
-        for line in problems:
-            print(line)
+        for problem in problems:
+            print(problem.line())
     if problems:
         if not json_out:
             print(f"{len(problems)} problem(s) in {file}", file=sys.stderr)

@@ -299,8 +299,9 @@ def test_all_violations_reported_at_once(tmp_path: Path) -> None:
 
 
 def _problems(change: Callable[[dict], None]) -> list[str]:
+    """The rendered lines of every problem (typed Problems, cli/problems.py)."""
     _, problems = problems_of(data_edit(change)(shipped_text()), "cat.yaml")
-    return problems
+    return [p.line() for p in problems]
 
 
 def test_onnxruntime_needs_cudnn9() -> None:
@@ -359,10 +360,13 @@ def test_check_json_shape(tmp_path: Path) -> None:
     file = write(tmp_path, bad_case.make(shipped_text()))
     proc = ngcx("catalog", "check", str(file), "--json")
     assert proc.returncode == 2
-    assert json.loads(proc.stdout) == {"file": str(file), "ok": False, "problems": bad_case.expect(str(file))}
+    doc = json.loads(proc.stdout)
+    assert (doc["file"], doc["ok"]) == (str(file), False)
+    assert [p["line"] for p in doc["problems"]] == bad_case.expect(str(file))
+    assert all(p["rule"].startswith(("schema.", "catalog.", "parse.")) for p in doc["problems"]), doc
     malformed = write(tmp_path, _malformed(shipped_text()))
     doc = json.loads(ngcx("catalog", "check", str(malformed), "--json").stdout)
-    assert doc["ok"] is False and doc["problems"] == _malformed_expect(str(malformed))
+    assert doc["ok"] is False and [p["line"] for p in doc["problems"]] == _malformed_expect(str(malformed))
 
 
 def _expected_pins(data: dict, image: str, tag: str) -> dict[str, dict[str, str]]:

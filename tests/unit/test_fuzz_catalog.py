@@ -79,7 +79,7 @@ def load_file(file: Path) -> None:
 def problems_in(text: str) -> list[str]:
     """Every problem `catalog check` would print: each must be one printable line."""
     try:
-        problems = problems_of(text, "registry.yaml")[1]
+        problems = [p.line() for p in problems_of(text, "registry.yaml")[1]]
     except UserError as exc:
         problems = [exc.line()]
     assert all(p.isprintable() for p in problems), problems
