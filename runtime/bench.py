@@ -317,9 +317,10 @@ def bench(
     target = Path(target)
     engine = planmod.load(target, backend=backend)
     manifest = planmod.read_manifest(target) if target.is_dir() else None
-    source = Path(manifest["source"]["path"]) if manifest else target
+    recorded = ((manifest or {}).get("source") or {}).get("path")     # optional in a manifest (plan.py)
+    source = Path(recorded) if recorded else target
     reference = None
-    if manifest and source.is_file():
+    if recorded and source.is_file():
         reference = planmod.load(source)
     meter = EnergyMeter()
     try:
