@@ -63,8 +63,9 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # click usage errors arrive here in non-standalone mode
         # typer >= 0.29 vendors click (typer._click), so `click.exceptions.ClickException` no
         # longer matches: recognise click's exceptions by name / interface, whichever click it is.
-        if type(exc).__name__ == "Abort":
-            sys.exit(1)
+        if type(exc).__name__ == "Abort":          # click's form of Ctrl-C (and of EOF at a prompt)
+            print("ngcx: interrupted", file=sys.stderr)
+            sys.exit(130)
         show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
         if callable(show) and isinstance(code, int):
             show()
