@@ -111,3 +111,37 @@ def load_yaml(text: str, source: str) -> Any:
         raise UserError(f"{where}: malformed YAML: {problem}", hint="fix the YAML syntax at that line") from None
     except yaml.YAMLError as exc:
         raise UserError(f"{source}: malformed YAML: {' '.join(str(exc).split())}") from None
+
+
+def load_mapping_with_lines(text: str, source: str, expected: str) -> tuple[dict, dict[tuple, int]]:
+    """A YAML mapping plus {path: line} for every key and list item, so a schema error can say
+    file:line (ngcx.yaml, examples.yaml). `expected` says what the top level must be, for the error."""
+    from ngcx.problems import Problem, ProblemsFound
+
+    data = load_yaml(text, source)
+    if not isinstance(data, dict):
+        raise ProblemsFound(source, [Problem(source, "", "parse.not-a-mapping", f"the file must be {expected}",
+                                             "`ngcx init --model PATH` writes a starting point")])
+    lines: dict[tuple, int] = {}
+    _index(yaml.compose(text, Loader=SafeLimitedLoader), (), lines)
+    return data, lines
+
+
+def _index(node: yaml.Node | None, path: tuple, lines: dict[tuple, int]) -> None:
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            sub = (*path, key.value)
+            lines[sub] = key.start_mark.line + 1
+            _index(value, sub, lines)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            lines[(*path, i)] = item.start_mark.line + 1
+            _index(item, (*path, i), lines)
+
+
+def where(source: str, lines: dict[tuple, int], loc: tuple) -> str:
+    """file:line of the deepest known prefix of loc (just the file when none is known)."""
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in lines:
+            return f"{source}:{lines[loc[:n]]}"
+    return source

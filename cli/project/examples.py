@@ -190,23 +190,13 @@ def load_project_examples(project: Any, signature: Any = None) -> list[Example]:
 
 def _parse(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
     """YAML text -> (data, {path: line}) through the one limited loader."""
-    import yaml
+    from ngcx.catalog.yamlio import load_mapping_with_lines
 
-    from ngcx.catalog.yamlio import SafeLimitedLoader, load_yaml
-    from ngcx.project.spec import _index
-
-    data = load_yaml(text, source)
-    if not isinstance(data, dict):
-        raise ProblemsFound(source, [Problem(source, "", "parse.not-a-mapping",
-                                             "examples.yaml must be a mapping with an `examples:` list",
-                                             "`ngcx init --model PATH` writes a stub")])
-    lines: dict[tuple, int] = {}
-    _index(yaml.compose(text, Loader=SafeLimitedLoader), (), lines)
-    return data, lines
+    return load_mapping_with_lines(text, source, "a mapping with an `examples:` list")
 
 
 def _where(source: str, lines: dict[tuple, int], loc: tuple) -> str:
-    from ngcx.project.spec import _where as where
+    from ngcx.catalog.yamlio import where
 
     return where(source, lines, loc)
 

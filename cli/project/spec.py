@@ -95,41 +95,15 @@ def schema_file() -> Path:
 
 def parse(text: str, source: str) -> tuple[dict, dict[tuple, int]]:
     """YAML text -> (mapping, {path: line}); the limited loader raises UserError for bad YAML."""
-    import yaml
+    from ngcx.catalog.yamlio import load_mapping_with_lines
 
-    from ngcx.catalog.yamlio import SafeLimitedLoader, load_yaml
-
-    data = load_yaml(text, source)
-    if not isinstance(data, dict):
-        raise ProblemsFound(source, [Problem(source, "", "parse.not-a-mapping",
-                                             "ngcx.yaml must be a mapping with at least 'name' and 'base'",
-                                             "see `ngcx init` for a starting point")])
-    lines: dict[tuple, int] = {}
-    _index(yaml.compose(text, Loader=SafeLimitedLoader), (), lines)
-    return data, lines
-
-
-def _index(node: Any, path: tuple, lines: dict[tuple, int]) -> None:
-    """Record the line of every key and list item, so schema errors can say file:line."""
-    import yaml
-
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            sub = (*path, key.value)
-            lines[sub] = key.start_mark.line + 1
-            _index(value, sub, lines)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            lines[(*path, i)] = item.start_mark.line + 1
-            _index(item, (*path, i), lines)
+    return load_mapping_with_lines(text, source, "a mapping with at least 'name' and 'base'")
 
 
 def _where(source: str, lines: dict[tuple, int], loc: tuple) -> str:
-    """file:line of the deepest known prefix of loc."""
-    for n in range(len(loc), 0, -1):
-        if loc[:n] in lines:
-            return f"{source}:{lines[loc[:n]]}"
-    return source
+    from ngcx.catalog.yamlio import where
+
+    return where(source, lines, loc)
 
 
 def _schema_problems(exc: ValidationError, source: str, lines: dict[tuple, int]) -> list[Problem]:
