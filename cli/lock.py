@@ -113,10 +113,7 @@ def resolve(project: Project, base: BaseImage, opts: BuildOptions, client: Any) 
             env["PIP_CERT"] = "/run/ngcx/ca.pem"
         conf = cb.pip_conf_text(opts)
         if conf:
-            conf_file = Path(secret_dir) / "pip.conf"
-            fd = os.open(conf_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as handle:
-                handle.write(conf)
+            conf_file = cb._write_secret(Path(secret_dir) / "pip.conf", conf)
             volumes[str(conf_file)] = {"bind": "/run/ngcx/pip.conf", "mode": "ro"}
             env["PIP_CONFIG_FILE"] = "/run/ngcx/pip.conf"
         try:

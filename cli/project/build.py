@@ -528,10 +528,7 @@ def _docker_build(cli: str, project: Project, base: BaseImage, ctx: Path, opts: 
             cmd += ["--secret", f"id=ca,src={ca}"]
         conf = cb.pip_conf_text(opts)
         if conf:
-            conf_file = Path(secret_dir) / "pip.conf"
-            fd = os.open(conf_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as handle:
-                handle.write(conf)
+            conf_file = cb._write_secret(Path(secret_dir) / "pip.conf", conf)
             cmd += ["--secret", f"id=pip_conf,src={conf_file}"]
         if opts.no_cache:
             cmd.append("--no-cache")
