@@ -235,24 +235,24 @@ def _binary_tensor(binary: memoryview | None, offset: int, size: Any, dtype: np.
     if size != need:
         raise ProtocolError(f"{where}: binary_data_size {_brief(size, 40)} does not match shape {_brief(shape)} "
                             f"{NUMPY_TO_KSERVE[dtype.newbyteorder('=')]} ({_brief(need, 40)} bytes)")
-    if binary is None:
-        raise ProtocolError(f"{where} declares binary_data_size but the request has no "
-                            "Inference-Header-Content-Length header (binary tensor extension)")
-    if offset + size > len(binary):
-        raise ProtocolError(f"binary data: {where} needs bytes {offset}..{offset + size} but the body "
-                            f"carries only {len(binary)} bytes after the JSON header")
+    _check_span(binary, offset, size, where)
     arr = np.frombuffer(binary, dtype=dtype, count=_element_count(shape), offset=offset).reshape(shape)
     return arr, offset + size
 
 
-def _binary_bytes(binary: memoryview | None, offset: int, size: int, shape: list[int], where: str) -> np.ndarray:
-    """Triton's binary BYTES: per element a 4-byte little-endian length and the bytes, `size` bytes in all."""
+def _check_span(binary: memoryview | None, offset: int, size: int, where: str) -> None:
+    """The body after the JSON header carries bytes offset..offset+size of this input."""
     if binary is None:
         raise ProtocolError(f"{where} declares binary_data_size but the request has no "
                             "Inference-Header-Content-Length header (binary tensor extension)")
     if offset + size > len(binary):
         raise ProtocolError(f"binary data: {where} needs bytes {offset}..{offset + size} but the body "
                             f"carries only {len(binary)} bytes after the JSON header")
+
+
+def _binary_bytes(binary: memoryview | None, offset: int, size: int, shape: list[int], where: str) -> np.ndarray:
+    """Triton's binary BYTES: per element a 4-byte little-endian length and the bytes, `size` bytes in all."""
+    _check_span(binary, offset, size, where)
     need = _element_count(shape)
     if need > size // _LEN_BYTES:               # every element takes at least its 4 length bytes
         raise ProtocolError(f"{where}: shape {_brief(shape)} needs {_brief(need, 40)} BYTES elements but "
