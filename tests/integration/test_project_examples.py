@@ -140,3 +140,29 @@ def test_init_turns_the_exported_model_into_a_project_that_builds_and_serves(zer
     done = ngcx(project, "test", "--repeats", "0")
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert "example " in done.stdout and time.monotonic() - started < 300
+
+
+def test_a_handler_that_fails_to_import_and_examples_off_the_signature_are_one_line_each(zero_code, tmp_path,
+                                                                                         docker_client):
+    """Bad input from the project itself: `ngcx test` says what and where in one line, exit 2, nothing left."""
+    project = tmp_path / "broken"
+    shutil.copytree(zero_code, project)
+    (project / "broken.py").write_text("import numpy as np\nfrom not_a_package import thing\n\n\nclass H:\n"
+                                       "    def load(self, context): ...\n")
+    text = (project / "ngcx.fp16.yaml").read_text().replace("name: onnx-zero-code-fp16", "name: broken-handler")
+    (project / "ngcx.yaml").write_text(text + "handler: broken:H\nfiles: [broken.py]\n")
+    assert ngcx(project, "build").returncode == 0
+    done = ngcx(project, "test", "--repeats", "0")
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "broken.py:2" in lines[0] and "not_a_package" in lines[0], lines[0]
+    left = docker_client.containers.list(all=True, filters={"label": "ai.ngcx.project.run=broken-handler"})
+    assert left == []
+
+    (project / "ngcx.yaml").write_text(text)                  # a working project again, examples broken
+    examples = project / "examples.fp16.yaml"
+    examples.write_text(examples.read_text().replace("datatype: FP32", "datatype: INT64", 1))
+    assert ngcx(project, "build").returncode == 0
+    done = ngcx(project, "test", "--repeats", "0")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "INT64" in done.stderr and "FP32" in done.stderr, done.stderr
