@@ -22,6 +22,10 @@ from pathlib import Path
 
 import pytest
 
+# At module level, while `conftest` is still tests/conftest.py: pytest later imports
+# tests/runtime/conftest.py under the same module name.
+from conftest import SecretScan, local_layers
+
 sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
 import models  # noqa: E402
 
@@ -233,7 +237,6 @@ def test_no_ca_or_index_password_in_the_project_image_lock_or_state(docker_clien
     """Build and lock through a canary CA bundle and a password index URL; then search everything for both.
     The requirement text is unique, so the wheels step really runs (with the secrets mounted). Most of this
     test's minute is `docker save` of the 3.9 GB image; the base's layers are then skipped, the new ones read."""
-    from conftest import SecretScan, local_layers
 
     older = local_layers(docker_client)
     name = f"it-sec-{secrets.token_hex(4)}"
