@@ -127,6 +127,28 @@ def test_zero_code_plans_build_and_match_the_fp32_reference(zero_code, config):
     assert report["ready_s"] > 0
 
 
+def test_run_serves_the_int8_plan_to_tritonclient(zero_code, docker_client):
+    """The zero-code project through `ngcx run --detach`: a client's answer within the INT8 tolerance."""
+    httpclient = pytest.importorskip("tritonclient.http")
+    from ngcx.project.examples import load_examples
+
+    assert ngcx(zero_code, "build").returncode == 0
+    port = free_port()
+    done = ngcx(zero_code, "run", "--detach", "--port", str(port))
+    assert done.returncode == 0 and done.stdout.startswith(f"ready: http://127.0.0.1:{port}/v2/models/convnet")
+    container = done.stdout.split("container ")[1].split(":")[0]
+    try:
+        [example] = load_examples(zero_code / "examples.yaml")
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{port}", network_timeout=60)
+        image = httpclient.InferInput("image", [1, 3, 32, 32], "FP32")
+        image.set_data_from_numpy(example.inputs["image"], binary_data=True)
+        got = client.infer("convnet", [image]).as_numpy("logits")
+        want = example.outputs["logits"]
+        np.testing.assert_allclose(got.reshape(-1), want.array.reshape(-1), rtol=want.rtol, atol=want.atol)
+    finally:
+        docker_client.containers.get(container).remove(force=True)
+
+
 def test_init_turns_the_exported_model_into_a_project_that_builds_and_serves(zero_code, tmp_path):
     """`ngcx init` sniffs the real signature; its examples stub (zeros) is sent for real."""
     model = next((zero_code / "model").glob("*.onnx"))
