@@ -102,7 +102,7 @@ def resolve(project: Project, base: BaseImage, opts: BuildOptions, client: Any) 
     from docker.errors import ContainerError, DockerException
 
     from ngcx import build as cb
-    from ngcx.project.build import pip_problem
+    from ngcx.project.pip_errors import pip_problem
 
     ca = cb.detect_ca(opts.ca_cert)
     with tempfile.TemporaryDirectory(prefix="ngcx-lock-") as secret_dir:

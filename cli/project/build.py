@@ -1,13 +1,7 @@
 """`ngcx build` in a project folder: ngcx.yaml -> ngcx-app/NAME:latest FROM the base release's image.
 
-Why a context folder of ngcx's own (state dir/projects/NAME/context) and not the project folder:
-BuildKit keys its cache on content, so the context holds only what the Dockerfile copies, each file
-written only when its content changed (the model hard-linked where the disk allows it). A code
-edit then re-sends a few KB and re-runs two COPY steps; the model layer and the wheels stay cached.
-
-Why the layer report: users cannot see why a rebuild is slow (BentoML, Truss). Each layer's inputs
-(system packages, requirements or ngcx.lock, model sha256, code files, ngcx.yaml) are hashed and
-kept in build.json next to the context; the next build names the first layer whose inputs changed.
+The build context and the layer report live in context.py, pip's refusals in pip_errors.py; this
+module orders the steps: base, context, BuildKit, verification, state.
 
 Why pins hold: wheels install into the base's venv under /etc/ngcx/constraints.txt AND the base's
 frozen set (pip list of the base, written in the same RUN), then pip check and a freeze diff. pip's
@@ -18,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -29,14 +22,31 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ngcx.errors import UserError
+from ngcx.project.context import (
+    can_link,
+    changed_layer,
+    code_files,
+    context_files,
+    layer_inputs,
+    load_previous,
+    model_sha,
+    present_layers,
+    project_dir,
+    report_line,
+    requirements_text,
+    save_previous,
+    sha256_file,
+    stat_key,
+    sync_context,
+    tree_bytes,
+)
+from ngcx.project.pip_errors import pip_problem
 
 if TYPE_CHECKING:
     from ngcx.build import BuildOptions, ProgressParser
     from ngcx.catalog.model import Catalog
     from ngcx.project.spec import Project
 
-SKIP_PARTS = ("__pycache__", ".git", ".ipynb_checkpoints")
-SKIP_SUFFIXES = (".pyc", ".pyo")
 DOCKER_MARGIN = 256 << 20      # free space kept on the Docker data root beyond the model's two copies
 
 
@@ -94,144 +104,6 @@ def ensure_base(project: Project, opts: BuildOptions, client: Any, catalog: Cata
 # ----------------------------------------------------------------------------- inputs
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def sha256_tree(path: Path) -> str:
-    """A file's sha256, or a folder's (SavedModel): relative names and contents, in order."""
-    if path.is_file():
-        return sha256_file(path)
-    h = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        h.update(f.relative_to(path).as_posix().encode() + b"\0" + sha256_file(f).encode() + b"\n")
-    return h.hexdigest()
-
-
-def tree_bytes(path: Path) -> int:
-    return path.stat().st_size if path.is_file() else sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
-def _stat_key(path: Path) -> list[int]:
-    """What says "the model did not change" without reading it: size, mtime, inode (folder: its files)."""
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    key = [len(files)]
-    for f in files:
-        st = f.stat()
-        key += [st.st_size, st.st_mtime_ns, st.st_ino]
-    return key
-
-
-def model_sha(path: Path, previous: dict[str, Any]) -> str:
-    """sha256 of the model, reused from the last build when its stat is unchanged (a multi-GB model
-    is not re-read on every code edit)."""
-    key = _stat_key(path)
-    cached = previous.get("model_stat") or {}
-    if cached.get("path") == str(path) and cached.get("key") == key and cached.get("sha256"):
-        return cached["sha256"]
-    return sha256_tree(path)
-
-
-def _skipped(rel: Path) -> bool:
-    return any(p in SKIP_PARTS for p in rel.parts) or rel.suffix in SKIP_SUFFIXES
-
-
-def code_files(project: Project) -> dict[str, Path]:
-    """Context path under app/ -> source: spec.files (files or folders) and the handler's module."""
-    root = project.root
-    sources: list[Path] = [(root / f).resolve() for f in project.spec.files]
-    if project.spec.handler:
-        top = project.spec.handler.split(":")[0].split(".")[0]
-        sources.append(root / f"{top}.py" if (root / f"{top}.py").is_file() else root / top)
-    out: dict[str, Path] = {}
-    for src in sources:
-        files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file())
-        for f in files:
-            rel = f.relative_to(root)
-            if not _skipped(rel):
-                out[rel.as_posix()] = f
-    return dict(sorted(out.items()))
-
-
-def requirements_text(project: Project) -> tuple[str, bool]:
-    """(what the wheels layer installs, locked?): ngcx.lock when present and valid, else the list."""
-    from ngcx import lock
-
-    lock_file = project.root / lock.LOCK_FILE
-    if not lock_file.is_file():
-        return ("\n".join(project.requirements) + "\n" if project.requirements else "", False)
-    return lock_file.read_text(encoding="utf-8"), True
-
-
-def layer_inputs(project: Project, base: BaseImage, reqs: str, model: str | None, code: dict[str, str]) -> dict:
-    """Each layer's inputs as hashes, in layer order: compared with the previous build's."""
-    calib = project.spec.model.calibration if project.spec.model else None
-    return {
-        "base": {"layers": base.chain},
-        "system packages": {"packages": list(project.spec.system_packages)},
-        "wheels": {"requirements": hashlib.sha256(reqs.encode()).hexdigest()},
-        "model": {"model": model, "calibration": sha256_file(project.root / calib) if calib else None},
-        "code": code,
-        "config": {"ngcx.yaml": sha256_file(project.file)},
-    }
-
-
-def changed_layer(old: dict | None, new: dict, locked: bool) -> tuple[str | None, str]:
-    """(first layer whose inputs changed, why) — ("base", "first build") when there is no old build."""
-    from ngcx.project.render import LAYERS
-
-    if not old:
-        return "base", "first build of this project"
-    for layer in LAYERS:
-        a, b = old.get(layer), new.get(layer)
-        if a == b:
-            continue
-        if layer == "code":
-            a, b = a or {}, b or {}
-            names = sorted((set(a) ^ set(b)) | {k for k in b if k in a and a[k] != b[k]})
-            shown = ", ".join(Path(n).name for n in names[:3]) + (" ..." if len(names) > 3 else "")
-            return layer, f"{shown} changed" if names else "code changed"
-        if layer == "model":
-            which = [k for k in ("model", "calibration") if (a or {}).get(k) != (b or {}).get(k)]
-            return layer, " and ".join("calibration data" if k == "calibration" else "the model" for k in which) \
-                + " changed"
-        why = {"base": "the base image changed", "system packages": "system_packages changed",
-               "wheels": "ngcx.lock changed" if locked else "the requirements changed",
-               "config": "ngcx.yaml changed"}[layer]
-        return layer, why
-    return None, "nothing changed since the last build"
-
-
-def report_line(first: str | None, why: str, present: list[str]) -> str:
-    """`rebuilding from layer 'code' (handler.py changed); wheels, model: cached`."""
-    if first is None:
-        return f"all layers cached ({why})"
-    if first == "base":
-        return f"building every layer ({why})"
-    cached = [layer for layer in present[:present.index(first)] if layer != "base"] if first in present else []
-    return f"rebuilding from layer '{first}' ({why})" + (f"; {', '.join(cached)}: cached" if cached else "")
-
-
-def present_layers(project: Project, has_requirements: bool, has_code: bool) -> list[str]:
-    out = ["base"]
-    if project.spec.system_packages:
-        out.append("system packages")
-    if has_requirements:
-        out.append("wheels")
-    if project.model is not None:
-        out.append("model")
-    if has_code:
-        out.append("code")
-    return [*out, "config"]
-
-
-# ----------------------------------------------------------------------------- disk
-
-
 def _free(folder: Path) -> int | None:
     probe = folder
     while not probe.exists() and probe != probe.parent:
@@ -266,164 +138,6 @@ def _docker_root(client: Any) -> str | None:
         return None
 
 
-def _can_link(src: Path, folder: Path) -> bool:
-    probe = folder
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    try:
-        return src.stat().st_dev == probe.stat().st_dev
-    except OSError:
-        return False
-
-
-# ----------------------------------------------------------------------------- context
-
-
-def sync_context(ctx: Path, wanted: dict[str, Path | bytes], link: set[str]) -> None:
-    """Make ctx hold exactly `wanted` (relative path -> source file or bytes), rewriting only what
-    changed so unchanged files keep their inode and mtime (BuildKit re-sends nothing for them)."""
-    ctx.mkdir(parents=True, exist_ok=True)
-    for rel, src in wanted.items():
-        target = ctx / rel
-        if _same(target, src):
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.ngcx-tmp")
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        if isinstance(src, bytes):
-            tmp.write_bytes(src)
-        elif rel in link:
-            try:
-                os.link(src, tmp)
-            except OSError:
-                shutil.copy2(src, tmp)
-        else:
-            shutil.copy2(src, tmp)
-        os.replace(tmp, target)
-    keep = {ctx / rel for rel in wanted}
-    for path in sorted(ctx.rglob("*"), reverse=True):
-        if path.is_file() or path.is_symlink():
-            if path not in keep:
-                path.unlink()
-        elif path.is_dir() and not any(path.iterdir()):
-            path.rmdir()
-
-
-def _same(target: Path, src: Path | bytes) -> bool:
-    import filecmp
-
-    if not target.is_file():
-        return False
-    if isinstance(src, bytes):
-        return target.stat().st_size == len(src) and target.read_bytes() == src
-    with contextlib.suppress(OSError):
-        if os.path.samefile(target, src):
-            return True
-    return target.stat().st_size == src.stat().st_size and filecmp.cmp(target, src, shallow=False)
-
-
-def context_files(project: Project, reqs: str, code: dict[str, Path], dockerfile: str) -> dict[str, Path | bytes]:
-    """What the Dockerfile copies, by context path."""
-    wanted: dict[str, Path | bytes] = {"Dockerfile": dockerfile.encode(), "ngcx.yaml": project.file}
-    if reqs:
-        wanted["requirements.txt"] = reqs.encode()
-    if project.model is not None:
-        model = project.model
-        if model.is_file():
-            wanted[f"model/{model.name}"] = model
-        else:
-            for f in sorted(p for p in model.rglob("*") if p.is_file()):
-                wanted[f"model/{model.name}/{f.relative_to(model).as_posix()}"] = f
-    calib = project.spec.model.calibration if project.spec.model else None
-    if calib:
-        wanted[f"calibration/{Path(calib).as_posix()}"] = project.root / calib
-    for rel, src in code.items():
-        wanted[f"app/{rel}"] = src
-    return wanted
-
-
-def project_dir(name: str) -> Path:
-    from ngcx import paths
-
-    return paths.state_dir() / "projects" / name
-
-
-def _load_previous(folder: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((folder / "build.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _save(folder: Path, data: dict[str, Any]) -> None:
-    tmp = folder / "build.json.tmp"
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(tmp, folder / "build.json")
-
-
-# ----------------------------------------------------------------------------- pip failures
-
-CANNOT_INSTALL = re.compile(r"ERROR: Cannot install (?P<reqs>.+?) because these package versions")
-DEPENDS = re.compile(r"^\s*(?P<pkg>\S+) (?P<ver>\S+) depends on (?P<dep>.+?)\s*$")
-USER_REQ = re.compile(r"^\s*The user requested (?P<req>[^(].*?)\s*$")
-CONSTRAINT = re.compile(r"^\s*The user requested \(constraint\) (?P<pin>.+?)\s*$")
-NOT_FOUND = re.compile(r"ERROR: No matching distribution found for (?P<req>.+?)\s*$")
-FROM_FILE = re.compile(r"-r \S+ \(line (\d+)\)")
-REPLACED = re.compile(r"ngcx-replaced: (?P<what>.+)$")
-
-
-def pip_problem(lines: list[str], base_ref: str, requirements: str = "") -> UserError | None:
-    """pip's output (a failed wheels step or `ngcx lock`) -> one line naming the requirement and
-    the pin it would break; None when it is not a resolution problem. `requirements` is the file pip
-    read with -r, so "-r FILE (line 3)" is shown as the requirement written there."""
-    reqs = requirements.splitlines()
-
-    def named(match: re.Match) -> str:
-        n = int(match.group(1))
-        return reqs[n - 1].strip() if 0 < n <= len(reqs) else match.group(0)
-
-    lines = [FROM_FILE.sub(named, line) for line in lines]
-    text = "\n".join(lines)
-    pins = [m.group("pin") for line in lines if (m := CONSTRAINT.match(line))]
-    hint = (f"drop it, pick a version of it that works with what {base_ref} ships, or choose another base "
-            "release (`ngcx catalog ls`)")
-    if pins:
-        wanted = CANNOT_INSTALL.search(text)
-        requirement = wanted.group("reqs") if wanted else "?"
-        dep = next((m for line in lines if (m := DEPENDS.match(line))), None)
-        direct = next((m.group("req") for line in lines if (m := USER_REQ.match(line))), None)
-        pin = _matching_pin(pins, dep.group("dep") if dep else direct or "")
-        if dep is not None:
-            via = f"{dep.group('pkg')} {dep.group('ver')}"
-            through = "" if requirement.split("==")[0].lower() == dep.group("pkg").lower() else f" (through {via})"
-            return UserError(f"requirement {requirement!r}{through} needs {dep.group('dep')}, but the base "
-                             f"{base_ref} pins {pin}; it would replace a pinned package", hint=hint)
-        return UserError(f"requirement {direct or requirement!r} would replace {pin}, pinned by the base {base_ref}",
-                         hint=hint)
-    missing = next((m.group("req") for line in lines if (m := NOT_FOUND.search(line))), None)
-    if missing:
-        return UserError(f"requirement {missing!r}: no matching distribution on the package index",
-                         hint="check its name and version (and --pip-index-url)")
-    replaced = next((m.group("what") for line in lines if (m := REPLACED.search(line))), None)
-    if replaced:
-        return UserError(f"the requirements replaced packages of the base {base_ref}: {replaced}",
-                         hint="pin the requirement that pulled them to a version that works with the base")
-    return None
-
-
-def _matching_pin(pins: list[str], dep: str) -> str:
-    """The constraint about the same package as dep (e.g. protobuf==7.36.2 for protobuf==3.20.2)."""
-    from ngcx.project.spec import canonical
-
-    name = canonical(re.split(r"[<>=!~ \[;]", dep.strip(), maxsplit=1)[0]) if dep else ""
-    return next((p for p in pins if canonical(re.split(r"[<>=!~ ]", p, maxsplit=1)[0]) == name), pins[-1])
-
-
-# ----------------------------------------------------------------------------- build
-
-
 def build_project(project: Project, opts: BuildOptions, catalog: Catalog | None = None) -> ProjectBuildResult:
     """Base first (if missing), then context, Dockerfile, BuildKit build, checks, state."""
     from ngcx import build as cb
@@ -445,7 +159,7 @@ def build_project(project: Project, opts: BuildOptions, catalog: Catalog | None 
     started = time.monotonic()
     base = ensure_base(project, opts, client, catalog)
     folder = project_dir(project.name)
-    previous = _load_previous(folder)
+    previous = load_previous(folder)
 
     reqs, locked = requirements_text(project)
     if locked:
@@ -459,7 +173,7 @@ def build_project(project: Project, opts: BuildOptions, catalog: Catalog | None 
     ctx = folder / "context"
     if project.model is not None and (first in ("base", "model") or not (ctx / "model").exists()):
         root = _docker_root(client)
-        link = _can_link(project.model, ctx) and project.model.is_file()
+        link = can_link(project.model, ctx) and project.model.is_file()
         check_model_space(project.model, tree_bytes(project.model), _free(ctx), _free(Path(root)) if root else None,
                           not link, ctx, root)
 
@@ -499,8 +213,8 @@ def build_project(project: Project, opts: BuildOptions, catalog: Catalog | None 
         raise UserError(f"built {project.image_tag}, but it is not in `ngcx images`: {exc.message}",
                         hint=exc.hint) from None
     old_id = previous.get("image_id")
-    model_stat = {"path": str(project.model), "key": _stat_key(project.model), "sha256": msha} if msha else None
-    _save(folder, {"layers": inputs, "image_id": img.id, "model_stat": model_stat, "base_id": base.id})
+    model_stat = {"path": str(project.model), "key": stat_key(project.model), "sha256": msha} if msha else None
+    save_previous(folder, {"layers": inputs, "image_id": img.id, "model_stat": model_stat, "base_id": base.id})
     _remove_untagged(client, old_id, img.id)
     cached = sum(1 for s in steps if s.status == "cached")
     return ProjectBuildResult(project.image_tag, img.id, size, duration, len(steps), cached, base, ctx, actual, line)

@@ -14,7 +14,8 @@ import pytest
 
 from ngcx.errors import UserError
 from ngcx.project import build as pbuild
-from ngcx.project import render
+from ngcx.project import context as pcontext
+from ngcx.project import pip_errors, render
 from ngcx.project.spec import load_project
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
@@ -142,25 +143,26 @@ PRESENT = ["base", "wheels", "model", "code", "config"]
 
 
 def test_a_code_edit_names_the_file_and_the_cached_layers():
-    first, why = pbuild.changed_layer(inputs(), inputs(code={"handler.py": "h2", "labels.txt": "l"}), False)
+    first, why = pcontext.changed_layer(inputs(), inputs(code={"handler.py": "h2", "labels.txt": "l"}), False)
     assert (first, why) == ("code", "handler.py changed")
-    assert pbuild.report_line(first, why, PRESENT) == \
+    assert pcontext.report_line(first, why, PRESENT) == \
         "rebuilding from layer 'code' (handler.py changed); wheels, model: cached"
 
 
 def test_a_model_change_rebuilds_from_the_model_and_keeps_the_wheels():
-    first, why = pbuild.changed_layer(inputs(), inputs(model={"model": "m2", "calibration": None}), False)
-    assert pbuild.report_line(first, why, PRESENT) == \
+    first, why = pcontext.changed_layer(inputs(), inputs(model={"model": "m2", "calibration": None}), False)
+    assert pcontext.report_line(first, why, PRESENT) == \
         "rebuilding from layer 'model' (the model changed); wheels: cached"
 
 
 def test_the_earliest_change_wins_and_first_and_unchanged_builds_say_so():
     new = inputs(wheels={"requirements": "r2"}, code={"handler.py": "h2"})
-    assert pbuild.changed_layer(inputs(), new, True) == ("wheels", "ngcx.lock changed")
-    assert pbuild.changed_layer(inputs(), new, False) == ("wheels", "the requirements changed")
-    assert pbuild.changed_layer(None, inputs(), False)[0] == "base"
-    assert pbuild.report_line(*pbuild.changed_layer(inputs(), inputs(), False), PRESENT).startswith("all layers cached")
-    assert pbuild.changed_layer(inputs(), inputs(code={"handler.py": "h", "labels.txt": "l", "new.py": "n"}),
+    assert pcontext.changed_layer(inputs(), new, True) == ("wheels", "ngcx.lock changed")
+    assert pcontext.changed_layer(inputs(), new, False) == ("wheels", "the requirements changed")
+    assert pcontext.changed_layer(None, inputs(), False)[0] == "base"
+    unchanged = pcontext.changed_layer(inputs(), inputs(), False)
+    assert pcontext.report_line(*unchanged, PRESENT).startswith("all layers cached")
+    assert pcontext.changed_layer(inputs(), inputs(code={"handler.py": "h", "labels.txt": "l", "new.py": "n"}),
                                 False) == ("code", "new.py changed")
 
 
@@ -186,19 +188,19 @@ The conflict is caused by:
 
 
 def test_a_transitive_conflict_names_the_requirement_and_the_pin():
-    err = pbuild.pip_problem(TRANSITIVE.splitlines(), "onnxruntime:25.08", "six\nonnxconverter-common==1.14.0\n")
+    err = pip_errors.pip_problem(TRANSITIVE.splitlines(), "onnxruntime:25.08", "six\nonnxconverter-common==1.14.0\n")
     assert err is not None and "\n" not in err.line()
     assert err.message.startswith("requirement 'onnxconverter-common==1.14.0' needs protobuf==3.20.2, "
                                   "but the base onnxruntime:25.08 pins protobuf==7.36.2")
 
 
 def test_a_direct_conflict_and_a_missing_package_are_one_line_each():
-    err = pbuild.pip_problem(DIRECT.splitlines(), "onnxruntime:25.08")
+    err = pip_errors.pip_problem(DIRECT.splitlines(), "onnxruntime:25.08")
     assert err is not None and err.message == \
         "requirement 'numpy==1.26.4' would replace numpy==2.4.6, pinned by the base onnxruntime:25.08"
-    err = pbuild.pip_problem(["ERROR: No matching distribution found for nosuch-pkg"], "onnxruntime:25.08")
+    err = pip_errors.pip_problem(["ERROR: No matching distribution found for nosuch-pkg"], "onnxruntime:25.08")
     assert err is not None and "'nosuch-pkg': no matching distribution" in err.message
-    assert pbuild.pip_problem(["error: subprocess-exited-with-error", "gcc: not found"], "x") is None
+    assert pip_errors.pip_problem(["error: subprocess-exited-with-error", "gcc: not found"], "x") is None
 
 
 # ----------------------------------------------------------------------------- disk and context
@@ -219,12 +221,12 @@ def test_the_context_rewrites_only_what_changed(tmp_path):
     (src / "a.py").write_text("a = 1\n")
     (src / "b.py").write_text("b = 1\n")
     ctx = tmp_path / "ctx"
-    pbuild.sync_context(ctx, {"app/a.py": src / "a.py", "app/b.py": src / "b.py", "Dockerfile": b"FROM x\n"}, set())
+    pcontext.sync_context(ctx, {"app/a.py": src / "a.py", "app/b.py": src / "b.py", "Dockerfile": b"FROM x\n"}, set())
     before = {p: (ctx / p).stat().st_ino for p in ("app/a.py", "app/b.py", "Dockerfile")}
     (src / "b.py").write_text("b = 2\n")
-    pbuild.sync_context(ctx, {"app/a.py": src / "a.py", "app/b.py": src / "b.py", "Dockerfile": b"FROM x\n"}, set())
+    pcontext.sync_context(ctx, {"app/a.py": src / "a.py", "app/b.py": src / "b.py", "Dockerfile": b"FROM x\n"}, set())
     assert (ctx / "app/a.py").stat().st_ino == before["app/a.py"]
     assert (ctx / "Dockerfile").stat().st_ino == before["Dockerfile"]
     assert (ctx / "app/b.py").read_text() == "b = 2\n"
-    pbuild.sync_context(ctx, {"Dockerfile": b"FROM y\n"}, set())
+    pcontext.sync_context(ctx, {"Dockerfile": b"FROM y\n"}, set())
     assert sorted(p.relative_to(ctx).as_posix() for p in ctx.rglob("*")) == ["Dockerfile"]
