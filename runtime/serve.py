@@ -13,7 +13,8 @@ dynamic on every input and output are never merged (max_batch_size 0 in /config)
 
 Status codes: 400 bad request body, 404 unknown model / version / path, 405 wrong method,
 413 body over --max-body-mb (also answered to `Expect: 100-continue`, before the upload),
-500 engine failure (the server keeps serving), 503 while loading or draining. SIGTERM: stop
+500 engine failure (the server keeps serving), 503 while loading or draining, and to a connection
+beyond --max-connections (answered at once, then closed). SIGTERM: stop
 accepting, finish in-flight requests (queued ones run at once), exit 0.
 
 Start-up (the CLI): listen first (/v2/health/live 200 at once), then load: a MODEL given
@@ -57,6 +58,7 @@ MODEL_VERSION = "1"
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration"]
 PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan", "pytorch": "pytorch_torchscript",
              "python": "python"}
+DEFAULT_MAX_CONNECTIONS = 512    # open connections (one thread each); more get a 503 at once
 DEFAULT_MAX_BATCH = 256          # for engines without a bound of their own (max_batch == 0)
 SMALL_WRITE = 64 * 1024          # responses below this go out in one send
 DISCARD_FACTOR = 16              # after a refusal, up to this multiple of the limit is read and dropped
@@ -98,6 +100,7 @@ class _App:
         self.inflight = 0
         self.cond = threading.Condition()
         self.connections: set[socket.socket] = set()
+        self.max_connections = DEFAULT_MAX_CONNECTIONS
 
     def attach(self, engine: Engine) -> None:
         """Serve `engine` from now on (it is loaded and warmed up); checks --max-batch against it."""
@@ -183,6 +186,37 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 128
     app: _App
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """One thread per connection, up to --max-connections. Past that a connection gets a 503
+        at once and is closed, so idle or slow clients (slowloris) cannot pile up threads and
+        memory without bound (issue 8). Counted here, before the thread starts, so a burst of
+        accepts cannot overshoot the limit."""
+        app = self.app
+        with app.cond:
+            full = request not in app.connections and len(app.connections) >= app.max_connections
+            if not full:
+                app.connections.add(request)
+        if full:
+            _refuse_busy(request, app.max_connections)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            with app.cond:
+                app.connections.discard(request)
+            raise
+
+
+def _refuse_busy(sock: socket.socket, limit: int) -> None:
+    body = json.dumps({"error": f"the server has {limit} connections open (--max-connections); "
+                                "retry shortly or against another replica"}).encode()
+    head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+            f"\r\nRetry-After: 1\r\nConnection: close\r\nServer: {SERVER_NAME}/{__version__}\r\n\r\n")
+    with contextlib.suppress(OSError):
+        sock.settimeout(1.0)
+        sock.sendall(head.encode() + body)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -700,24 +734,27 @@ class ServerHandle:
 
 def start_server(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *, name: str | None = None,
                  max_batch: int | None = None, max_queue_delay_ms: float = 1.0, max_body_mb: float = 256.0,
-                 verbose: bool = False) -> ServerHandle:
+                 verbose: bool = False, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> ServerHandle:
     """Serve engine on host:port (0 = a free port) from background threads; returns at once."""
-    check_limits(max_batch, name, max_queue_delay_ms, max_body_mb)
+    check_limits(max_batch, name, max_queue_delay_ms, max_body_mb, max_connections)
     app = _App(engine, name or engine.name, max_batch, max_queue_delay_ms, int(max_body_mb * 2**20), verbose)
+    app.max_connections = max_connections
     return _listen(app, host, port)
 
 
 def start_loading(loader: Callable[[], Engine], host: str = "127.0.0.1", port: int = 8000, *, name: str,
                   max_batch: int | None = None, max_queue_delay_ms: float = 1.0, max_body_mb: float = 256.0,
-                  verbose: bool = False, warmup: bool = True) -> ServerHandle:
+                  verbose: bool = False, warmup: bool = True,
+                  max_connections: int = DEFAULT_MAX_CONNECTIONS) -> ServerHandle:
     """Listen at once (live), then load in the background: ready only after loader() returned AND
     one warm-up inference ran, so a readiness probe never sends traffic to a cold model.
 
     A loader failure leaves the server live and not ready, with handle.load_error saying why; the
     exception itself is kept as handle.load_exception for the caller to re-raise.
     """
-    check_limits(max_batch, name, max_queue_delay_ms, max_body_mb)
+    check_limits(max_batch, name, max_queue_delay_ms, max_body_mb, max_connections)
     app = _App(None, name, max_batch, max_queue_delay_ms, int(max_body_mb * 2**20), verbose)
+    app.max_connections = max_connections
     handle = _listen(app, host, port)
 
     def load() -> None:
@@ -762,8 +799,11 @@ def warm_up(engine: Engine) -> bool:
     return True
 
 
-def check_limits(max_batch: int | None, name: str | None, max_queue_delay_ms: float, max_body_mb: float) -> None:
+def check_limits(max_batch: int | None, name: str | None, max_queue_delay_ms: float, max_body_mb: float,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
     """Flag checks that need no engine (done before listening)."""
+    if max_connections < 1:
+        raise ServeError(f"--max-connections {max_connections} must be at least 1")
     if max_batch is not None and max_batch < 1:
         raise ServeError(f"--max-batch {max_batch} must be at least 1")
     if name is not None and (not name or "/" in name):
@@ -823,6 +863,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue-delay-ms", type=float, default=1.0,
                    help="how long the oldest queued request waits for others to merge with (default 1.0)")
     p.add_argument("--max-body-mb", type=float, default=256.0, help="largest request body (default 256 MB)")
+    p.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                   help=f"open connections served at once (one thread each); more get a 503 "
+                        f"(default {DEFAULT_MAX_CONNECTIONS})")
     p.add_argument("--backend", default=None, choices=["tensorrt", "onnxruntime", "pytorch"],
                    help="engine backend (default: chosen automatically)")
     p.add_argument("--verbose", action="store_true", help="log every request to stderr")
@@ -895,7 +938,7 @@ def _check_args(args: argparse.Namespace) -> list[int] | None:
     """Everything checkable without loading, so a typo exits 2 before the server listens."""
     from ngcx_runtime.errors import RuntimeUserError
 
-    check_limits(args.max_batch, args.name, args.max_queue_delay_ms, args.max_body_mb)
+    check_limits(args.max_batch, args.name, args.max_queue_delay_ms, args.max_body_mb, args.max_connections)
     if args.model is None and args.handler is None:
         raise ServeError("nothing to serve: give a MODEL (or PLAN_DIR), a --handler module:Class, or both")
     if args.model is not None and not Path(args.model).exists():
@@ -961,7 +1004,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     handle = start_loading(loader, args.host, args.port, name=name, max_batch=args.max_batch,
                            max_queue_delay_ms=args.max_queue_delay_ms, max_body_mb=args.max_body_mb,
-                           verbose=args.verbose)
+                           verbose=args.verbose, max_connections=args.max_connections)
     print(f"serve: listening at {handle.url} (live; ready once '{name}' is loaded and warmed up)", flush=True)
     while handle.loading and not stop.is_set():
         handle.wait_loaded(0.2)

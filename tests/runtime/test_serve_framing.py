@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from pathlib import Path
 
 import models
@@ -192,3 +193,28 @@ def test_deeply_nested_data_is_a_400(server, mlp_path):
     ex = rawhttp.exchange(server.port, rawhttp.request("POST", INFER, body))
     assert [r.status for r in ex.responses] == [400], ex
     assert_still_serving(server, mlp_path)
+
+
+# -- connection limit --
+
+def test_connections_past_the_limit_get_a_503_and_the_server_recovers(mlp_path):
+    """Idle or slow clients (slowloris) hold one thread each: past --max-connections a new one is
+    answered 503 at once and closed, instead of another thread; when they leave, service resumes."""
+    limited = start_server(load(mlp_path, backend="onnxruntime"), "127.0.0.1", 0, name="mlp", max_batch=8,
+                           max_connections=3)
+    try:
+        holders = [socket.create_connection(("127.0.0.1", limited.port), timeout=10) for _ in range(3)]
+        for s in holders:                               # slowloris: half a request line each, then nothing
+            s.sendall(b"POST /v2/models/mlp/inf")
+        with socket.create_connection(("127.0.0.1", limited.port), timeout=10) as extra:
+            ex = rawhttp.read_responses(extra, idle=5.0, total=10.0)
+        assert [r.status for r in ex.responses] == [503] and ex.closed, ex
+        assert "--max-connections" in ex.responses[0].json()["error"]
+        for s in holders:
+            s.close()
+        deadline = time.monotonic() + 10                # their threads see the close and let go
+        while limited._app.connections and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert_still_serving(limited, mlp_path)
+    finally:
+        limited.stop()
