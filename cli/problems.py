@@ -8,6 +8,7 @@ than one violation (the catalog's rules, `ngcx.yaml`) returns a list of these.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from ngcx.errors import UserError
 
@@ -46,3 +47,28 @@ class ProblemsFound(UserError):
         if len(problems) > 1:
             more = f" (+{len(problems) - 1} more" + (f": run `{check_command}`)" if check_command else ")")
         super().__init__(f"{what} is invalid: {problems[0].line()}{more}")
+
+
+def schema_problems(exc: Any, source: str, lines: dict[tuple, int], unknown_key_hint: str) -> list[Problem]:
+    """A pydantic ValidationError on a YAML file the user wrote -> one Problem per error, at file:line.
+
+    lines maps key paths to line numbers (catalog/yamlio.py load_mapping_with_lines). YAML reads an
+    unquoted 25.10 as the number 25.1: that one says so, instead of pydantic's "valid string".
+    """
+    from ngcx.catalog.yamlio import where
+
+    out = []
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if p != "[key]")
+        field, at = ".".join(str(p) for p in loc), where(source, lines, loc)
+        kind, value = err["type"], err.get("input")
+        if kind == "extra_forbidden":
+            out.append(Problem(at, field, "schema.unknown-key", "unknown key", unknown_key_hint))
+        elif kind == "missing":
+            out.append(Problem(at, field, "schema.missing", "required key is missing"))
+        elif kind == "string_type" and isinstance(value, int | float) and not isinstance(value, bool):
+            out.append(Problem(at, field, "schema.number-not-string", f"{value!r} is a number, not a string",
+                               'quote it, e.g. "25.10": YAML reads 25.10 as 25.1'))
+        else:
+            out.append(Problem(at, field, f"schema.{kind}", err["msg"].removeprefix("Value error, ")))
+    return out

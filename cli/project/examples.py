@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ngcx.problems import Problem, ProblemsFound
+from ngcx.problems import Problem, ProblemsFound, schema_problems
 
 if TYPE_CHECKING:
     import numpy as np
@@ -202,24 +202,8 @@ def _where(source: str, lines: dict[tuple, int], loc: tuple) -> str:
 
 
 def _schema_problems(exc: ValidationError, source: str, lines: dict[tuple, int]) -> list[Problem]:
-    out = []
-    for err in exc.errors():
-        loc = tuple(p for p in err["loc"] if p != "[key]")
-        field_, where = ".".join(str(p) for p in loc), _where(source, lines, loc)
-        kind, value = err["type"], err.get("input")
-        if kind == "extra_forbidden":
-            out.append(Problem(where, field_, "schema.unknown-key", "unknown key",
-                               "inputs take datatype, shape and one of data/npy/file; outputs take data or npy, "
-                               "shape, rtol, atol"))
-        elif kind == "missing":
-            out.append(Problem(where, field_, "schema.missing", "required key is missing"))
-        elif kind == "string_type" and isinstance(value, int | float) and not isinstance(value, bool):
-            out.append(Problem(where, field_, "schema.number-not-string", f"{value!r} is a number, not a string",
-                               "quote it"))
-        else:
-            msg = err["msg"].removeprefix("Value error, ")
-            out.append(Problem(where, field_, f"schema.{kind}", msg))
-    return out
+    return schema_problems(exc, source, lines, "inputs take datatype, shape and one of data/npy/file; "
+                                               "outputs take data or npy, shape, rtol, atol")
 
 
 # ----------------------------------------------------------------------------- signature rules

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ngcx.problems import Problem, ProblemsFound
+from ngcx.problems import Problem, ProblemsFound, schema_problems
 
 if TYPE_CHECKING:
     from ngcx.catalog.model import Catalog, Release
@@ -107,22 +107,7 @@ def _where(source: str, lines: dict[tuple, int], loc: tuple) -> str:
 
 
 def _schema_problems(exc: ValidationError, source: str, lines: dict[tuple, int]) -> list[Problem]:
-    out = []
-    for err in exc.errors():
-        loc = tuple(p for p in err["loc"] if p != "[key]")
-        field, where = ".".join(str(p) for p in loc), _where(source, lines, loc)
-        kind, value = err["type"], err.get("input")
-        if kind == "extra_forbidden":
-            out.append(Problem(where, field, "schema.unknown-key", "unknown key",
-                               "remove it or check its spelling; the schema is ngcx.schema.json"))
-        elif kind == "missing":
-            out.append(Problem(where, field, "schema.missing", "required key is missing"))
-        elif kind == "string_type" and isinstance(value, int | float) and not isinstance(value, bool):
-            out.append(Problem(where, field, "schema.number-not-string", f"{value!r} is a number, not a string",
-                               'quote it, e.g. "25.10": YAML reads 25.10 as 25.1'))
-        else:
-            out.append(Problem(where, field, f"schema.{kind}", err["msg"]))
-    return out
+    return schema_problems(exc, source, lines, "remove it or check its spelling; the schema is ngcx.schema.json")
 
 
 # ----------------------------------------------------------------------------- rules + complete
