@@ -146,25 +146,35 @@ def ensure_base(client, base: str, release: Release) -> None:
 STEP_INSTRUCTIONS = ("FROM", "RUN", "COPY", "ADD", "WORKDIR")
 
 
-def step_titles(dockerfile_text: str) -> dict[int, str]:
-    """Step number -> a readable title: the recipe block's "# ---- title ----" heading plus the
-    instruction, so progress says "[3/8] CUDA 12.4 libraries as pinned wheels (RUN)" instead of
-    a wall of --mount options. Only FROM/RUN/COPY/ADD/WORKDIR become BuildKit steps."""
-    titles: dict[int, str] = {}
-    heading, n, continued = "", 0, False
+def dockerfile_steps(dockerfile_text: str) -> list[tuple[int, str, str, str]]:
+    """(BuildKit step number, the last "# ----" heading line before it, instruction, line) for every
+    instruction that becomes a step (FROM/RUN/COPY/ADD/WORKDIR); continuation lines are skipped.
+    The catalog's progress titles and the project's layer report both count steps this way."""
+    steps: list[tuple[int, str, str, str]] = []
+    heading, continued = "", False
     for line in dockerfile_text.splitlines():
         stripped = line.strip()
         if continued:
             continued = stripped.endswith("\\")
             continue
         if stripped.startswith("# ----"):
-            heading = stripped.lstrip("#").strip().strip("-").strip()
+            heading = stripped
             continue
         word = stripped.split(" ", 1)[0].upper()
         continued = stripped.endswith("\\")
         if word in STEP_INSTRUCTIONS:
-            n += 1
-            titles[n] = f"{heading} ({word})" if heading else stripped[:80]
+            steps.append((len(steps) + 1, heading, word, stripped))
+    return steps
+
+
+def step_titles(dockerfile_text: str) -> dict[int, str]:
+    """Step number -> a readable title: the recipe block's "# ---- title ----" heading plus the
+    instruction, so progress says "[3/8] CUDA 12.4 libraries as pinned wheels (RUN)" instead of
+    a wall of --mount options."""
+    titles: dict[int, str] = {}
+    for n, heading, word, line in dockerfile_steps(dockerfile_text):
+        title = heading.lstrip("#").strip().strip("-").strip()
+        titles[n] = f"{title} ({word})" if title else line[:80]
     return titles
 
 

@@ -138,22 +138,14 @@ def render(plan: Plan) -> str:
 
 def step_layers(dockerfile_text: str) -> dict[int, str]:
     """BuildKit step number ([n/m]) -> the layer it belongs to, from the "# ---- NAME:" headings;
-    counted like build.step_titles (only FROM/RUN/COPY/ADD/WORKDIR are steps)."""
-    from ngcx.build import STEP_INSTRUCTIONS
+    steps counted as build.dockerfile_steps counts them for the progress titles."""
+    from ngcx.build import dockerfile_steps
 
     layers: dict[int, str] = {}
-    layer, n, continued = "base", 0, False
-    for line in dockerfile_text.splitlines():
-        stripped = line.strip()
-        if continued:
-            continued = stripped.endswith("\\")
-            continue
-        m = HEADING.match(stripped)
+    layer = "base"
+    for n, heading, _word, _line in dockerfile_steps(dockerfile_text):
+        m = HEADING.match(heading)
         if m:
             layer = m.group("layer")
-            continue
-        continued = stripped.endswith("\\")
-        if stripped.split(" ", 1)[0].upper() in STEP_INSTRUCTIONS:
-            n += 1
-            layers[n] = layer
+        layers[n] = layer
     return layers
