@@ -11,6 +11,7 @@ never executed.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -111,6 +112,16 @@ def load_yaml(text: str, source: str) -> Any:
         raise UserError(f"{where}: malformed YAML: {problem}", hint="fix the YAML syntax at that line") from None
     except yaml.YAMLError as exc:
         raise UserError(f"{source}: malformed YAML: {' '.join(str(exc).split())}") from None
+
+
+def read_text(file: Path, hint: str) -> str:
+    """A YAML file the user wrote, as text; unreadable or not UTF-8 -> one UserError line."""
+    try:
+        return file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{file} is not UTF-8 text (byte {exc.start})", hint="save it as UTF-8") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {file}: {exc.strerror or exc}", hint=hint) from None
 
 
 def load_mapping_with_lines(text: str, source: str, expected: str) -> tuple[dict, dict[tuple, int]]:

@@ -141,16 +141,11 @@ class Example:
 def load_examples(file: Path, inputs: list | None = None, outputs: list | None = None) -> list[Example]:
     """Parse, validate and build examples.yaml; with a signature (lists of {name, datatype, shape}
     dicts or TensorSpec-like objects) also check every example against it. Problems -> ProblemsFound."""
-    from ngcx.errors import UserError
+
+    from ngcx.catalog.yamlio import read_text
 
     source = str(file)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{file} is not UTF-8 text (byte {exc.start})", hint="save it as UTF-8") from None
-    except OSError as exc:
-        raise UserError(f"cannot read {file}: {exc.strerror or exc}",
-                        hint="check `examples:` in ngcx.yaml, or run `ngcx init` for a stub") from None
+    text = read_text(file, "check `examples:` in ngcx.yaml, or run `ngcx init` for a stub")
     data, lines = _parse(text, source)
     try:
         spec = ExamplesFile.model_validate(data)

@@ -344,15 +344,10 @@ def _parses_as_onnx(path: Path) -> bool:
 def load_project(file: Path, catalog: Catalog | None = None) -> Project:
     """Parse, validate and complete ngcx.yaml; every problem found -> ProblemsFound (exit 2)."""
     from ngcx.catalog import load_catalog
-    from ngcx.errors import UserError
+    from ngcx.catalog.yamlio import read_text
 
     source = str(file)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{file} is not UTF-8 text (byte {exc.start})", hint="save it as UTF-8") from None
-    except OSError as exc:
-        raise UserError(f"cannot read {file}: {exc.strerror or exc}") from None
+    text = read_text(file, "check the path; `ngcx init` writes an ngcx.yaml")
     data, lines = parse(text, source)
     try:
         spec = ProjectSpec.model_validate(data)
