@@ -48,7 +48,7 @@ def ca_bundle() -> str:
 
 def build_naive(dockerfile: Path, tag: str) -> float:
     """Build with BuildKit from an empty context (the Dockerfile copies nothing); seconds taken."""
-    from ngcx.docker_util import docker_cli  # the CLI that drives BuildKit without buildx
+    from ngcx.engine import docker_cli  # the CLI that drives BuildKit without buildx
 
     cli = docker_cli()
     if cli is None:

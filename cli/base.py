@@ -83,14 +83,15 @@ def bootstrap_command(
     """debootstrap SUITE from MIRROR into a temp dir and import it as a Docker image."""
     tag = tag or f"{BASE_REPO}:{suite}"
     check_inputs(suite, mirror, tag, variant)
-    from ngcx.docker_util import engine_client, human_size
+    from ngcx.engine import engine_client
+    from ngcx.output import human_size
 
     client = engine_client()
     check_mirror(mirror, suite)
     started = time.monotonic()
     image = bootstrap(client, suite=suite, mirror=mirror, tag=tag, variant=variant, slim=slim,
                       workdir=Path(workdir))
-    print(f"{tag}  {image.id}  {human_size(image.attrs.get('Size', 0))}  "
+    print(f"{tag}  {image.id}  {human_size(image.attrs.get('Size', 0), places=1)}  "
           f"({time.monotonic() - started:.0f} s, suite {suite}, {variant})")
 
 
@@ -395,7 +396,8 @@ def ls_command() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ngcx.docker_util import engine_client, human_size
+    from ngcx.engine import engine_client
+    from ngcx.output import human_size
 
     client = engine_client()
     images = client.images.list(name=BASE_REPO)
@@ -408,7 +410,7 @@ def ls_command() -> None:
         for image_tag in image.tags:
             if image_tag.startswith(f"{BASE_REPO}:"):
                 created = labels.get("org.opencontainers.image.created", image.attrs.get("Created", "")[:19])
-                size = human_size(image.attrs.get("Size", 0))
+                size = human_size(image.attrs.get("Size", 0), places=1)
                 table.add_row(image_tag, image.short_id.split(":")[-1], size,
                               labels.get(LABEL_SUITE, "?"), labels.get(LABEL_MIRROR, "?"), created)
     Console(width=200).print(table)

@@ -123,7 +123,7 @@ def pip_conf_text(opts: BuildOptions) -> str | None:
 
 def ensure_base(client, base: str, release: Release) -> None:
     """The base must be local (or pullable): say how to get it instead of an opaque BuildKit error."""
-    from ngcx.docker_util import image_or_none
+    from ngcx.engine import image_or_none
 
     if image_or_none(client, base) is not None:
         return
@@ -291,7 +291,7 @@ def _run_build(cmd: list[str], env: dict[str, str], progress: str, titles: dict[
 def build(release: Release, opts: BuildOptions, catalog=None) -> BuildResult:
     """Render, build, inspect and record one image."""
     from ngcx import naming, paths, render, state
-    from ngcx.docker_util import docker_cli, engine_client
+    from ngcx.engine import docker_cli, engine_client
 
     image_spec = catalog.image(release.image) if catalog else None
     if image_spec is not None and not image_spec.buildable and not (opts.pip_index_url or opts.pip_extra_index_urls):

@@ -85,7 +85,7 @@ def _engine_info(client: Any) -> dict[str, Any]:
 
 
 def check_engine() -> tuple[Any, Check]:
-    from ngcx.docker_util import ENGINE_HINT, engine_client
+    from ngcx.engine import ENGINE_HINT, engine_client
     from ngcx.errors import UserError
 
     try:
@@ -100,7 +100,7 @@ def check_engine() -> tuple[Any, Check]:
 
 def check_buildkit(client: Any) -> Check:
     """Build a one-line FROM scratch context with DOCKER_BUILDKIT=1 (exported to nowhere)."""
-    from ngcx.docker_util import docker_cli
+    from ngcx.engine import docker_cli
 
     name = "buildkit"
     if client is None:
@@ -127,7 +127,7 @@ def check_buildkit(client: Any) -> Check:
 
 def check_logins() -> Check:
     """Registries with stored credentials (names only, never the credentials)."""
-    from ngcx.docker_util import docker_config_path, read_docker_config
+    from ngcx.credentials import docker_config_path, read_docker_config
     from ngcx.errors import UserError
 
     try:
@@ -144,8 +144,8 @@ def check_logins() -> Check:
 
 
 def check_loopback_registry() -> Check:
-    from ngcx.docker_util import registry_status
     from ngcx.errors import UserError
+    from ngcx.registry_api import registry_status
 
     try:
         status = registry_status(LOOPBACK_REGISTRY, timeout=3)
@@ -220,7 +220,8 @@ def offline_bases() -> list[str]:
 
 
 def check_offline_base(client: Any) -> Check:
-    from ngcx.docker_util import human_size, image_or_none
+    from ngcx.engine import image_or_none
+    from ngcx.output import human_size
 
     if client is None:
         return Check("offline-base", "warn", "not checked: engine not reachable", "start the engine first")
@@ -228,7 +229,7 @@ def check_offline_base(client: Any) -> Check:
     for tag in offline_bases():
         image = image_or_none(client, tag)
         (present if image else missing).append(
-            f"{tag} ({human_size(image.attrs.get('Size', 0))})" if image else tag)
+            f"{tag} ({human_size(image.attrs.get('Size', 0), places=1)})" if image else tag)
     if missing:
         return Check("offline-base", "warn", f"missing: {', '.join(missing)}",
                      "ngcx base bootstrap (needed only for builds without Docker Hub access)")

@@ -16,7 +16,7 @@ from ngcx.options import JsonOpt
 def rows() -> list[dict]:
     """Newest build per tag, with whether the engine still has that exact image."""
     from ngcx import state
-    from ngcx.docker_util import engine_client, image_or_none
+    from ngcx.engine import engine_client, image_or_none
 
     client = engine_client()
     seen: set[str] = set()

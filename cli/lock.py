@@ -182,7 +182,7 @@ def write_lock(path: Path, text: str) -> None:
 
 def lock_project(project: Project, opts: BuildOptions, catalog=None) -> tuple[Path, list[str], BaseImage]:
     """Base (built first if missing) -> resolve in it -> ngcx.lock next to ngcx.yaml."""
-    from ngcx.docker_util import engine_client
+    from ngcx.engine import engine_client
     from ngcx.project.build import ensure_base
 
     if not project.requirements:

@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
 
 def normalize_registry(registry: str) -> str:
     """'https://host:5000/ns/' -> 'host:5000' (the key docker uses); Docker Hub -> its v1 URL."""
-    from ngcx.docker_util import split_registry
+    from ngcx.registry_api import split_registry
 
     host, _ = split_registry(registry)
     if host in ("docker.io", "index.docker.io", "registry-1.docker.io"):
@@ -82,7 +82,8 @@ def _read_password(from_stdin: bool) -> str:
 
 def verify_credentials(key: str, username: str, password: str) -> None:
     """GET /v2/ with the credentials (Basic or Bearer token flow); UserError unless accepted."""
-    from ngcx.docker_util import Credentials, registry_get
+    from ngcx.credentials import Credentials
+    from ngcx.registry_api import registry_get
 
     host = api_host(key)
     resp = registry_get(host, "/v2/", creds=Credentials(username, password))
@@ -97,13 +98,7 @@ def verify_credentials(key: str, username: str, password: str) -> None:
 
 def store_credentials(key: str, username: str, password: str) -> str:
     """Write to the configured credential helper, else to config.json auths (0600). Returns where."""
-    from ngcx.docker_util import (
-        Credentials,
-        auth_field,
-        credential_helper,
-        read_docker_config,
-        write_docker_config,
-    )
+    from ngcx.credentials import Credentials, auth_field, credential_helper, read_docker_config, write_docker_config
 
     config = read_docker_config()
     helper = credential_helper(config, key)
@@ -139,7 +134,7 @@ def logout_command(
     registry: str = typer.Argument(..., help="Registry host[:port] to forget."),
 ) -> None:
     """Remove stored credentials for REGISTRY (config.json and credential helper)."""
-    from ngcx.docker_util import credential_helper, read_docker_config, write_docker_config
+    from ngcx.credentials import credential_helper, read_docker_config, write_docker_config
 
     key = normalize_registry(registry)
     config = read_docker_config()

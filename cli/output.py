@@ -35,12 +35,16 @@ def _term_width() -> int:
     return shutil.get_terminal_size((120, 24)).columns
 
 
-def human_size(n: int | None) -> str:
+def human_size(n: float | None, places: int = 2) -> str:
+    """Decimal units (as `docker images` counts), "-" for an unknown size.
+
+    One helper for every command (there were two); `places=1` keeps the figures that `ngcx base`,
+    `ngcx doctor` and `ngcx push` have always printed, the others print 2 places."""
     if n is None:
         return "-"
     size = float(n)
     for unit in ("B", "KB", "MB", "GB"):
         if size < 1000 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.2f} {unit}"
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.{places}f} {unit}"
         size /= 1000
-    return f"{size:.2f} GB"
+    return f"{size:.{places}f} GB"

@@ -26,7 +26,8 @@ def push_command(
 ) -> None:
     """Push a built image to REGISTRY and verify the registry serves the same digest."""
     from ngcx import naming, state
-    from ngcx.docker_util import engine_client, split_registry
+    from ngcx.engine import engine_client
+    from ngcx.registry_api import split_registry
 
     if variant not in naming.VARIANTS:
         raise UserError(f"unknown --variant {variant!r}", hint=f"use one of: {', '.join(naming.VARIANTS)}")
@@ -48,7 +49,7 @@ def resolve_local(client, ref: str, variant: str) -> tuple[str, str, str]:
     catalog names it, and the variant's build (ngcx/<image>:<release>-<variant>) must exist.
     """
     from ngcx import naming
-    from ngcx.docker_util import image_or_none
+    from ngcx.engine import image_or_none
 
     if "/" in ref:  # catalog names have no '/': this is a local image reference
         if image_or_none(client, ref) is None:
@@ -80,7 +81,7 @@ def _direct(ref: str) -> tuple[str, str, str]:
     The remote name and tag must be valid in Docker's grammar: a bad one is a UserError now, not a
     registry error after the upload.
     """
-    from ngcx.docker_util import PATH_COMPONENT, TAG
+    from ngcx.registry_api import PATH_COMPONENT, TAG
 
     if "@" in ref:
         raise UserError(f"cannot push a digest reference {ref!r}", hint="pass a tagged image reference")
@@ -94,7 +95,8 @@ def _direct(ref: str) -> tuple[str, str, str]:
 
 def check_access(host: str):
     """Stored credentials for `host`, after proving the registry is up and accepts them."""
-    from ngcx.docker_util import registry_status, stored_credentials
+    from ngcx.credentials import stored_credentials
+    from ngcx.registry_api import registry_status
 
     creds = stored_credentials(host)
     status = registry_status(host, creds)
@@ -111,7 +113,8 @@ def check_access(host: str):
 
 def push_and_verify(client, local_ref: str, repository: str, tag: str, host: str, creds) -> str:
     """Tag, push with per-layer progress, then check the registry's manifest digest."""
-    from ngcx.docker_util import image_or_none, manifest_digest
+    from ngcx.engine import image_or_none
+    from ngcx.registry_api import manifest_digest
 
     remote = f"{repository}:{tag}"
     had_tag = image_or_none(client, remote) is not None
@@ -140,7 +143,7 @@ def stream_push(client, repository: str, tag: str, creds) -> str:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
 
-    from ngcx.docker_util import human_size
+    from ngcx.output import human_size
 
     auth = {"username": creds.username, "password": creds.password} if creds else None
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[bytes]}"))
@@ -163,7 +166,7 @@ def stream_push(client, repository: str, tag: str, creds) -> str:
             if detail.get("total"):
                 current, total = detail.get("current", 0), detail["total"]
                 progress.update(tasks[layer], total=total, completed=current, description=f"{layer} {status}",
-                                bytes=f"{human_size(current)} / {human_size(total)}")
+                                bytes=f"{human_size(current, places=1)} / {human_size(total, places=1)}")
             elif done:
                 progress.update(tasks[layer], total=1, completed=1, description=f"{layer} {status}")
             else:

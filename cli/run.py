@@ -88,7 +88,7 @@ def register(app: typer.Typer) -> None:
         import sys
 
         from ngcx.catalog import load_catalog
-        from ngcx.docker_util import docker_cli, engine_client
+        from ngcx.engine import docker_cli, engine_client
         from ngcx.test import host_has_gpu, resolve_image
 
         if ref is None:

@@ -159,7 +159,7 @@ def resolve_image(ref: str, variant: str, catalog_file: Path | None) -> str:
     """IMAGE_REF (a local tag) or IMAGE[:RELEASE] from the catalog -> local tag."""
     from ngcx import naming
     from ngcx.catalog import load_catalog
-    from ngcx.docker_util import engine_client, image_or_none
+    from ngcx.engine import engine_client, image_or_none
 
     client = engine_client()
     if "/" in ref and image_or_none(client, ref) is not None:
@@ -189,7 +189,7 @@ def run_in_image(client, tag: str, args: list[str], gpu: bool) -> tuple[int, str
 
 
 def test_image(tag: str, gpu_mode: str) -> tuple[list[Check], dict[str, Any]]:
-    from ngcx.docker_util import engine_client
+    from ngcx.engine import engine_client
 
     client = engine_client()
     labels = client.images.get(tag).labels or {}

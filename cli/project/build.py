@@ -88,7 +88,7 @@ def ensure_base(project: Project, opts: BuildOptions, client: Any, catalog: Cata
 
     from ngcx import build as catalog_build
     from ngcx import naming
-    from ngcx.docker_util import image_or_none
+    from ngcx.engine import image_or_none
 
     release = project.release
     tag = naming.local_tag(release.image, release.tag, project.spec.variant)
@@ -142,7 +142,7 @@ def build_project(project: Project, opts: BuildOptions, catalog: Catalog | None 
     """Base first (if missing), then context, Dockerfile, BuildKit build, checks, state."""
     from ngcx import build as cb
     from ngcx import state
-    from ngcx.docker_util import docker_cli, engine_client
+    from ngcx.engine import docker_cli, engine_client
     from ngcx.project import render
 
     cb._check_url(opts.pip_index_url, "--pip-index-url")

@@ -66,7 +66,7 @@ def start(project: Project, *, port: int | None = None, gpu: bool = False, ready
     """docker run -d the project image, publish its first port on 127.0.0.1, wait until ready."""
     from docker.types import DeviceRequest
 
-    from ngcx.docker_util import engine_client, image_or_none
+    from ngcx.engine import engine_client, image_or_none
     from ngcx.project.client import Client, wait_ready
 
     client = engine_client()

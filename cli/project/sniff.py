@@ -94,7 +94,7 @@ def image_signature(model: Path, fmt: str, image_tag: str, build_hint: str) -> S
     """
     from docker.errors import APIError, ContainerError
 
-    from ngcx.docker_util import engine_client, image_or_none
+    from ngcx.engine import engine_client, image_or_none
 
     client = engine_client()
     if image_or_none(client, image_tag) is None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from ngcx.base import check_inputs, public_url
-from ngcx.docker_util import registry_base_url, split_registry
 from ngcx.errors import UserError
 from ngcx.login import DOCKER_HUB_KEY, normalize_registry
 from ngcx.push import _direct
+from ngcx.registry_api import registry_base_url, split_registry
 
 
 @pytest.mark.parametrize(("typed", "host", "namespace"), [
