@@ -27,6 +27,7 @@ def push_command(
     """Push a built image to REGISTRY and verify the registry serves the same digest."""
     from ngcx import naming, state
     from ngcx.engine import engine_client
+    from ngcx.host import resolve_local
     from ngcx.registry_api import split_registry
 
     if variant not in naming.VARIANTS:
@@ -40,57 +41,6 @@ def push_command(
     digest = push_and_verify(client, local_ref, repository, tag, host, creds)
     state.record_push(tag=local_ref, remote_ref=f"{repository}:{tag}", digest=digest)
     print(f"{repository}:{tag}@{digest}")
-
-
-def resolve_local(client, ref: str, variant: str) -> tuple[str, str, str]:
-    """(local image reference, remote image name, remote tag) for a catalog or local reference.
-
-    A reference with '/' that exists locally is used as is (e.g. ngcx/base:bookworm). Otherwise the
-    catalog names it, and the variant's build (ngcx/<image>:<release>-<variant>) must exist.
-    """
-    from ngcx import naming
-    from ngcx.engine import image_or_none
-
-    if "/" in ref:  # catalog names have no '/': this is a local image reference
-        if image_or_none(client, ref) is None:
-            raise UserError(f"no local image {ref!r}", hint="check `docker images`, or build it first")
-        return _direct(ref)
-    try:
-        from ngcx.catalog import load_catalog
-
-        release = load_catalog().resolve(ref)
-    except ImportError:
-        release = None
-    except UserError:
-        if image_or_none(client, ref) is not None:
-            return _direct(ref)
-        raise
-    if release is None:
-        if image_or_none(client, ref) is not None:
-            return _direct(ref)
-        raise UserError(f"no local image {ref!r}", hint="build it (ngcx build) or check `docker images`")
-    local = naming.local_tag(release.image, release.tag, variant)
-    if image_or_none(client, local) is None:
-        raise UserError(f"{local} is not built", hint=f"run: ngcx build {release.ref} --variant {variant}")
-    return local, release.image, f"{release.tag}-{variant}"
-
-
-def _direct(ref: str) -> tuple[str, str, str]:
-    """'ngcx/base:bookworm' -> ('ngcx/base:bookworm', 'base', 'bookworm'); no tag means latest.
-
-    The remote name and tag must be valid in Docker's grammar: a bad one is a UserError now, not a
-    registry error after the upload.
-    """
-    from ngcx.registry_api import PATH_COMPONENT, TAG
-
-    if "@" in ref:
-        raise UserError(f"cannot push a digest reference {ref!r}", hint="pass a tagged image reference")
-    last = ref.rsplit("/", 1)[-1]
-    name, _, tag = last.partition(":")
-    if not PATH_COMPONENT.fullmatch(name) or (tag and not TAG.fullmatch(tag)):
-        raise UserError(f"{ref!r} is not an image reference NAME[:TAG]",
-                        hint="e.g. ngcx/base:bookworm (lowercase name; tag of letters, digits, '_', '.', '-')")
-    return ref, name, tag or "latest"
 
 
 def check_access(host: str):

@@ -22,36 +22,6 @@ from ngcx.errors import UserError
 from ngcx.options import CatalogOpt, Gpu, GpuOpt, ProjectFileOpt, VariantOpt
 
 
-def host_gpus() -> tuple[str | None, list[dict]]:
-    """Host driver version and GPUs, read with the same NVML probe that runs inside images."""
-    from ngcx_runtime import probe
-
-    driver, gpus, _reason = probe.driver_and_gpus()
-    return (driver or {}).get("version"), gpus
-
-
-def check_driver(labels: dict[str, str], release, driver: str | None, gpus: list[dict]) -> None:
-    """Refuse when the host driver is below what the image needs on this host's GPUs."""
-    from packaging.version import Version
-
-    if not gpus or not driver:
-        return
-    for gpu in gpus:
-        cc = gpu.get("compute_capability")
-        need = release.min_driver_for(cc) if release is not None else labels.get("ai.ngcx.min-driver", "0")
-        if Version(driver) < Version(need):
-            raise UserError(
-                f"host driver {driver} is too old for {labels.get('ai.ngcx.image')}:{labels.get('ai.ngcx.release')}"
-                f" on GPU {gpu.get('index')} ({gpu.get('name')}, compute capability {cc}): it needs >= {need}",
-                hint="upgrade the NVIDIA driver or pick an older release (`ngcx catalog ls`)")
-        supported = labels.get("ai.ngcx.compute-capabilities", "").split(",")
-        if cc and supported and cc not in supported:
-            raise UserError(
-                f"GPU {gpu.get('index')} ({gpu.get('name')}) has compute capability {cc}, which "
-                f"{labels.get('ai.ngcx.image')}:{labels.get('ai.ngcx.release')} has no kernels for "
-                f"(supported: {', '.join(supported)})", hint="pick a release that lists it (`ngcx catalog show`)")
-
-
 def docker_run_argv(cli: str, tag: str, cmd: list[str], gpus: bool, interactive: bool,
                     ports: list[str], volumes: list[str], env: list[str]) -> list[str]:
     argv = [cli, "run", "--rm"]
@@ -89,7 +59,7 @@ def register(app: typer.Typer) -> None:
 
         from ngcx.catalog import load_catalog
         from ngcx.engine import docker_cli, engine_client
-        from ngcx.test import host_has_gpu, resolve_image
+        from ngcx.host import check_driver, host_gpus, host_has_gpu, resolve_image
 
         if ref is None:
             return run_project(project_file, port, detach, gpu)
@@ -125,10 +95,10 @@ def run_project(project_file: Path | None, port: int, detach: bool, gpu_mode: st
     import sys
     import time
 
+    from ngcx.host import check_driver, host_gpus, host_has_gpu
     from ngcx.project import find_project_file
     from ngcx.project.serving import start
     from ngcx.project.spec import load_project
-    from ngcx.test import host_has_gpu
 
     file = find_project_file(project_file) if project_file else find_project_file()
     if file is None:

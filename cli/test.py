@@ -13,7 +13,6 @@ model answers every example in examples.yaml (cli/project/check.py).
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -146,31 +145,6 @@ def selftest_checks(results: list[dict[str, Any]]) -> list[Check]:
 # ----------------------------------------------------------------------------- running
 
 
-def host_has_gpu() -> tuple[bool, str]:
-    """Can containers get a GPU here? Needs an NVIDIA driver and the container toolkit."""
-    if not (Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi")):
-        return False, "no GPU: no NVIDIA driver on this host"
-    if not (shutil.which("nvidia-container-runtime") or shutil.which("nvidia-container-cli")):
-        return False, "no GPU: NVIDIA Container Toolkit not installed"
-    return True, ""
-
-
-def resolve_image(ref: str, variant: str, catalog_file: Path | None) -> str:
-    """IMAGE_REF (a local tag) or IMAGE[:RELEASE] from the catalog -> local tag."""
-    from ngcx import naming
-    from ngcx.catalog import load_catalog
-    from ngcx.engine import engine_client, image_or_none
-
-    client = engine_client()
-    if "/" in ref and image_or_none(client, ref) is not None:
-        return ref
-    release = load_catalog(catalog_file).resolve(ref)
-    tag = naming.local_tag(release.image, release.tag, variant)
-    if image_or_none(client, tag) is None:
-        raise UserError(f"image {tag} is not built", hint=f"run `ngcx build {release.ref} --variant {variant}`")
-    return tag
-
-
 def run_in_image(client, tag: str, args: list[str], gpu: bool) -> tuple[int, str, str]:
     """Run ngcx-runtime ARGS in a throwaway container; (exit code, stdout, stderr)."""
     from docker.types import DeviceRequest
@@ -190,6 +164,7 @@ def run_in_image(client, tag: str, args: list[str], gpu: bool) -> tuple[int, str
 
 def test_image(tag: str, gpu_mode: str) -> tuple[list[Check], dict[str, Any]]:
     from ngcx.engine import engine_client
+    from ngcx.host import host_has_gpu
 
     client = engine_client()
     labels = client.images.get(tag).labels or {}
@@ -245,6 +220,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Verify a built image: pins vs loaded libraries, framework views, the image's own tests."""
         from ngcx import output
+        from ngcx.host import resolve_image
 
         if ref is None:
             tag, checks, report = _project_checks(project_file, gpu, repeats)

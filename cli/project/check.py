@@ -87,10 +87,11 @@ def example_checks(runs: list[ExampleRun]) -> list[Check]:
 def test_project(project: Project, gpu_mode: str, repeats: int = 20) -> tuple[list[Check], dict[str, Any]]:
     """Release checks on the project image, then serve it and run the examples. (checks, report)."""
     from ngcx.errors import UserError
+    from ngcx.host import host_has_gpu
     from ngcx.project import serving
     from ngcx.project.client import Client
     from ngcx.project.examples import load_examples
-    from ngcx.test import host_has_gpu, test_image
+    from ngcx.test import test_image
 
     checks, probe = test_image(project.image_tag, gpu_mode)
     if project.examples is None:

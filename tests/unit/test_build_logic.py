@@ -13,7 +13,7 @@ import pytest
 from ngcx.build import BuildOptions, ProgressParser, detect_ca, pip_conf_text, redact
 from ngcx.catalog import load_catalog
 from ngcx.errors import UserError
-from ngcx.run import check_driver
+from ngcx.host import check_driver
 from ngcx.test import FAIL, PASS, framework_checks, library_checks, version_matches
 
 

@@ -25,8 +25,8 @@ from ngcx import base, naming
 from ngcx.base import check_inputs, public_url
 from ngcx.catalog.model import RELEASE_TAG, load_catalog
 from ngcx.errors import UserError
+from ngcx.host import _direct
 from ngcx.login import DOCKER_HUB_KEY, normalize_registry
-from ngcx.push import _direct
 from ngcx.registry_api import PATH_COMPONENT, REGISTRY_HOST, TAG, registry_base_url, split_registry
 
 # deadline: a slow input (exponential blow-up) takes far longer than 5 s; a busy 2-core CI box once

@@ -6,8 +6,8 @@ import pytest
 
 from ngcx.base import check_inputs, public_url
 from ngcx.errors import UserError
+from ngcx.host import _direct
 from ngcx.login import DOCKER_HUB_KEY, normalize_registry
-from ngcx.push import _direct
 from ngcx.registry_api import registry_base_url, split_registry
 
 
