@@ -11,14 +11,12 @@ with --secret, mounted as tmpfs for the RUN steps that need them, and deleted af
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import re
 import subprocess
 import tempfile
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -27,14 +25,13 @@ import typer
 
 from ngcx.errors import UserError
 from ngcx.options import CatalogOpt, ProjectFileOpt, VariantOpt
+from ngcx.output import redact
 
 if TYPE_CHECKING:
     from ngcx.catalog.model import Release
+    from ngcx.progress import ProgressParser
 
 CA_ENV_VARS = ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")
-STEP_LINE = re.compile(r"^#(?P<id>\d+) (?P<rest>.*)$")
-DOCKERFILE_STEP = re.compile(r"^\[(?:[\w.-]+ )?\d+/\d+\] ")  # "[3/8] RUN ..." or "[stage-0 3/8] RUN ..."
-CREDENTIALS_IN_URL = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@", re.IGNORECASE)
 
 
 class BuildFailed(UserError):
@@ -71,11 +68,6 @@ class BuildResult:
 
 
 # ----------------------------------------------------------------------------- inputs
-
-
-def redact(text: str) -> str:
-    """Hide user:password@ in any URL before it reaches a terminal or a log."""
-    return CREDENTIALS_IN_URL.sub(r"\g<scheme>***@", text)
 
 
 def detect_ca(explicit: Path | None) -> Path | None:
@@ -140,7 +132,7 @@ def ensure_base(client, base: str, release: Release) -> None:
                     hint=hint)
 
 
-# ----------------------------------------------------------------------------- progress
+# ----------------------------------------------------------------------------- step titles
 
 
 STEP_INSTRUCTIONS = ("FROM", "RUN", "COPY", "ADD", "WORKDIR")
@@ -178,113 +170,6 @@ def step_titles(dockerfile_text: str) -> dict[int, str]:
     return titles
 
 
-@dataclass
-class Step:
-    id: str
-    name: str = ""
-    title: str = ""
-    status: str = "running"  # running | done | cached | error
-    seconds: float | None = None
-    log: deque = field(default_factory=lambda: deque(maxlen=25))
-
-
-class ProgressParser:
-    """Reads BuildKit's --progress=plain lines into steps (name, state, last log lines)."""
-
-    def __init__(self, titles: dict[int, str] | None = None) -> None:
-        self.titles = titles or {}
-        self.returncode: int | None = None  # docker build's exit status, once it ended
-        self.steps: dict[str, Step] = {}
-        self.order: list[str] = []
-        self.error: str | None = None
-
-    def feed(self, raw: str) -> Step | None:
-        line = redact(raw.rstrip("\n"))
-        m = STEP_LINE.match(line)
-        if not m:
-            return None
-        sid, rest = m.group("id"), m.group("rest")
-        step = self.steps.get(sid)
-        if step is None:
-            step = self.steps[sid] = Step(sid)
-            self.order.append(sid)
-        if rest == "CACHED":
-            step.status = "cached"
-        elif rest.startswith("DONE"):
-            step.status = "done"
-            with contextlib.suppress(IndexError, ValueError):
-                step.seconds = float(rest.split()[1].rstrip("s"))
-        elif rest.startswith("ERROR"):
-            step.status = "error"
-            self.error = rest
-        elif not step.name:
-            step.name = rest
-            m = re.match(r"^\[(?:[\w.-]+ )?(\d+)/(\d+)\] ", rest)
-            if m:
-                step.title = f"[{m.group(1)}/{m.group(2)}] " + self.titles.get(int(m.group(1)), rest[m.end():])
-        else:
-            text = re.sub(r"^\d+\.\d+ ", "", rest)
-            step.log.append(text)
-        return step
-
-    def build_steps(self) -> list[Step]:
-        """The Dockerfile steps ([n/m] ...), in order (BuildKit's [internal] steps left out)."""
-        return [self.steps[s] for s in self.order if DOCKERFILE_STEP.match(self.steps[s].name)]
-
-    def failed(self) -> Step | None:
-        return next((self.steps[s] for s in self.order if self.steps[s].status == "error"), None)
-
-
-def _run_build(cmd: list[str], env: dict[str, str], progress: str, titles: dict[int, str]) -> ProgressParser:
-    """Run docker build, showing live progress; returns the parsed steps."""
-    import sys
-
-    from rich.console import Console
-    from rich.live import Live
-    from rich.text import Text
-
-    parser = ProgressParser(titles)
-    console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
-    live_ok = progress == "auto" and console.is_terminal
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, errors="replace", bufsize=1)
-    assert proc.stdout is not None
-
-    def view() -> Text:
-        steps = parser.build_steps()
-        text = Text()
-        for s in steps[-12:]:
-            mark = {"done": "✓", "cached": "✓ cached", "error": "✗", "running": "…"}[s.status]
-            secs = f" {s.seconds:.1f}s" if s.seconds is not None else ""
-            text.append(f"{mark:<9}{(s.title or s.name)[:110]}{secs}\n")
-            if s.status == "running" and s.log:
-                text.append(f"          {s.log[-1][:100]}\n", style="dim")
-        return text
-
-    try:
-        if live_ok:
-            with Live(view(), console=console, refresh_per_second=4, transient=False) as live:
-                for line in proc.stdout:
-                    parser.feed(line)
-                    live.update(view())
-        else:
-            for line in proc.stdout:
-                step = parser.feed(line)
-                if step is not None and DOCKERFILE_STEP.match(step.name) and step.status in ("done", "cached"):
-                    mark = "✓ cached" if step.status == "cached" else "✓"
-                    console.print(f"{mark:<9}{(step.title or step.name)[:110]}"
-                                  + (f" {step.seconds:.1f}s" if step.seconds else ""), highlight=False)
-                elif progress == "plain" and step is not None:
-                    console.print(redact(line.rstrip()), highlight=False, markup=False)
-        proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
-        proc.wait(timeout=30)
-        raise
-    parser.returncode = proc.returncode
-    return parser
-
-
 # ----------------------------------------------------------------------------- build
 
 
@@ -292,6 +177,7 @@ def build(release: Release, opts: BuildOptions, catalog=None) -> BuildResult:
     """Render, build, inspect and record one image."""
     from ngcx import naming, paths, render, state
     from ngcx.engine import docker_cli, engine_client
+    from ngcx.progress import run_build
 
     image_spec = catalog.image(release.image) if catalog else None
     if image_spec is not None and not image_spec.buildable and not (opts.pip_index_url or opts.pip_extra_index_urls):
@@ -337,7 +223,7 @@ def build(release: Release, opts: BuildOptions, catalog=None) -> BuildResult:
         env = {**os.environ, "DOCKER_BUILDKIT": "1"}
         started = time.monotonic()
         print(f"building {tag} from {base} ({release.ref}, {opts.variant}); context {ctx.path}")
-        parser = _run_build(cmd, env, opts.progress, step_titles(ctx.dockerfile.read_text()))
+        parser = run_build(cmd, env, opts.progress, step_titles(ctx.dockerfile.read_text()))
         duration = time.monotonic() - started
 
     if parser.returncode != 0:

@@ -102,6 +102,7 @@ def resolve(project: Project, base: BaseImage, opts: BuildOptions, client: Any) 
     from docker.errors import ContainerError, DockerException
 
     from ngcx import build as cb
+    from ngcx.output import redact
     from ngcx.project.pip_errors import pip_problem
 
     ca = cb.detect_ca(opts.ca_cert)
@@ -122,7 +123,7 @@ def resolve(project: Project, base: BaseImage, opts: BuildOptions, client: Any) 
                                         remove=True, stdout=True, stderr=False)
         except ContainerError as exc:
             raw = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else str(exc.stderr or "")
-            lines = [cb.redact(line) for line in raw.splitlines()]
+            lines = [redact(line) for line in raw.splitlines()]
             problem = pip_problem(lines, project.release.ref)
             if problem is not None:
                 raise problem from None

@@ -1,4 +1,5 @@
-"""Terminal output shared by the commands: JSON for machines, rich tables for people.
+"""Terminal output shared by the commands: JSON for machines, rich tables for people, and the
+redaction every line goes through that might carry a credential in a URL (pip, BuildKit logs).
 
 rich is imported inside the functions so that `ngcx --help` never pays for it.
 """
@@ -6,9 +7,12 @@ rich is imported inside the functions so that `ngcx --help` never pays for it.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+CREDENTIALS_IN_URL = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@", re.IGNORECASE)
 
 
 def emit_json(data: Any) -> None:
@@ -48,3 +52,8 @@ def human_size(n: float | None, places: int = 2) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.{places}f} {unit}"
         size /= 1000
     return f"{size:.{places}f} GB"
+
+
+def redact(text: str) -> str:
+    """Hide user:password@ in any URL before it reaches a terminal or a log."""
+    return CREDENTIALS_IN_URL.sub(r"\g<scheme>***@", text)

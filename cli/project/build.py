@@ -43,8 +43,9 @@ from ngcx.project.context import (
 from ngcx.project.pip_errors import pip_problem
 
 if TYPE_CHECKING:
-    from ngcx.build import BuildOptions, ProgressParser
+    from ngcx.build import BuildOptions
     from ngcx.catalog.model import Catalog
+    from ngcx.progress import ProgressParser
     from ngcx.project.spec import Project
 
 DOCKER_MARGIN = 256 << 20      # free space kept on the Docker data root beyond the model's two copies
@@ -232,6 +233,7 @@ def _docker_build(cli: str, project: Project, base: BaseImage, ctx: Path, opts: 
                   dockerfile: str) -> ProgressParser:
     """docker build with the catalog build's secrets and progress display."""
     from ngcx import build as cb
+    from ngcx.progress import run_build
 
     with tempfile.TemporaryDirectory(prefix="ngcx-secrets-") as secret_dir:
         os.chmod(secret_dir, 0o700)
@@ -248,7 +250,7 @@ def _docker_build(cli: str, project: Project, base: BaseImage, ctx: Path, opts: 
             cmd.append("--no-cache")
         cmd.append(str(ctx))
         env = {**os.environ, "DOCKER_BUILDKIT": "1"}
-        return cb._run_build(cmd, env, opts.progress, cb.step_titles(dockerfile))
+        return run_build(cmd, env, opts.progress, cb.step_titles(dockerfile))
 
 
 def _fail(parser: ProgressParser, dockerfile: str, base_ref: str, requirements: str) -> None:

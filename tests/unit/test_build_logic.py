@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from ngcx.build import BuildOptions, ProgressParser, detect_ca, pip_conf_text, redact
+from ngcx.build import BuildOptions, detect_ca, pip_conf_text
 from ngcx.catalog import load_catalog
 from ngcx.errors import UserError
 from ngcx.host import check_driver
+from ngcx.output import redact
+from ngcx.progress import ProgressParser
 from ngcx.test import FAIL, PASS, framework_checks, library_checks, version_matches
 
 
