@@ -18,7 +18,8 @@ from ngcx.errors import CheckFailed, UserError
 
 # Each module exposes register(app: typer.Typer). Order = order in `ngcx --help`.
 COMMAND_MODULES = (
-    "init", "catalog", "render", "base", "build", "lock", "test", "push", "login", "run", "images", "doctor",
+    "init", "catalog", "render", "base", "build", "lock", "test", "push", "login", "run",
+    "deploy", "deployments", "hosts", "images", "doctor",
 )
 
 

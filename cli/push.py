@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import typer
 
+from ngcx.credentials import Credentials
 from ngcx.errors import UserError
 
 
@@ -25,22 +26,50 @@ def push_command(
     variant: str = typer.Option("runtime", "--variant", help="runtime or devel (catalog images)."),
 ) -> None:
     """Push a built image to REGISTRY and verify the registry serves the same digest."""
-    from ngcx import naming, state
+    from ngcx import naming
     from ngcx.engine import engine_client
     from ngcx.host import resolve_local
-    from ngcx.registry_api import split_registry
 
     if variant not in naming.VARIANTS:
         raise UserError(f"unknown --variant {variant!r}", hint=f"use one of: {', '.join(naming.VARIANTS)}")
-    host, namespace = split_registry(registry)
-    client = engine_client()
-    local_ref, name, tag = resolve_local(client, ref, variant)
+    target(registry)  # a malformed --registry is one line before the engine is asked anything
+    local_ref, name, tag = resolve_local(engine_client(), ref, variant)
+    remote, digest = push_image(local_ref, registry, name=name, tag=tag)
+    print(f"{remote}@{digest}")
+
+
+def target(registry: str) -> tuple[str, str, Credentials | None, str | None]:
+    """(host, namespace, temporary login or None, ACR region or None) for HOST[:PORT][/NS] or acr://REGION/NS.
+
+    An acr:// target resolves to the region's registry endpoint (ngcx.acr) and logs in with a 1-hour
+    token from the SDK; nothing is stored in the docker config.
+    """
+    from ngcx import acr
+    from ngcx.registry_api import split_registry
+
+    parsed = acr.parse(registry)
+    if parsed is None:
+        host, namespace = split_registry(registry)
+        return host, namespace, None, None
+    region, namespace = parsed
+    return acr.endpoint(region), namespace, None, region
+
+
+def push_image(local_ref: str, registry: str, *, name: str | None = None, tag: str | None = None) -> tuple[str, str]:
+    """Push `local_ref` to `registry` (also acr://), verify the digest, record it; (remote ref, digest)."""
+    from ngcx import acr, state
+    from ngcx.engine import engine_client
+    from ngcx.host import _direct
+
+    host, namespace, _creds, region = target(registry)
+    if name is None or tag is None:
+        _ref, name, tag = _direct(local_ref)
     repository = f"{host}/{namespace}/{name}" if namespace else f"{host}/{name}"
-    creds = check_access(host)
+    creds = acr.temporary_login(region) if region else check_access(host)
     state.check()  # a locked, full or unwritable store fails before the upload, not after it
-    digest = push_and_verify(client, local_ref, repository, tag, host, creds)
+    digest = push_and_verify(engine_client(), local_ref, repository, tag, host, creds)
     state.record_push(tag=local_ref, remote_ref=f"{repository}:{tag}", digest=digest)
-    print(f"{repository}:{tag}@{digest}")
+    return f"{repository}:{tag}", digest
 
 
 def check_access(host: str):

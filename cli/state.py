@@ -65,6 +65,23 @@ MIGRATIONS: tuple[str, ...] = (
         updated_at REAL NOT NULL
     );
     """,
+    # 2: deployments carry what a deploy needs to be resumed, reused or cleaned up by the next ngcx
+    # (issue 10): the spec that makes hosts interchangeable, the cloud's idempotency token, the host
+    # address, per-phase seconds, and the pid of the ngcx that owns an in-flight deploy.
+    """
+    ALTER TABLE deployments ADD COLUMN zone TEXT;
+    ALTER TABLE deployments ADD COLUMN instance_type TEXT;
+    ALTER TABLE deployments ADD COLUMN client_token TEXT;
+    ALTER TABLE deployments ADD COLUMN host TEXT;
+    ALTER TABLE deployments ADD COLUMN container TEXT;
+    ALTER TABLE deployments ADD COLUMN model TEXT;
+    ALTER TABLE deployments ADD COLUMN spec TEXT NOT NULL DEFAULT '{}';
+    ALTER TABLE deployments ADD COLUMN phases TEXT NOT NULL DEFAULT '{}';
+    ALTER TABLE deployments ADD COLUMN pid INTEGER;
+    ALTER TABLE deployments ADD COLUMN path TEXT;
+    CREATE INDEX deployments_by_target ON deployments (target, status);
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

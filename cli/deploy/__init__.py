@@ -1,1 +1,38 @@
-"""Deploy targets: one module per target (local, aliyun, aws), same interface."""
+"""`ngcx deploy`: the same image, served on a GPU — this workstation or a cloud instance.
+
+The router (SkyPilot's shape, cloud-apis.md §11.2): every target is one module of this package
+with the same verbs — run (create or reuse a host and start the container), query, start, stop,
+terminate, logs, orphans — and a CAPABILITIES declaration (common.Capabilities). flow.py walks a
+deploy through them and the state store; nothing outside this package names a target's module.
+Only the standard library and typer load at import time: cloud SDKs are imported by the target
+that needs them, when it needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+import typer
+
+TARGETS = ("local", "aliyun")
+VERBS = ("CAPABILITIES", "prepare", "run", "container_failure", "cleanup_failed", "query", "start", "stop",
+         "terminate", "logs", "orphans", "delete_orphan")
+
+
+def target(cloud: str) -> ModuleType:
+    """The module for `cloud`; an unknown name is one line naming the known ones."""
+    from ngcx.errors import UserError
+
+    if cloud not in TARGETS:
+        raise UserError(f"unknown cloud {cloud!r}", hint=f"use one of: {', '.join(TARGETS)}")
+    module = importlib.import_module(f"ngcx.deploy.{cloud}")
+    missing = [verb for verb in VERBS if not hasattr(module, verb)]
+    assert not missing, f"deploy target {cloud} lacks {missing}"
+    return module
+
+
+def register(app: typer.Typer) -> None:
+    from ngcx.deploy.command import register as register_deploy
+
+    register_deploy(app)

@@ -29,8 +29,8 @@ def ngcx(*args: str) -> subprocess.CompletedProcess[str]:
 
 # What a user can type today; written out here (not read from COMMAND_MODULES) so a deleted
 # command module fails these tests instead of silently shrinking `ngcx --help`.
-COMMANDS = {"init", "catalog", "render", "base", "build", "lock", "test", "push", "login", "logout", "run", "images",
-            "doctor"}
+COMMANDS = {"init", "catalog", "render", "base", "build", "lock", "test", "push", "login", "logout", "run",
+            "deploy", "deployments", "hosts", "images", "doctor"}
 
 
 def implemented_commands() -> dict[str, list[str]]:

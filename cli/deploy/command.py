@@ -1,0 +1,182 @@
+"""`ngcx deploy [IMAGE[:RELEASE]] --cloud local|aliyun [...] [-- CMD]`: the CLI face of cli/deploy/.
+
+Why apart from flow.py: this module turns flags into a DeployConfig (every user mistake is one line
+here, before the state store or a cloud hears of it) and prints; flow.py does the work.
+Only typer and the standard library at import time (`ngcx --help` stays fast).
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ngcx.errors import UserError
+from ngcx.options import CatalogOpt, JsonOpt, ProjectFileOpt, VariantOpt
+
+
+class Cloud(StrEnum):
+    local = "local"
+    aliyun = "aliyun"
+
+
+class Workload(StrEnum):
+    cnn = "cnn"
+    rnn = "rnn"
+    transformer = "transformer"
+
+
+class GpuMode(StrEnum):
+    require = "require"   # the host must give the container a GPU (default on clouds)
+    auto = "auto"         # a GPU when the host has one, else the CPU (default locally)
+    off = "off"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("deploy", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(deploy_cmd)
+
+
+def deploy_cmd(
+    ctx: typer.Context,
+    ref: Annotated[str | None, typer.Argument(
+        help="IMAGE[:RELEASE] or a local image tag; omit it in a project folder (ngcx.yaml).")] = None,
+    cloud: Annotated[Cloud, typer.Option("--cloud", case_sensitive=False, help="Where to serve it.")] = Cloud.local,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="GPU model: T4, A10, V100, A100, L20, … (clouds).")] = None,
+    workload: Annotated[Workload, typer.Option("--workload", case_sensitive=False,
+                                               help="Ranks GPUs: cnn by tensor FLOP/s; rnn/transformer by memory "
+                                                    "bandwidth and capacity.")] = Workload.cnn,
+    region: Annotated[str | None, typer.Option("--region", help="Cloud region (default: the profile's).")] = None,
+    zone: Annotated[str | None, typer.Option("--zone", help="Only this zone.")] = None,
+    max_price: Annotated[float | None, typer.Option("--max-price", help="Highest hourly price (table's currency).")]
+    = None,
+    spot: Annotated[bool, typer.Option("--spot", help="Spot instances (ranked by spot price).")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the ranked candidates and why; change nothing.")]
+    = False,
+    gpu_mode: Annotated[GpuMode | None, typer.Option(
+        "--gpu-mode", case_sensitive=False,
+        help="require: fail without a usable GPU (clouds' default); auto: CPU when none (local default); off.")] = None,
+    registry: Annotated[str | None, typer.Option(
+        "--registry", help="Push here first (HOST[:PORT]/NS or acr://REGION/NS); default: the image's last push.")]
+    = None,
+    port: Annotated[int | None, typer.Option("--port", help="Local: host port on 127.0.0.1 (default: free).")] = None,
+    allow_from: Annotated[str, typer.Option("--allow-from", help="Cloud: CIDR allowed to reach port 8000.")]
+    = "0.0.0.0/0",
+    ready_timeout: Annotated[float, typer.Option("--ready-timeout", help="Seconds to wait for /v2/health/ready.")]
+    = 900.0,
+    project_file: ProjectFileOpt = None,
+    variant: VariantOpt = None,
+    catalog_file: CatalogOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Serve an image (or this folder's project) on this workstation or a cloud GPU; prints the URL."""
+    from ngcx.deploy.common import DeployConfig
+
+    cmd = [a for a in ctx.args if a != "--"]
+    if any(a.startswith("-") for a in cmd[:1]) and "--" not in sys.argv:
+        raise UserError(f"unknown option {cmd[0]!r}", hint="put the container's command after `--`")
+    image, labels = resolve(ref, project_file, variant, catalog_file)
+    if not cmd and "ai.ngcx.project.name" not in labels and labels.get("ai.ngcx.image"):
+        raise UserError(f"{image} is a catalog image without a model to serve",
+                        hint="deploy a project (ngcx init) or give the command: -- ngcx-runtime serve MODEL")
+    mode = (gpu_mode or (GpuMode.auto if cloud == Cloud.local else GpuMode.require)).value
+    config = DeployConfig(cloud=cloud.value, image=image, pull_ref=None, registry=None, labels=labels,
+                          model=labels.get("ai.ngcx.project.name"), cmd=cmd, gpu=gpu, gpu_mode=mode,
+                          workload=workload.value, region=region, zone=zone, max_price=max_price, spot=spot,
+                          port=port, allow_from=_cidr(allow_from), ready_timeout=ready_timeout)
+    if dry_run:
+        return _dry_run(config)
+    if cloud != Cloud.local:
+        config.pull_ref, config.registry = _pull_ref(image, registry)
+    _warn_interrupted()
+    from ngcx.deploy.common import format_phases
+    from ngcx.deploy.flow import deploy
+
+    record = deploy(config)
+    if as_json:
+        from ngcx.output import emit_json
+
+        return emit_json(record.as_json())
+    print(f"ngcx: deployment {record.id} ready ({record.path}{', ' + record.instance_id if record.instance_id else ''})"
+          f": {format_phases(record.phases)}", file=sys.stderr)
+    if record.detail:
+        print(f"ngcx: note: {record.detail}", file=sys.stderr)
+    print(record.endpoint)
+
+
+def resolve(ref: str | None, project_file: Path | None, variant: str | None,
+            catalog_file: Path | None) -> tuple[str, dict[str, str]]:
+    """(local image tag, its labels) for IMAGE[:RELEASE], a local tag, or the project here."""
+    from ngcx.engine import engine_client, image_or_none
+
+    if ref is None:
+        from ngcx.project import find_project_file
+        from ngcx.project.spec import load_project
+
+        file = find_project_file(project_file) if project_file else find_project_file()
+        if file is None:
+            raise UserError(f"no IMAGE given and no ngcx.yaml in {project_file or Path.cwd()}",
+                            hint="give an image, or run `ngcx init` here")
+        tag = load_project(file).image_tag
+        image = image_or_none(engine_client(), tag)
+        if image is None:
+            raise UserError(f"{tag} is not built", hint=f"run `ngcx build` in {file.parent}")
+        return tag, dict(image.labels or {})
+    from ngcx.host import resolve_image
+
+    tag = resolve_image(ref, variant or "runtime", catalog_file)
+    return tag, dict(engine_client().images.get(tag).labels or {})
+
+
+def _pull_ref(image: str, registry: str | None) -> tuple[str, str]:
+    """REGISTRY/REPO@DIGEST the host pulls: pushed now (--registry) or the image's last verified push."""
+    if registry:
+        from ngcx.push import push_image
+
+        remote, digest = push_image(image, registry)
+    else:
+        from ngcx import state
+
+        pushes = state.list_pushes(image)
+        if not pushes:
+            raise UserError(f"{image} has never been pushed, and a cloud host pulls from a registry",
+                            hint="pass --registry acr://REGION/NAMESPACE (or HOST[:PORT]/NS) to push it first")
+        remote, digest = pushes[0].remote_ref, pushes[0].digest
+    repository = remote.rsplit(":", 1)[0] if ":" in remote.rsplit("/", 1)[-1] else remote
+    return f"{repository}@{digest}", repository.split("/", 1)[0]
+
+
+def _cidr(text: str) -> str:
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_network(text.strip(), strict=False))
+    except ValueError:
+        raise UserError(f"--allow-from {text!r} is not a CIDR", hint="e.g. 203.0.113.7/32 or 0.0.0.0/0") from None
+
+
+def _dry_run(config: Any) -> None:
+    """What a deploy would do, without a single write call (offline ranking for clouds)."""
+    if config.cloud == "local":
+        print(f"would serve {config.image} on this host's Docker engine (gpu mode {config.gpu_mode}), "
+              f"port {config.port or 'a free one'} on 127.0.0.1")
+        return
+    from ngcx.deploy import offers
+    from ngcx.deploy.aliyun import choose
+
+    choice = choose(config)
+    for line in offers.explain(choice):
+        print(line)
+    if not choice.candidates:
+        raise UserError(f"no {config.cloud} instance type fits {config.image}", hint="see the reasons above")
+
+
+def _warn_interrupted() -> None:
+    from ngcx.deploy import store
+
+    for record in store.interrupted():
+        print(f"ngcx: warning: deployment {record.id} ({record.cloud}) was interrupted while {record.status}"
+              f"{' with instance ' + record.instance_id if record.instance_id else ''}; "
+              "run `ngcx deployments gc` to find and clean up what it left", file=sys.stderr)

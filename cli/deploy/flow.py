@@ -1,0 +1,105 @@
+"""One deploy, walked through a target's verbs and the state store, with per-phase seconds.
+
+Why apart from the targets: the rules that must hold for every cloud live here once — intent is
+recorded before the first write call; every transition is written; a deploy that fails or is
+interrupted (Ctrl-C) tears down what it created and says why in its record; a deploy returns only
+when /v2/health/ready answers through the printed endpoint, and ends with where the seconds went.
+"""
+
+from __future__ import annotations
+
+import time
+from types import ModuleType
+from typing import Any
+
+from ngcx.deploy import store, target
+from ngcx.deploy.common import FAILED, READY, STOPPED, DeployConfig, DeployRecord, NotReady
+from ngcx.errors import UserError
+
+POLL_S = 0.1          # readiness poll interval: a local deploy's whole budget is ~3 s
+FAILURE_CHECK_S = 2.0  # default: how often a target is asked whether the container died (a cloud API call)
+
+
+def deploy(config: DeployConfig) -> DeployRecord:
+    """Reads first (credentials, image, offers), then intent, then the target's write calls."""
+    module = target(config.cloud)
+    plan = module.prepare(config)
+    record = store.create_intent(config)
+    try:
+        record = module.run(config, record, plan)
+        ready_s = wait_ready(module, record, config.ready_timeout)
+    except BaseException as exc:
+        _fail(module, store.get(record.id), plan, exc)
+        raise
+    return store.update(record.id, status=READY, phases=_phases(module, store.get(record.id), ready_s), pid=None)
+
+
+def _phases(module: ModuleType, record: DeployRecord, ready_s: float) -> dict[str, float]:
+    """A target that knows when the host pulled and started splits the wait; else it all counts as ready."""
+    if hasattr(module, "report_phases"):
+        return module.report_phases(record, time.time())
+    return dict(record.phases, ready=round(ready_s, 3))
+
+
+def _fail(module: ModuleType, record: DeployRecord, plan: Any, exc: BaseException) -> None:
+    """Tear down what this deploy created and keep the reason in its record."""
+    why = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else _reason(exc)
+    try:
+        detail = module.cleanup_failed(record, plan) or ""
+    except Exception as cleanup_exc:  # the record must still say what happened
+        detail = f"cleanup failed: {_reason(cleanup_exc)}; run `ngcx deployments gc`"
+    store.update(record.id, status=FAILED, pid=None, detail=f"{why}{'; ' + detail if detail else ''}")
+
+
+def _reason(exc: BaseException) -> str:
+    return exc.line() if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
+
+
+def wait_ready(module: ModuleType, record: DeployRecord, timeout: float) -> float:
+    """Poll the endpoint's /v2/health/ready (the server answers it after load and warm-up)."""
+    from ngcx.project.client import Client
+
+    client = Client(record.endpoint or "", timeout=5.0)
+    start = last_check = time.monotonic()
+    try:
+        while time.monotonic() - start < timeout:
+            if client.ready():
+                return time.monotonic() - start
+            if time.monotonic() - last_check >= getattr(module, "FAILURE_CHECK_S", FAILURE_CHECK_S):
+                last_check = time.monotonic()
+                why = module.container_failure(record)
+                if why:
+                    raise NotReady(f"deployment {record.id}: {why}",
+                                   hint=f"the record keeps it: ngcx deployments show {record.id}")
+            time.sleep(POLL_S)
+    finally:
+        client.close()
+    tail = _last_lines(module, record)
+    raise NotReady(f"deployment {record.id} at {record.endpoint} was not ready after {timeout:.0f} s"
+                   f"{'; last log lines: ' + tail if tail else ''}",
+                   hint="a large image or model may need --ready-timeout")
+
+
+def _last_lines(module: ModuleType, record: DeployRecord, n: int = 8) -> str:
+    try:
+        text = module.logs(record, n)
+    except Exception:  # logs are a courtesy here; the timeout is the error
+        return ""
+    return " | ".join(line.strip() for line in text.splitlines() if line.strip())[-600:]
+
+
+def start(record: DeployRecord, timeout: float) -> DeployRecord:
+    """Start a stopped deployment again (host and container) and wait until it is ready."""
+    module = target(record.cloud)
+    t0 = time.monotonic()
+    record = module.start(record)
+    ready_s = wait_ready(module, record, timeout)
+    phases = dict(record.phases, ready=round(ready_s, 3))
+    phases.setdefault("api", round(time.monotonic() - t0 - ready_s, 3))
+    return store.update(record.id, status=READY, phases=phases, pid=None)
+
+
+def stop(record: DeployRecord) -> DeployRecord:
+    module = target(record.cloud)
+    record = module.stop(record)
+    return store.update(record.id, status=STOPPED, pid=None)

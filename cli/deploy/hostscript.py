@@ -1,0 +1,58 @@
+"""Render the host script (recipes/deploy/host.sh.j2): user-data on a fresh host, Cloud Assistant
+command on a running one.
+
+Why a template: the steps a host takes are text (shell), kept in recipes/ beside the Dockerfile
+blocks; Python only decides the values. Every value is shell-quoted by the `q` filter, so an image
+reference, a CMD argument or a token can never break out of its word.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from ngcx.credentials import Credentials
+
+USER_DATA_LIMIT = 16 * 1024  # ECS: raw user-data up to 16 KB (cloud-apis.md §5.1)
+
+
+@dataclass(frozen=True)
+class HostJob:
+    deployment: int
+    pull_ref: str
+    registry: str
+    min_driver: str
+    gpu_mode: str
+    login: Credentials | None
+    cmd: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    port: int = 8000
+
+
+def _env():
+    import jinja2
+
+    from ngcx import paths
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.recipes_dir() / "deploy")),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    env.filters["q"] = lambda value: shlex.quote(str(value))
+    return env
+
+
+def render(job: HostJob, mode: str) -> str:
+    text = _env().get_template("host.sh.j2").render(
+        mode=mode, deployment=job.deployment, pull_ref=job.pull_ref, registry=job.registry,
+        min_driver=job.min_driver, gpu_mode=job.gpu_mode, login=job.login, cmd=list(job.cmd),
+        env=dict(job.env), port=job.port)
+    if mode == "user-data" and len(text.encode()) > USER_DATA_LIMIT:
+        from ngcx.errors import UserError
+
+        raise UserError(f"the host script is {len(text.encode())} bytes, over ECS's 16 KB user-data limit",
+                        hint="shorten the CMD or environment passed to deploy")
+    return text
+
+
+def render_bake(refs: list[str]) -> str:
+    """The bake script for `ngcx hosts bake` (recipes/deploy/bake.sh.j2)."""
+    return _env().get_template("bake.sh.j2").render(refs=refs)

@@ -1,0 +1,200 @@
+"""The workstation target: this host's Docker engine, all GPUs when the host has them.
+
+Why a target like the clouds: `ngcx deploy --cloud local` is the fastest path there is (the host is
+running and the image is present, cold-start.md §7 column A), and it must behave like a cloud
+deploy — a record, a URL, per-phase seconds, stop/start/destroy/logs/gc — so users learn one flow.
+A workstation cannot stop or start its host: stop and start act on the container only.
+Deploying the same image again swaps the container and keeps the previous URL (its port).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from ngcx.deploy import store
+from ngcx.deploy.common import (
+    PATH_LOCAL,
+    REPLACED,
+    SERVE_PORT,
+    STARTING,
+    Capabilities,
+    DeployConfig,
+    DeployRecord,
+    HostStatus,
+)
+from ngcx.errors import UserError
+
+CAPABILITIES = Capabilities(stop_start_host=False, choose_instance=False, bake=False, list_orphans=True)
+FAILURE_CHECK_S = 0.0   # asking the local engine whether the container died costs nothing
+LABEL_DEPLOYMENT = "ai.ngcx.deployment"
+LABEL_OWNER = "ai.ngcx.deploy.owner"
+PLAN_CACHE_IN_IMAGE = "/var/cache/ngcx/plans"
+
+
+@dataclass
+class Plan:
+    client: Any
+    gpu: bool
+    why_no_gpu: str
+
+
+def prepare(config: DeployConfig) -> Plan:
+    """The engine answers, the image is here, and the GPU decision is made (driver checked)."""
+    from ngcx.engine import engine_client, image_or_none
+    from ngcx.host import check_driver, host_gpus, host_has_gpu
+
+    client = engine_client()
+    if image_or_none(client, config.image) is None:
+        raise UserError(f"image {config.image} is not on this host", hint="build it first (`ngcx build`)")
+    has_gpu, why = host_has_gpu()
+    if config.gpu_mode == "require" and not has_gpu:
+        raise UserError(f"--gpu-mode require, but this host cannot give containers a GPU: {why}",
+                        hint="use --gpu-mode auto to serve on the CPU here")
+    use_gpu = has_gpu and config.gpu_mode != "off"
+    if use_gpu:
+        driver, gpus = host_gpus()
+        check_driver(config.labels, None, driver, gpus)
+    return Plan(client, use_gpu, why)
+
+
+def run(config: DeployConfig, record: DeployRecord, plan: Plan) -> DeployRecord:
+    """Swap out a previous deployment of the same image (keeping its port), start the container."""
+    from docker.types import DeviceRequest
+
+    from ngcx.project.serving import free_port, plan_cache_dir
+
+    port = config.port or _swap_previous(plan.client, config.image, record.id) or free_port()
+    kwargs: dict[str, Any] = {}
+    if plan.gpu:
+        kwargs["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    t0 = time.monotonic()
+    try:
+        container = plan.client.containers.run(
+            config.image, config.cmd or None, detach=True, name=f"ngcx-deploy-{record.id}",
+            ports={f"{SERVE_PORT}/tcp": ("127.0.0.1", port)}, environment=config.env,
+            volumes={str(plan_cache_dir()): {"bind": PLAN_CACHE_IN_IMAGE, "mode": "rw"}},
+            labels={LABEL_DEPLOYMENT: str(record.id), LABEL_OWNER: store.owner_id()}, **kwargs)
+    except Exception as exc:
+        raise UserError(f"the engine could not start {config.image}: {_one_line(exc)}",
+                        hint="is the port free? pass --port, or check `docker ps`") from None
+    started = time.monotonic() - t0
+    phases = {"api": 0.0, "boot": 0.0, "pull": 0.0, "start": round(started, 3)}
+    return store.update(record.id, status=STARTING, container=container.id, host="127.0.0.1",
+                        endpoint=f"http://127.0.0.1:{port}", path=PATH_LOCAL, phases=phases,
+                        detail=None if plan.gpu else f"CPU only: {plan.why_no_gpu or 'GPU use turned off'}")
+
+
+def _swap_previous(client: Any, image: str, new_id: int) -> int | None:
+    """Remove the containers of earlier live local deployments of `image`; the port they used."""
+    port = None
+    for old in store.records(cloud="local"):
+        if old.id == new_id or old.image != image:
+            continue
+        _remove(client, old.container)
+        store.update(old.id, status=REPLACED, pid=None, detail=f"replaced by deployment {new_id}")
+        if old.endpoint and port is None:
+            port = urlsplit(old.endpoint).port
+    return port
+
+
+def _remove(client: Any, container_id: str | None) -> None:
+    from docker.errors import APIError, NotFound
+
+    if not container_id:
+        return
+    with contextlib.suppress(NotFound, APIError):
+        client.containers.get(container_id).remove(force=True)
+
+
+def _container(record: DeployRecord) -> Any:
+    from docker.errors import NotFound
+
+    from ngcx.engine import engine_client
+
+    if not record.container:
+        raise UserError(f"deployment {record.id} has no container", hint="deploy again")
+    try:
+        return engine_client().containers.get(record.container)
+    except NotFound:
+        raise UserError(f"deployment {record.id}'s container is gone from this engine",
+                        hint=f"remove the record with `ngcx deployments destroy {record.id}`") from None
+
+
+def container_failure(record: DeployRecord) -> str | None:
+    """Why the container stopped before it was ready (exit code and last lines), or None."""
+    container = _container(record)
+    container.reload()
+    if container.status not in ("exited", "dead"):
+        return None
+    code = container.attrs.get("State", {}).get("ExitCode")
+    tail = " | ".join(line for line in logs(record, 6).splitlines() if line.strip())
+    return f"the container exited with code {code} before it was ready: {tail[-500:]}"
+
+
+def cleanup_failed(record: DeployRecord, plan: Plan) -> str:
+    _remove(plan.client, record.container)
+    return "container removed" if record.container else ""
+
+
+def query(record: DeployRecord) -> HostStatus:
+    from docker.errors import NotFound
+
+    from ngcx.engine import engine_client
+
+    try:
+        container = engine_client().containers.get(record.container or "")
+    except NotFound:
+        return HostStatus("gone")
+    state = {"running": "running", "created": "pending", "restarting": "starting"}.get(container.status, "stopped")
+    return HostStatus(state, "127.0.0.1")
+
+
+def start(record: DeployRecord) -> DeployRecord:
+    _container(record).start()
+    return store.update(record.id, status=STARTING, pid=None)
+
+
+def stop(record: DeployRecord) -> DeployRecord:
+    _container(record).stop(timeout=10)   # SIGTERM: the server drains in-flight requests
+    return record
+
+
+def terminate(record: DeployRecord) -> DeployRecord:
+    from ngcx.engine import engine_client
+
+    _remove(engine_client(), record.container)
+    return store.mark_destroyed(record.id)
+
+
+def logs(record: DeployRecord, tail: int = 50) -> str:
+    return _container(record).logs(tail=tail).decode(errors="replace")
+
+
+def orphans() -> list[dict[str, str]]:
+    """Containers labelled by ngcx deploy (this state store's) that no live record owns."""
+    from ngcx.engine import engine_client
+
+    owned = {r.container for r in store.records(cloud="local") if r.container}
+    mine = store.owner_id()
+    found = []
+    for container in engine_client().containers.list(all=True, filters={"label": LABEL_DEPLOYMENT}):
+        if container.id in owned or container.labels.get(LABEL_OWNER) != mine:
+            continue
+        found.append({"id": container.id[:12], "name": container.name, "status": container.status,
+                      "deployment": container.labels.get(LABEL_DEPLOYMENT, "")})
+    return found
+
+
+def delete_orphan(item: dict[str, str]) -> None:
+    from ngcx.engine import engine_client
+
+    _remove(engine_client(), item["id"])
+
+
+def _one_line(exc: Exception) -> str:
+    text = getattr(exc, "explanation", None) or str(exc)
+    return str(text).splitlines()[0][:300] if text else type(exc).__name__

@@ -1,0 +1,124 @@
+"""Deployments in the SQLite state store: intent before any cloud call, every transition after.
+
+Why its own module: cli/state.py owns the database (faults, migrations); this module owns what a
+deployment row means. The rule that makes billed instances impossible to lose is here: a record
+exists (status `intent`, then `creating` with the RunInstances ClientToken) before the cloud is
+asked for anything, and it names the pid of the ngcx doing the work, so the next ngcx can tell an
+interrupted deploy from a running one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from typing import Any
+
+from ngcx import state
+from ngcx.deploy.common import DESTROYED, IN_FLIGHT, INTENT, LIVE, DeployConfig, DeployRecord
+from ngcx.errors import UserError
+
+COLUMNS = {"status", "region", "zone", "instance_type", "instance_id", "client_token", "host", "container",
+           "endpoint", "model", "detail", "path", "pid", "spec", "phases"}
+
+
+def owner_id() -> str:
+    """This state store's id, tagged on every cloud resource it creates: gc deletes only its own."""
+    with state.connect() as conn:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'owner'").fetchone()
+        if row:
+            return str(row[0])
+        value = uuid.uuid4().hex[:16]
+        conn.execute("INSERT INTO meta (key, value) VALUES ('owner', ?)", (value,))
+        return value
+
+
+def create_intent(config: DeployConfig) -> DeployRecord:
+    """Record the intent to deploy (before any cloud call); returns the new record."""
+    now = time.time()
+    with state.connect() as conn:
+        cur = conn.execute(
+            "INSERT INTO deployments (target, image_ref, region, zone, status, model, spec, phases, pid,"
+            " created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (config.cloud, config.image, config.region, config.zone, INTENT, config.model,
+             json.dumps(config.spec()), "{}", os.getpid(), now, now))
+        record_id = int(cur.lastrowid)
+    return get(record_id)
+
+
+def update(record_id: int, **fields: Any) -> DeployRecord:
+    """Write a transition (any of COLUMNS) and stamp updated_at; returns the fresh record."""
+    unknown = set(fields) - COLUMNS
+    if unknown:
+        raise ValueError(f"unknown deployment fields {sorted(unknown)}")
+    values = {k: json.dumps(v) if k in ("spec", "phases") else v for k, v in fields.items()}
+    sets = ", ".join(f"{k} = ?" for k in values)
+    with state.connect() as conn:
+        conn.execute(f"UPDATE deployments SET {sets}, updated_at = ? WHERE id = ?",
+                     (*values.values(), time.time(), record_id))
+    return get(record_id)
+
+
+def get(record_id: int) -> DeployRecord:
+    with state.connect() as conn:
+        row = conn.execute("SELECT * FROM deployments WHERE id = ?", (record_id,)).fetchone()
+    if row is None:
+        raise UserError(f"no deployment {record_id}", hint="list them with `ngcx deployments ls --all`")
+    return DeployRecord.from_row(dict(row))
+
+
+def parse_id(text: str) -> int:
+    """'7' or '#7' -> 7; anything else is one line."""
+    raw = text.strip().lstrip("#")
+    if not raw.isdigit():
+        raise UserError(f"{text!r} is not a deployment id", hint="use the number `ngcx deployments ls` shows")
+    return int(raw)
+
+
+def records(*, cloud: str | None = None, include_gone: bool = False) -> list[DeployRecord]:
+    """Deployments, newest first; without include_gone only those that may own a host or container."""
+    sql, args = "SELECT * FROM deployments", []
+    where = []
+    if cloud:
+        where.append("target = ?")
+        args.append(cloud)
+    if not include_gone:
+        where.append(f"status IN ({','.join('?' * len(LIVE))})")
+        args.extend(LIVE)
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    with state.connect() as conn:
+        rows = conn.execute(sql + " ORDER BY id DESC", args).fetchall()
+    return [DeployRecord.from_row(dict(row)) for row in rows]
+
+
+def owned_instance_ids(cloud: str) -> set[str]:
+    """Instance ids that a live record owns (gc leaves these alone)."""
+    return {r.instance_id for r in records(cloud=cloud) if r.instance_id}
+
+
+def interrupted(cloud: str | None = None) -> list[DeployRecord]:
+    """In-flight records whose ngcx process is gone: a Ctrl-C or kill -9 left them half-way."""
+    return [r for r in records(cloud=cloud) if r.status in IN_FLIGHT and not _alive(r.pid)]
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def mark_destroyed(record_id: int, detail: str | None = None) -> DeployRecord:
+    fields: dict[str, Any] = {"status": DESTROYED, "pid": None}
+    if detail:
+        fields["detail"] = detail
+    return update(record_id, **fields)
