@@ -74,9 +74,7 @@ def deploy_cmd(
     """Serve an image (or this folder's project) on this workstation or a cloud GPU; prints the URL."""
     from ngcx.deploy.common import DeployConfig
 
-    cmd = [a for a in ctx.args if a != "--"]
-    if any(a.startswith("-") for a in cmd[:1]) and "--" not in sys.argv:
-        raise UserError(f"unknown option {cmd[0]!r}", hint="put the container's command after `--`")
+    ref, cmd = _split_command(ref, list(ctx.args))
     image, labels = resolve(ref, project_file, variant, catalog_file)
     if not cmd and "ai.ngcx.project.name" not in labels and labels.get("ai.ngcx.image"):
         raise UserError(f"{image} is a catalog image without a model to serve",
@@ -104,6 +102,19 @@ def deploy_cmd(
     if record.detail:
         print(f"ngcx: note: {record.detail}", file=sys.stderr)
     print(record.endpoint)
+
+
+def _split_command(ref: str | None, extra: list[str]) -> tuple[str | None, list[str]]:
+    """(IMAGE, CMD): click hands the first word after `--` to the optional IMAGE when none was given
+    (a project deploy with a command), so the split is read from the command line itself."""
+    argv = sys.argv[1:]
+    if "--" not in argv:
+        if extra:
+            raise UserError(f"unexpected {extra[0]!r}", hint="put the container's command after `--`")
+        return ref, []
+    cut = argv.index("--")
+    cmd = argv[cut + 1:]
+    return (ref if ref is not None and ref in argv[:cut] else None), cmd
 
 
 def resolve(ref: str | None, project_file: Path | None, variant: str | None,

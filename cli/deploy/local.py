@@ -74,7 +74,7 @@ def run(config: DeployConfig, record: DeployRecord, plan: Plan) -> DeployRecord:
     t0 = time.monotonic()
     try:
         container = plan.client.containers.run(
-            config.image, config.cmd or None, detach=True, name=f"ngcx-deploy-{record.id}",
+            config.image, config.cmd or None, detach=True, name=f"ngcx-deploy-{store.owner_id()[:8]}-{record.id}",
             ports={f"{SERVE_PORT}/tcp": ("127.0.0.1", port)}, environment=config.env,
             volumes={str(plan_cache_dir()): {"bind": PLAN_CACHE_IN_IMAGE, "mode": "rw"}},
             labels={LABEL_DEPLOYMENT: str(record.id), LABEL_OWNER: store.owner_id()}, **kwargs)
