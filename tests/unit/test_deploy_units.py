@@ -1,0 +1,146 @@
+"""Deploy's pieces that need no engine and no cloud: credentials, endpoints, the host script, records.
+
+Each test is what a user would notice: a half-set key pair is one line naming the missing variable,
+a secret never shows in a repr, a hostile CMD cannot break out of the host script, an interrupted
+deploy is recognised by the next command, an unknown cloud is one line.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+
+import pytest
+
+from ngcx.deploy import TARGETS, VERBS, store, target
+from ngcx.deploy.aliyun_api import credentials, endpoint_override, tag_params
+from ngcx.deploy.common import CREATING, INTENT, DeployConfig, format_phases
+from ngcx.deploy.hostscript import HostJob, render
+from ngcx.errors import UserError
+
+SECRET = "s3cr3t-do-not-print"
+
+
+@pytest.fixture
+def no_env(monkeypatch, tmp_path):
+    for var in ("ALIBABA_CLOUD_ACCESS_KEY_ID", "ALIBABA_CLOUD_ACCESS_KEY_SECRET", "ALIBABA_CLOUD_PROFILE",
+                "NGCX_ALIYUN_ECS_ENDPOINT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("NGCX_STATE_DIR", str(tmp_path / "state"))
+    return tmp_path
+
+
+def test_credentials_from_the_environment_never_show_the_secret(no_env, monkeypatch):
+    monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_ID", "LTAIexample")
+    monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_SECRET", SECRET)
+    creds = credentials()
+    assert creds.access_key_id == "LTAIexample" and SECRET not in repr(creds) and SECRET not in creds.source
+
+
+def test_half_a_key_pair_is_one_line_naming_the_missing_variable(no_env, monkeypatch):
+    monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_ID", "LTAIexample")
+    with pytest.raises(UserError, match="ALIBABA_CLOUD_ACCESS_KEY_SECRET is not set"):
+        credentials()
+
+
+def test_credentials_from_an_aliyun_cli_profile(no_env, monkeypatch):
+    folder = no_env / ".aliyun"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"current": "work", "profiles": [
+        {"name": "default", "mode": "AK", "access_key_id": "A1", "access_key_secret": "x"},
+        {"name": "work", "mode": "AK", "access_key_id": "A2", "access_key_secret": SECRET,
+         "region_id": "cn-beijing"}]}))
+    creds = credentials()
+    assert (creds.access_key_id, creds.region) == ("A2", "cn-beijing")
+    monkeypatch.setenv("ALIBABA_CLOUD_PROFILE", "nope")
+    with pytest.raises(UserError, match="has no profile 'nope'") as err:
+        credentials()
+    assert SECRET not in str(err.value)
+
+
+def test_no_credentials_at_all_says_where_they_are_looked_for(no_env):
+    with pytest.raises(UserError, match="no Alibaba Cloud credentials") as err:
+        credentials()
+    assert "ALIBABA_CLOUD_ACCESS_KEY_ID" in err.value.line()
+
+
+@pytest.mark.parametrize("value, expect", [
+    ("127.0.0.1:8443", ("127.0.0.1", 8443, "http")),
+    ("localhost:9", ("localhost", 9, "http")),
+    ("ecs.example.com:443", ("ecs.example.com", 443, "https")),   # never plain http off loopback
+    ("10.0.0.5:80", ("10.0.0.5", 80, "https")),
+])
+def test_endpoint_override_is_plain_http_only_on_loopback(no_env, monkeypatch, value, expect):
+    monkeypatch.setenv("NGCX_ALIYUN_ECS_ENDPOINT", value)
+    assert endpoint_override() == expect
+
+
+@pytest.mark.parametrize("value", ["127.0.0.1", "host:port", ":80", "h:70000"])
+def test_a_malformed_endpoint_is_one_line(no_env, monkeypatch, value):
+    monkeypatch.setenv("NGCX_ALIYUN_ECS_ENDPOINT", value)
+    with pytest.raises(UserError, match="is not HOST:PORT"):
+        endpoint_override()
+
+
+def test_tags_become_numbered_rpc_parameters():
+    assert tag_params({"ngcx:owner": "o", "ngcx:deployment": "7"}) == {
+        "Tag.1.Key": "ngcx:deployment", "Tag.1.Value": "7", "Tag.2.Key": "ngcx:owner", "Tag.2.Value": "o"}
+
+
+HOSTILE = "x'; touch /tmp/pwned; echo '"
+
+
+def test_the_host_script_is_valid_sh_and_every_value_stays_one_word():
+    from ngcx.credentials import Credentials
+
+    job = HostJob(7, "registry-vpc.cn-hangzhou.aliyuncs.com/team/app@sha256:" + "a" * 64,
+                  "registry-vpc.cn-hangzhou.aliyuncs.com", "525.60.13", "require", Credentials("cr_temp_user", HOSTILE),
+                  cmd=("ngcx-runtime", "serve", HOSTILE), env=(("MODE", HOSTILE),))
+    text = render(job, "user-data")
+    assert subprocess.run(["sh", "-n"], input=text, text=True).returncode == 0
+    assert shlex.quote(HOSTILE) in text and f"'{HOSTILE}'" not in text
+    # the token reaches docker login on stdin only, never a command-line argument or an echo
+    login = next(line for line in text.splitlines() if "docker login" in line)
+    assert login.startswith("printf '%s' ") and "--password-stdin" in login
+    assert "no NVIDIA driver answers" in text and "fail " in text.split("no NVIDIA driver answers")[0][-40:]
+
+
+def test_cpu_fallback_only_when_asked():
+    job = HostJob(1, "r/x@sha256:" + "b" * 64, "r", "580.65.06", "auto", None)
+    text = render(job, "command")
+    assert "serving on the CPU" in text and "docker login" not in text
+
+
+def test_user_data_over_16_kb_is_refused_in_one_line():
+    job = HostJob(1, "r/x@sha256:" + "b" * 64, "r", "1", "auto", None, cmd=("x" * 17000,))
+    with pytest.raises(UserError, match="16 KB user-data limit"):
+        render(job, "user-data")
+
+
+def test_an_interrupted_deploy_is_recognised_by_its_dead_pid(no_env):
+    config = DeployConfig(cloud="aliyun", image="ngcx-app/x:latest", pull_ref=None, registry=None, labels={},
+                          model=None, region="cn-hangzhou")
+    record = store.create_intent(config)
+    assert record.status == INTENT and store.interrupted() == []          # our own pid: alive
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    store.update(record.id, status=CREATING, client_token="ngcx-t-1", pid=dead.pid)
+    [found] = store.interrupted()
+    assert (found.id, found.status, found.client_token) == (record.id, CREATING, "ngcx-t-1")
+    assert found.spec["cloud"] == "aliyun" and "labels" not in found.spec
+
+
+def test_every_target_offers_every_verb_and_an_unknown_cloud_is_one_line():
+    for cloud in TARGETS:
+        module = target(cloud)
+        assert all(hasattr(module, verb) for verb in VERBS)
+    assert target("aliyun").CAPABILITIES.stop_start_host and not target("local").CAPABILITIES.stop_start_host
+    with pytest.raises(UserError, match="unknown cloud 'gcp'"):
+        target("gcp")
+
+
+def test_phases_read_in_order_with_a_total():
+    got = format_phases({"ready": 2.0, "api": 0.25, "pull": 0.0})
+    assert got == "api 0.2 s · pull 0.0 s · ready 2.0 s · total 2.2 s"
