@@ -19,31 +19,23 @@ import secrets
 import string
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .aliyun_rpc import (
-    VOLATILE_PARAMS,
     ApiError,
-    NonceStore,
-    Reply,
-    RpcServer,
+    RpcService,
     as_bool,
     as_int,
     decode_base64,
-    error_payload,
     indexed,
     invalid,
     iso_now,
     json_list,
-    new_request_id,
     page,
-    render,
     repeated,
     required,
-    verify,
 )
 from .hosts_api import HostBackend
 
@@ -153,16 +145,13 @@ class Invocation:
     finished: str = ""
 
 
-@dataclass
-class Fault:
-    code: str
-    http_status: int
-    remaining: int
-    after_effect: bool
-
-
-class EcsEmulator:
+class EcsEmulator(RpcService):
     """ECS (2014-05-26) + ACR GetAuthorizationToken (2018-12-01) on 127.0.0.1, state behind one lock."""
+
+    products = {ECS_VERSION: ("Ecs", "ecs.aliyuncs.com"), CR_VERSION: ("cr", "cr.aliyuncs.com")}
+    idempotent = IDEMPOTENT
+    unlocked = UNLOCKED
+    regionless = frozenset({"DescribeRegions"})
 
     def __init__(self, hosts: HostBackend, *, access_keys: Mapping[str, str] | None = None,
                  region: str = "cn-hangzhou",
@@ -171,16 +160,12 @@ class EcsEmulator:
                  offerings: Mapping[str, Iterable[str]] | None = None) -> None:
         """`offerings`: zone -> the instance types it sells; default every type everywhere except
         ecs.gn8is.2xlarge, which only the last zone offers (so ZoneNotSupported can happen)."""
+        super().__init__({"test-ak": "test-secret"} if access_keys is None else access_keys, region)
         self.hosts = hosts
-        self.access_keys = dict(access_keys if access_keys is not None else {"test-ak": "test-secret"})
-        self.region = region
         self.zones = tuple(zones)
         self.boot_seconds, self.start_seconds, self.stop_seconds = boot_seconds, start_seconds, stop_seconds
-        self.calls: list[tuple[str, dict[str, str]]] = []
         self.issued_tokens: list[str] = []
         self.host_errors: list[tuple[str, str]] = []   # (instance or image id, what the backend raised)
-        self._lock = threading.RLock()
-        self._nonces = NonceStore()
         self._offered = self._default_offerings() if offerings is None else {
             zone: set(types) for zone, types in offerings.items()}
         self._stock: dict[tuple[str, str], bool] = {}
@@ -191,15 +176,8 @@ class EcsEmulator:
         self._vswitches = {_new_id("vsw-bp"): zone for zone in self.zones}
         self._security_groups: dict[str, SecurityGroup] = {}
         self._invocations: dict[str, list[Invocation]] = {}
-        self._idempotency: dict[tuple[str, str], tuple[dict[str, str], dict[str, Any]]] = {}
-        self._faults: dict[str, list[Fault]] = {}
-        self._holds: dict[str, threading.Event] = {}
-        self._performed: Counter[str] = Counter()
         self._restart_failures: set[str] = set()
-        self._closing = threading.Event()
-        self._workers: list[threading.Thread] = []
-        self._server: RpcServer | None = None
-        self._actions: dict[str, dict[str, Callable[[dict[str, str]], dict[str, Any]]]] = {
+        self.actions = {
             ECS_VERSION: {
                 "DescribeRegions": self._describe_regions, "DescribeZones": self._describe_zones,
                 "DescribeInstanceTypes": self._describe_instance_types,
@@ -221,50 +199,12 @@ class EcsEmulator:
             CR_VERSION: {"GetAuthorizationToken": self._get_authorization_token},
         }
 
-    # --- lifecycle -----------------------------------------------------------------------
-
-    def start(self) -> EcsEmulator:
-        """Bind a free loopback port and serve in a daemon thread."""
-        if self._server is None:
-            self._server = RpcServer(self._handle, self._not_found)
-            threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
-                             name="ecs-emulator", daemon=True).start()
-        return self
-
-    @property
-    def port(self) -> int:
-        if self._server is None:
-            raise RuntimeError("EcsEmulator.start() first")
-        return self._server.server_address[1]
-
-    @property
-    def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
     def close(self) -> None:
         """Stop serving, let running backend calls finish, then have the backend remove its machines."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        self._closing.set()
-        for worker in list(self._workers):
-            worker.join(timeout=120)
+        super().close()
         self.hosts.close()
 
-    def __enter__(self) -> EcsEmulator:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # --- fault injection and inspection (tests) -----------------------------------------
-
-    def fail_next(self, action: str, code: str, http_status: int, times: int = 1, after_effect: bool = False) -> None:
-        """The next `times` calls of `action` answer this error; with after_effect the call is
-        carried out first (the cloud did it, the answer got lost)."""
-        with self._lock:
-            self._faults.setdefault(action, []).append(Fault(code, http_status, times, after_effect))
 
     def set_stock(self, zone: str, instance_type: str, available: bool) -> None:
         if zone not in self.zones or instance_type not in INSTANCE_TYPES:
@@ -276,16 +216,6 @@ class EcsEmulator:
         """The next StartInstance of this instance answers 403 OperationDenied.NoStock."""
         with self._lock:
             self._restart_failures.add(instance_id)
-
-    def hold(self, action: str, event: threading.Event) -> None:
-        """After carrying out `action`, answer only once `event` is set (a client can die meanwhile)."""
-        with self._lock:
-            self._holds[action] = event
-
-    def performed(self, action: str) -> int:
-        """How many calls of `action` were carried out (idempotent replays and refusals excluded)."""
-        with self._lock:
-            return self._performed[action]
 
     def instances(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -301,110 +231,7 @@ class EcsEmulator:
             return [{"id": m.id, "name": m.name, "status": m.status, "owner": m.owner, "tags": dict(m.tags),
                      "source_instance": m.source_instance} for m in self._images.values()]
 
-    # --- request path --------------------------------------------------------------------
-
-    def _not_found(self) -> Reply:
-        return self._error_reply(ApiError(404, "InvalidAction.NotFound"), new_request_id(), "XML", ECS_VERSION)
-
-    def _error_reply(self, error: ApiError, request_id: str, fmt: str, version: str) -> Reply:
-        product, host = ("cr", "cr.aliyuncs.com") if version == CR_VERSION else ("Ecs", "ecs.aliyuncs.com")
-        body, content_type = render(error_payload(error, request_id, host, product), fmt, "Error")
-        return Reply(error.http_status, body, content_type, request_id)
-
-    def _handle(self, method: str, params: dict[str, str]) -> Reply:
-        request_id = new_request_id()
-        action, version = params.get("Action", ""), params.get("Version", "")
-        fmt = params.get("Format") or "XML"
-        with self._lock:
-            self.calls.append((action, {k: v for k, v in params.items() if k != "Signature"}))
-        try:
-            verify(method, params, self.access_keys, self._nonces, self._lock)
-            handler = self._lookup(version, action)
-            region = params.get("RegionId", "")
-            if region and region != self.region and action != "DescribeRegions":
-                raise ApiError(404, "InvalidRegionId.NotFound", f"The specified RegionId {region} does not exist.")
-            payload = self._perform(action, handler, params)
-        except ApiError as error:
-            return self._error_reply(error, request_id, fmt, version)
-        body, content_type = render({"RequestId": request_id, **payload}, fmt, f"{action}Response")
-        return Reply(200, body, content_type, request_id)
-
-    def _lookup(self, version: str, action: str) -> Callable[[dict[str, str]], dict[str, Any]]:
-        actions = self._actions.get(version)
-        if actions is None:
-            raise ApiError(400, "InvalidVersion", "Specified parameter Version is not valid.")
-        if action not in actions:
-            raise ApiError(404, "InvalidAction.NotFound")
-        return actions[action]
-
-    def _take_fault(self, action: str) -> Fault | None:
-        with self._lock:
-            queue = self._faults.get(action) or []
-            if not queue:
-                return None
-            fault = queue[0]
-            fault.remaining -= 1
-            if fault.remaining <= 0:
-                queue.pop(0)
-            return fault
-
-    def _perform(self, action: str, handler: Callable[[dict[str, str]], dict[str, Any]],
-                 params: dict[str, str]) -> dict[str, Any]:
-        fault = self._take_fault(action)
-        if fault is not None and not fault.after_effect:
-            raise ApiError(fault.http_status, fault.code)
-        try:
-            payload = self._run_handler(action, handler, params)
-        except ApiError:
-            if fault is not None:
-                raise ApiError(fault.http_status, fault.code) from None
-            raise
-        self._wait_hold(action)
-        if fault is not None:
-            raise ApiError(fault.http_status, fault.code)
-        return payload
-
-    def _run_handler(self, action: str, handler: Callable[[dict[str, str]], dict[str, Any]],
-                     params: dict[str, str]) -> dict[str, Any]:
-        if action in UNLOCKED:
-            payload = handler(params)
-            with self._lock:
-                self._performed[action] += 1
-            return payload
-        token = params.get("ClientToken", "") if action in IDEMPOTENT else ""
-        if len(token) > 64 or not token.isascii():
-            raise invalid("ClientToken", "At most 64 ASCII characters.")
-        fingerprint = {k: v for k, v in params.items() if k not in VOLATILE_PARAMS}
-        with self._lock:
-            if token and (action, token) in self._idempotency:
-                first, payload = self._idempotency[(action, token)]
-                if first != fingerprint:
-                    raise ApiError(400, "IdempotentParameterMismatch")
-                return payload
-            payload = handler(params)
-            if token:
-                self._idempotency[(action, token)] = (fingerprint, payload)
-            self._performed[action] += 1
-            return payload
-
-    def _wait_hold(self, action: str) -> None:
-        with self._lock:
-            event = self._holds.get(action)
-        while event is not None and not event.wait(0.05) and not self._closing.is_set():
-            pass
-
-    # --- workers -------------------------------------------------------------------------
-
-    def _spawn(self, target: Callable[..., None], *args: Any) -> None:
-        """Backend calls run off the request thread so the API answers at once, as ECS does."""
-        worker = threading.Thread(target=target, args=args, daemon=True)
-        with self._lock:
-            self._workers = [w for w in self._workers if w.is_alive()] + [worker]
-        worker.start()
-
-    def _sleep_until(self, deadline: float) -> bool:
-        """Wait for a transition's end; False when the emulator is closing."""
-        return not self._closing.wait(max(0.0, deadline - time.monotonic()))
+    # --- backend workers: one per transition, ordered per instance by its host_lock ------------
 
     def _current(self, inst: Instance, generation: int) -> bool:
         return self._instances.get(inst.id) is inst and inst.generation == generation
@@ -429,7 +256,7 @@ class EcsEmulator:
                 return
             try:
                 ip = self.hosts.create(inst.id, inst.image_id, inst.user_data)
-            except Exception as exc:  # noqa: BLE001 - any backend failure is the cloud's SystemFailure.Delete
+            except Exception as exc:  # any backend failure is the cloud's SystemFailure.Delete
                 self._host_failed(inst.id, "create", exc)
                 with self._lock:
                     if self._current(inst, generation):
@@ -449,7 +276,7 @@ class EcsEmulator:
                 return
             try:
                 self.hosts.stop(inst.id)
-            except Exception as exc:  # noqa: BLE001 - the stop failed: the machine keeps running
+            except Exception as exc:  # the stop failed: the machine keeps running
                 self._host_failed(inst.id, "stop", exc)
                 self._finish(inst, generation, lambda i: setattr(i, "status", "Running"))
                 return
@@ -467,7 +294,7 @@ class EcsEmulator:
                 return
             try:
                 ip = self.hosts.start(inst.id)
-            except Exception as exc:  # noqa: BLE001 - the start failed: the machine stays stopped
+            except Exception as exc:  # the start failed: the machine stays stopped
                 self._host_failed(inst.id, "start", exc)
                 self._finish(inst, generation, lambda i: setattr(i, "status", "Stopped"))
                 return
@@ -486,7 +313,7 @@ class EcsEmulator:
             if inst.on_host:
                 try:
                     self.hosts.delete(inst.id)
-                except Exception as exc:  # noqa: BLE001 - reported, the API already forgot the instance
+                except Exception as exc:  # reported, the API already forgot the instance
                     self._host_failed(inst.id, "delete", exc)
 
     # --- shared lookups and parameters ----------------------------------------------------
@@ -844,7 +671,7 @@ class EcsEmulator:
                     raise RuntimeError("the instance has no machine (deleted or never booted)")
                 self.hosts.snapshot(inst.id, image.id)
                 status = "Available"
-            except Exception as exc:  # noqa: BLE001 - reported as the image's CreateFailed status
+            except Exception as exc:  # reported as the image's CreateFailed status
                 self._host_failed(image.id, "snapshot", exc)
                 status = "CreateFailed"
         with self._lock:
@@ -881,7 +708,7 @@ class EcsEmulator:
     def _drop_image(self, image_id: str) -> None:
         try:
             self.hosts.delete_image(image_id)
-        except Exception as exc:  # noqa: BLE001 - reported; the API already forgot the image
+        except Exception as exc:  # reported; the API already forgot the image
             self._host_failed(image_id, "delete_image", exc)
 
     # --- Cloud Assistant and console ---------------------------------------------------------
@@ -911,7 +738,7 @@ class EcsEmulator:
     def _execute(self, invocation: Invocation, script: str, timeout: int) -> None:
         try:
             result = self.hosts.run_command(invocation.instance_id, script, timeout)
-        except Exception as exc:  # noqa: BLE001 - Cloud Assistant reports it as a failed invocation
+        except Exception as exc:  # Cloud Assistant reports it as a failed invocation
             self._host_failed(invocation.instance_id, "run_command", exc)
             with self._lock:
                 invocation.status, invocation.error, invocation.finished = "Failed", str(exc)[:500], iso_now()
@@ -939,7 +766,7 @@ class EcsEmulator:
             on_host = self._instance(instance_id).on_host
         try:
             text = self.hosts.console_output(instance_id) if on_host else ""
-        except Exception as exc:  # noqa: BLE001 - the console could not be read this time
+        except Exception as exc:  # the console could not be read this time
             self._host_failed(instance_id, "console_output", exc)
             raise ApiError(500, "InternalError") from None
         return {"InstanceId": instance_id, "LastUpdateTime": iso_now(),

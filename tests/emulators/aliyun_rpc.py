@@ -1,8 +1,8 @@
-"""Alibaba Cloud RPC protocol pieces for the ECS emulator: signature v1, request checks, replies.
+"""Alibaba Cloud RPC protocol for the ECS emulator: signature v1, request checks, replies, the gateway.
 
 Why a module of its own: the signature, the common-parameter checks and the error bodies are
 what aliyun-python-sdk-core actually talks to, independent of any ECS state. Keeping them here
-lets aliyun_ecs.py read as the cloud's behaviour and lets the §1 test vector (docs/cloud-apis.md)
+lets aliyun_ecs.py read as the cloud's behaviour and lets the §1 test vector (reference/cloud-apis.md)
 be checked against exactly the code the server runs.
 """
 
@@ -16,11 +16,12 @@ import json
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 from urllib.parse import parse_qsl, quote, urlsplit
 from xml.sax.saxutils import escape
 
@@ -326,3 +327,202 @@ class RpcServer(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _RpcHandler)
         self.handler = handler
         self.not_found = not_found
+
+
+# --- the gateway: dispatch, ClientToken, faults, holds ----------------------------------------
+
+Action = Callable[[dict[str, str]], dict[str, Any]]
+
+
+@dataclass
+class Fault:
+    code: str
+    http_status: int
+    remaining: int
+    after_effect: bool
+
+
+class RpcService:
+    """An Alibaba Cloud RPC endpoint on 127.0.0.1: signature checks, dispatch on (Version, Action),
+    ClientToken replays, and the faults tests inject. Subclasses fill `actions` and `products`.
+
+    One RLock guards all state: actions run under it (they only touch memory; slow work goes to
+    `_spawn`ed workers), except those in `unlocked`, which take it themselves.
+    """
+
+    products: dict[str, tuple[str, str]] = {}   # Version -> (product code, HostId) for error bodies
+    idempotent: frozenset[str] = frozenset()     # actions whose ClientToken replays the first answer
+    unlocked: frozenset[str] = frozenset()
+    regionless: frozenset[str] = frozenset()     # actions that accept any RegionId
+
+    def __init__(self, access_keys: Mapping[str, str], region: str) -> None:
+        self.access_keys = dict(access_keys)
+        self.region = region
+        self.actions: dict[str, dict[str, Action]] = {}
+        self.calls: list[tuple[str, dict[str, str]]] = []
+        self._lock = threading.RLock()
+        self._nonces = NonceStore()
+        self._idempotency: dict[tuple[str, str], tuple[dict[str, str], dict[str, Any]]] = {}
+        self._faults: dict[str, list[Fault]] = {}
+        self._holds: dict[str, threading.Event] = {}
+        self._performed: Counter[str] = Counter()
+        self._closing = threading.Event()
+        self._workers: list[threading.Thread] = []
+        self._server: RpcServer | None = None
+
+    # --- lifecycle ---
+
+    def start(self) -> Self:
+        """Bind a free loopback port and serve in a daemon thread."""
+        if self._server is None:
+            self._server = RpcServer(self._handle, self._not_found)
+            threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
+                             name=type(self).__name__, daemon=True).start()
+        return self
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError(f"{type(self).__name__}.start() first")
+        return self._server.server_address[1]
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        """Stop serving and let the workers finish (they stand down early once closing is set)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        self._closing.set()
+        for worker in list(self._workers):
+            worker.join(timeout=120)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- fault injection and inspection (tests) ---
+
+    def fail_next(self, action: str, code: str, http_status: int, times: int = 1, after_effect: bool = False) -> None:
+        """The next `times` calls of `action` answer this error; with after_effect the call is
+        carried out first (the cloud did it, the answer got lost)."""
+        with self._lock:
+            self._faults.setdefault(action, []).append(Fault(code, http_status, times, after_effect))
+
+    def hold(self, action: str, event: threading.Event) -> None:
+        """After carrying out `action`, answer only once `event` is set (a client can die meanwhile)."""
+        with self._lock:
+            self._holds[action] = event
+
+    def performed(self, action: str) -> int:
+        """How many calls of `action` were carried out (ClientToken replays and refusals excluded)."""
+        with self._lock:
+            return self._performed[action]
+
+    # --- request path ---
+
+    def _not_found(self) -> Reply:
+        return self._error_reply(ApiError(404, "InvalidAction.NotFound"), new_request_id(), "XML", "")
+
+    def _error_reply(self, error: ApiError, request_id: str, fmt: str, version: str) -> Reply:
+        product, host = self.products.get(version) or next(iter(self.products.values()), ("", ""))
+        body, content_type = render(error_payload(error, request_id, host, product), fmt, "Error")
+        return Reply(error.http_status, body, content_type, request_id)
+
+    def _handle(self, method: str, params: dict[str, str]) -> Reply:
+        request_id = new_request_id()
+        action, version = params.get("Action", ""), params.get("Version", "")
+        fmt = params.get("Format") or "XML"
+        with self._lock:
+            self.calls.append((action, {k: v for k, v in params.items() if k != "Signature"}))
+        try:
+            verify(method, params, self.access_keys, self._nonces, self._lock)
+            handler = self._lookup(version, action)
+            region = params.get("RegionId", "")
+            if region and region != self.region and action not in self.regionless:
+                raise ApiError(404, "InvalidRegionId.NotFound", f"The specified RegionId {region} does not exist.")
+            payload = self._perform(action, handler, params)
+        except ApiError as error:
+            return self._error_reply(error, request_id, fmt, version)
+        body, content_type = render({"RequestId": request_id, **payload}, fmt, f"{action}Response")
+        return Reply(200, body, content_type, request_id)
+
+    def _lookup(self, version: str, action: str) -> Action:
+        actions = self.actions.get(version)
+        if actions is None:
+            raise ApiError(400, "InvalidVersion", "Specified parameter Version is not valid.")
+        if action not in actions:
+            raise ApiError(404, "InvalidAction.NotFound")
+        return actions[action]
+
+    def _take_fault(self, action: str) -> Fault | None:
+        with self._lock:
+            queue = self._faults.get(action) or []
+            if not queue:
+                return None
+            fault = queue[0]
+            fault.remaining -= 1
+            if fault.remaining <= 0:
+                queue.pop(0)
+            return fault
+
+    def _perform(self, action: str, handler: Action, params: dict[str, str]) -> dict[str, Any]:
+        fault = self._take_fault(action)
+        if fault is not None and not fault.after_effect:
+            raise ApiError(fault.http_status, fault.code)
+        try:
+            payload = self._run_handler(action, handler, params)
+        except ApiError:
+            if fault is not None:
+                raise ApiError(fault.http_status, fault.code) from None
+            raise
+        self._wait_hold(action)
+        if fault is not None:
+            raise ApiError(fault.http_status, fault.code)
+        return payload
+
+    def _run_handler(self, action: str, handler: Action, params: dict[str, str]) -> dict[str, Any]:
+        if action in self.unlocked:
+            payload = handler(params)
+            with self._lock:
+                self._performed[action] += 1
+            return payload
+        token = params.get("ClientToken", "") if action in self.idempotent else ""
+        if len(token) > 64 or not token.isascii():
+            raise invalid("ClientToken", "At most 64 ASCII characters.")
+        fingerprint = {k: v for k, v in params.items() if k not in VOLATILE_PARAMS}
+        with self._lock:
+            if token and (action, token) in self._idempotency:
+                first, payload = self._idempotency[(action, token)]
+                if first != fingerprint:
+                    raise ApiError(400, "IdempotentParameterMismatch")
+                return payload
+            payload = handler(params)
+            if token:
+                self._idempotency[(action, token)] = (fingerprint, payload)
+            self._performed[action] += 1
+            return payload
+
+    def _wait_hold(self, action: str) -> None:
+        with self._lock:
+            event = self._holds.get(action)
+        while event is not None and not event.wait(0.05) and not self._closing.is_set():
+            pass
+
+    # --- workers ---
+
+    def _spawn(self, target: Callable[..., None], *args: Any) -> None:
+        """Slow work runs off the request thread so the API answers at once, as the cloud does."""
+        worker = threading.Thread(target=target, args=args, daemon=True)
+        with self._lock:
+            self._workers = [w for w in self._workers if w.is_alive()] + [worker]
+        worker.start()
+
+    def _sleep_until(self, deadline: float) -> bool:
+        """Wait for a transition's end; False when the service is closing."""
+        return not self._closing.wait(max(0.0, deadline - time.monotonic()))

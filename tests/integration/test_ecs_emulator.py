@@ -356,8 +356,7 @@ def test_run_instances_boots_to_running_with_ips(emu: EcsEmulator, hosts: PaperH
     script = b"#!/bin/sh\necho hello from user-data\n"
     [instance_id] = launch(client, UserData=base64.b64encode(script).decode(), InternetMaxBandwidthOut=10,
                            InstanceName="ngcx-a10", Tags=[{"Key": "ngcx:deployment", "Value": "d1"}])
-    first = describe(client, [instance_id])["Instances"]["Instance"][0]
-    assert first["Status"] in ("Pending", "Starting")
+    assert emu.instances()[0]["status"] in ("Pending", "Starting")   # answered before the machine is up
     [running] = wait_status(client, [instance_id], "Running")
     assert hosts.named("create") == [("create", instance_id, IMAGE, script)]
     ip = running["VpcAttributes"]["PrivateIpAddress"]["IpAddress"][0]
@@ -454,7 +453,7 @@ def test_stop_start_keepcharging_stopcharging_and_restart_without_stock(emu: Ecs
     assert (error.get_http_status(), error.get_error_code()) == (403, "IncorrectInstanceStatus")
 
     stop(client, iid)                                             # KeepCharging: GPU and public IP kept
-    assert describe(client, [iid])["Instances"]["Instance"][0]["Status"] == "Stopping"
+    assert emu.instances()[0]["status"] == "Stopping"
     [stopped] = wait_status(client, [iid], "Stopped")
     assert stopped["StoppedMode"] == "KeepCharging" and stopped["PublicIpAddress"]["IpAddress"]
     error = server_error(client, _stop_request(iid))
