@@ -167,7 +167,8 @@ class DockerHosts:
         self._container(instance_id).stop(timeout=STOP_TIMEOUT)
 
     def delete(self, instance_id: str) -> None:
-        self._container(instance_id)  # only our own machines
+        """Idempotent: deleting a machine that is already gone (a failed create cleaned up) is no error."""
+        _check_id("instance id", instance_id)
         self._discard(instance_id)
 
     def snapshot(self, instance_id: str, image_id: str) -> None:
@@ -314,12 +315,16 @@ class DockerHosts:
             raise HostError(f"copying disk {source} to {target} failed: {stderr}") from exc
 
     def _discard(self, instance_id: str) -> None:
-        """Remove the machine and its disk; a missing one is already gone (idempotent)."""
+        """Remove the machine and its disk if they are ours; a missing one is already gone."""
         with contextlib.suppress(NotFound):
-            self.client.containers.get(NAME_PREFIX + instance_id).remove(force=True, v=True)
+            container = self.client.containers.get(NAME_PREFIX + instance_id)
+            if self._owned(container):
+                container.remove(force=True, v=True)
         for attempt in range(20):
             try:
-                self.client.volumes.get(DISK_PREFIX + instance_id).remove(force=True)
+                volume = self.client.volumes.get(DISK_PREFIX + instance_id)
+                if self._owned(volume):
+                    volume.remove(force=True)
                 return
             except NotFound:
                 return

@@ -32,6 +32,7 @@ say() { printf 'ngcx-host: %s\n' "$*"; }
 
 since_boot() { awk -v a="$BOOT_START" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }'; }
 
+# shellcheck disable=SC2329  # called by the trap below
 on_term() {
     # Trapped, because signals without a handler never reach PID-1-like processes; a VM's shutdown
     # stops the engine (and so its containers) before the power goes.
