@@ -51,12 +51,16 @@ def bake_cmd(
 
 
 def _pushed_refs() -> list[str]:
-    from ngcx import state
+    """REPO@DIGEST of this machine's latest pushes, as hosts pull them (ACR through its VPC endpoint)."""
+    from ngcx import acr, state
 
     seen: dict[str, str] = {}
     for push in state.list_pushes():
         repository = push.remote_ref.rsplit(":", 1)[0]
-        seen.setdefault(repository, f"{repository}@{push.digest}")
+        host = repository.split("/", 1)[0]
+        region = acr.region_of(host)
+        pulled = acr.vpc_endpoint(region) + repository[len(host):] if region else repository
+        seen.setdefault(repository, f"{pulled}@{push.digest}")
     return list(seen.values())[:8]
 
 
@@ -65,11 +69,8 @@ def bake(api, region: str, refs: list[str], instance_type: str | None) -> str:
     from ngcx.deploy import aliyun, hostscript, store
     from ngcx.deploy.aliyun_api import tag_params
 
-    itype = instance_type or _cheapest_gpu_type()
     vswitches, group = aliyun.network(api, "0.0.0.0/0")
-    zones = [z for z in aliyun._zones_with_stock(api, itype, None) if z in vswitches]
-    if not zones:
-        raise UserError(f"no stock for builder type {itype} in {region}", hint="pass --instance-type")
+    itype, zones = _builder_type(api, instance_type, set(vswitches))
     owner = store.owner_id()
     token = f"ngcx-bake-{owner}-{int(time.time())}"
     script = hostscript.render_bake(refs)
@@ -97,13 +98,22 @@ def bake(api, region: str, refs: list[str], instance_type: str | None) -> str:
     return image_id
 
 
-def _cheapest_gpu_type() -> str:
-    from ngcx.deploy import offers
+def _builder_type(api, wanted: str | None, zones_with_switch: set[str]) -> tuple[str, list[str]]:
+    """The builder's type (--instance-type, else the cheapest one-GPU type with stock) and its zones."""
+    from ngcx.deploy import aliyun, offers
 
-    types, _meta = offers.load_table("aliyun")
-    priced = sorted((t for t in types if t.gpu_count == 1), key=lambda t: (t.price_per_hour is None,
-                                                                             t.price_per_hour or 0, t.name))
-    return priced[0].name
+    if wanted:
+        names = [wanted]
+    else:
+        types, _meta = offers.load_table("aliyun")
+        names = [t.name for t in sorted((t for t in types if t.gpu_count == 1),
+                                        key=lambda t: (t.price_per_hour is None, t.price_per_hour or 0, t.name))]
+    for name in names:
+        zones = [z for z in aliyun._zones_with_stock(api, name, None) if z in zones_with_switch]
+        if zones:
+            return name, zones
+    raise UserError(f"no stock for a builder ({', '.join(names[:3])}{', …' if len(names) > 3 else ''}) in "
+                    f"{api.region}", hint="pass --instance-type with a type the region sells now")
 
 
 def _wait_baked(api, instance_id: str) -> None:

@@ -104,6 +104,10 @@ def test_the_host_script_is_valid_sh_and_every_value_stays_one_word():
     # the token reaches docker login on stdin only, never a command-line argument or an echo
     login = next(line for line in text.splitlines() if "docker login" in line)
     assert login.startswith("printf '%s' ") and "--password-stdin" in login
+    run = text[text.index("docker run -d"):text.index(">/dev/null", text.index("docker run -d"))]
+    words = shlex.split(run.replace("$GPU_ARGS", "").replace("\\\n", " "))
+    assert words[-4:] == [job.pull_ref, "ngcx-runtime", "serve", HOSTILE] and all(w.strip() for w in words)
+    assert words[words.index("-e") + 1] == f"MODE={HOSTILE}"
     assert "no NVIDIA driver answers" in text and "fail " in text.split("no NVIDIA driver answers")[0][-40:]
 
 
