@@ -132,17 +132,39 @@ def _environment():
 
 def render_dockerfile(release: Release, variant: str = "runtime", base: str | None = None,
                       catalog: Catalog | None = None) -> str:
-    """The Dockerfile text for one release and variant."""
+    """The Dockerfile text for one release and variant.
+
+    A text rendered before from exactly the same inputs (see _render_key) comes from the cache
+    (ngcx/catalog/cache.py: private folder, checksummed entries), which spares importing and
+    compiling Jinja2 on every `ngcx render`; anything else renders and is stored.
+    """
     from ngcx import naming
     from ngcx.errors import UserError
 
     if variant not in naming.VARIANTS:
         raise UserError(f"unknown variant {variant!r}", hint=f"use one of {', '.join(naming.VARIANTS)}")
+    description = catalog.image(release.image).description if catalog else release.image
+    key = _render_key(release, variant, base, description)
+    if key is not None:
+        from ngcx.catalog import cache
+
+        body = cache.read_entry("dockerfile", key)
+        if body is not None:
+            return body.decode()
+    text = _render(release, variant, base, description)
+    if key is not None:
+        cache.write_entry("dockerfile", key, text.encode())
+    return text
+
+
+def _render(release: Release, variant: str, base: str | None, description: str) -> str:
+    """Render Dockerfile.j2 (no cache): recipe checks first, then the base, as users see the errors."""
+    from ngcx.errors import UserError
+
     recipe = load_recipe(release.image)
     if "framework" in recipe.blocks and release.framework is None:
         raise UserError(f"{release.ref}: image recipe has a framework block but the release pins no framework")
     blocks = [b for b in recipe.blocks if b != "framework" or release.framework]
-    description = catalog.image(release.image).description if catalog else release.image
     text = _environment().get_template("Dockerfile.j2").render(
         release=release, variant=variant, blocks=blocks, recipe=recipe,
         base_image=resolve_base(release, base),
@@ -152,6 +174,52 @@ def render_dockerfile(release: Release, variant: str = "runtime", base: str | No
         site=f"/opt/ngcx/venv/lib/python{release.spec.python}/site-packages",
     )
     return _tidy(text)
+
+
+# The code a rendered Dockerfile depends on besides the templates: this module (packages, _tidy),
+# naming (labels, variants) and the completed catalog (Release.labels, pins).
+RENDER_CODE = ("render.py", "naming.py", "catalog/complete.py", "catalog/patterns.py")
+
+
+def _render_key(release: Release, variant: str, base: str | None, description: str) -> str | None:
+    """sha256 of every input of _render, or None (render without the cache) when one cannot be read.
+
+    Inputs: the release's completed data, variant, the resolved base image, the description, the
+    image's image.yaml bytes, every file under recipes/ (templates include each other), the code in
+    RENDER_CODE with the ngcx version, and Jinja2's installed file (an upgrade may render differently).
+    Errors are never cached: on any problem here the uncached path runs and reports it as before.
+    """
+    import json
+    from dataclasses import asdict
+
+    from ngcx import paths
+    from ngcx.catalog.cache import source_digest
+    from ngcx.errors import UserError
+
+    here = Path(__file__).resolve().parent
+    try:
+        h = hashlib.sha256(b"dockerfile\0" + source_digest([here / f for f in RENDER_CODE]).encode())
+        h.update(_module_stamp("jinja2").encode())
+        h.update(json.dumps([asdict(release), variant, resolve_base(release, base), description],
+                            sort_keys=True).encode())
+        h.update(b"\0image.yaml\0" + (paths.images_dir() / release.image / "image.yaml").read_bytes())
+        recipes = paths.recipes_dir()
+        for file in sorted(p for p in recipes.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+            h.update(b"\0" + file.relative_to(recipes).as_posix().encode() + b"\0" + file.read_bytes())
+    except (OSError, UserError):
+        return None
+    return h.hexdigest()
+
+
+def _module_stamp(name: str) -> str:
+    """Where an installed package is, with its size and mtime: changes when pip replaces it; no import."""
+    from importlib.util import find_spec
+
+    spec = find_spec(name)
+    if spec is None or not spec.origin:
+        raise OSError(f"{name} is not installed")
+    st = os.stat(spec.origin)
+    return f"{spec.origin}\0{st.st_size}\0{st.st_mtime_ns}"
 
 
 def _tidy(text: str) -> str:

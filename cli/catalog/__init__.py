@@ -1,7 +1,8 @@
 """`ngcx catalog ls | show | check`: read and validate the catalog (registry.yaml).
 
 This module stays light (typer + stdlib) so the CLI starts fast; the schema, rules and
-completion live in ngcx.catalog.model and are imported on first use.
+completion live in ngcx.catalog.model and are imported on first use, and a catalog validated
+before comes from ngcx.catalog.cache without importing them at all.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output."
 
 
 def load_catalog(path: str | Path | None = None) -> Catalog:
-    """Load, validate and complete a catalog (default: the shipped registry.yaml)."""
-    from ngcx.catalog.model import load_catalog as _load
+    """Load, validate and complete a catalog (default: the shipped registry.yaml); cached by its sha256."""
+    from ngcx.catalog.cache import load_catalog as _load
 
     return _load(path)
 

@@ -1,24 +1,33 @@
 """The completed catalog (complete): stacks resolved into releases, driver floors and labels derived.
 
 Why its own module: render, build, test and run consume only these frozen dataclasses (Release,
-Catalog, Pin), never the raw schema; deriving the driver floor, NVIDIA_REQUIRE_CUDA and the
-labels happens once, here, after validation has passed.
+Catalog, Pin and the plain BaseInfo / ReleaseInfo / ImageInfo views of the schema), never the
+pydantic models; deriving the driver floor, NVIDIA_REQUIRE_CUDA and the labels happens once, here,
+after validation has passed. Plain dataclasses, not pydantic, because a catalog validated once is
+rebuilt from its cached plain data (cache.py) without importing pydantic, which is most of the
+cost of `ngcx render`; this module therefore imports the schema only when complete() runs.
 """
 
 from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from packaging.version import Version
-
-from ngcx.catalog.schema import PIN, Base, CatalogSpec, ImageSpec, ReleaseSpec, Rules
+from ngcx.catalog.patterns import PIN
 from ngcx.errors import UserError
+
+if TYPE_CHECKING:
+    from packaging.version import Version
+
+    from ngcx.catalog.schema import Base, CatalogSpec, ImageSpec, ReleaseSpec, Rules
 
 # ----------------------------------------------------------------------------- completed model
 
 
 def _v(text: str) -> Version:
+    from packaging.version import Version  # here: a cached catalog never compares versions
+
     return Version(text)
 
 
@@ -46,13 +55,62 @@ def parse_pin(text: str) -> tuple[str, str] | None:
 
 
 @dataclass(frozen=True)
+class BaseInfo:
+    """A base OS profile (schema.Base, validated): the image to build FROM and what it ships."""
+
+    image: str
+    offline: str | None
+    suite: str | None
+    python: str
+    glibc: str | None
+
+    @classmethod
+    def of(cls, base: Base) -> BaseInfo:
+        return cls(image=base.image, offline=base.offline, suite=base.suite, python=base.python, glibc=base.glibc)
+
+
+@dataclass(frozen=True)
+class ReleaseInfo:
+    """A release as the catalog file states it (schema.ReleaseSpec, validated), before completion."""
+
+    base: str
+    python: str
+    stack: str
+    pins: dict[str, str]
+    framework: str | None
+    extras: tuple[str, ...]
+    index_urls: tuple[str, ...]
+    compute_capabilities: tuple[str, ...]
+    min_driver: str | None
+
+    @classmethod
+    def of(cls, rel: ReleaseSpec) -> ReleaseInfo:
+        return cls(base=rel.base, python=rel.python, stack=rel.stack, pins=dict(rel.pins), framework=rel.framework,
+                   extras=tuple(rel.extras), index_urls=tuple(rel.index_urls),
+                   compute_capabilities=tuple(rel.compute_capabilities), min_driver=rel.min_driver)
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """An image's own fields (schema.ImageSpec without its releases, which Catalog.releases holds)."""
+
+    description: str
+    buildable: bool
+    not_buildable_reason: str | None
+
+    @classmethod
+    def of(cls, img: ImageSpec) -> ImageInfo:
+        return cls(description=img.description, buildable=img.buildable, not_buildable_reason=img.not_buildable_reason)
+
+
+@dataclass(frozen=True)
 class Release:
     """A completed release: everything render, build, test and run need, derived once."""
 
     image: str
     tag: str
-    spec: ReleaseSpec
-    base: Base
+    spec: ReleaseInfo
+    base: BaseInfo
     cuda: str
     pins: tuple[Pin, ...]
     framework: Pin | None
@@ -115,21 +173,38 @@ def _framework_label(wheel: str) -> str:
 
 @dataclass
 class Catalog:
-    """A validated, completed catalog."""
+    """A validated, completed catalog.
 
-    spec: CatalogSpec
+    `spec` (the pydantic CatalogSpec) is built on first use only: render, build and `catalog ls`
+    need releases, images and bases, and a catalog loaded from the cache would otherwise import
+    pydantic just to rebuild it. Equality compares what the commands use, not that lazy copy.
+    """
+
     source: str
     releases: dict[str, dict[str, Release]]
+    images: dict[str, ImageInfo]
+    bases: dict[str, BaseInfo]
+    spec_data: dict[str, Any] = field(compare=False, repr=False)  # the validated spec as JSON data
+    _spec: CatalogSpec | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def spec(self) -> CatalogSpec:
+        """The validated schema model; from the cache it is re-validated from spec_data on first use."""
+        if self._spec is None:
+            from ngcx.catalog.schema import CatalogSpec
+
+            self._spec = CatalogSpec.model_validate(self.spec_data)
+        return self._spec
 
     @property
     def rules(self) -> Rules:
         return self.spec.rules
 
     def image_names(self) -> list[str]:
-        return list(self.spec.images)
+        return list(self.images)
 
-    def image(self, name: str) -> ImageSpec:
-        return self.spec.images[name]
+    def image(self, name: str) -> ImageInfo:
+        return self.images[name]
 
     def newest(self, image: str) -> Release:
         tags = sorted(self.releases[image], key=lambda t: tuple(int(x) for x in t.split(".")))
@@ -176,6 +251,7 @@ def complete(spec: CatalogSpec, source: str) -> Catalog:
     """Resolve stacks and derive the values every later stage uses."""
     releases: dict[str, dict[str, Release]] = {}
     rules = spec.rules
+    bases = {name: BaseInfo.of(b) for name, b in spec.bases.items()}
     for image, img in spec.images.items():
         releases[image] = {}
         for tag, rel in img.releases.items():
@@ -196,11 +272,12 @@ def complete(spec: CatalogSpec, source: str) -> Catalog:
             arch_floor = {cc: d for cc, d in rules.arch_min_driver.items()
                           if cc in rel.compute_capabilities and _v(d) > _v(floor)}
             releases[image][tag] = Release(
-                image=image, tag=tag, spec=rel, base=spec.bases[rel.base], cuda=stack.cuda,
+                image=image, tag=tag, spec=ReleaseInfo.of(rel), base=bases[rel.base], cuda=stack.cuda,
                 pins=pins, framework=framework, extras=tuple(rel.extras), install=tuple(install),
                 min_driver=floor, full_driver=full,
                 compute_capabilities=tuple(sorted(rel.compute_capabilities, key=_cc_key)),
                 arch_min_driver=arch_floor,
                 require_cuda=_require_cuda(stack.cuda, floor, full, rules),
             )
-    return Catalog(spec=spec, source=source, releases=releases)
+    return Catalog(source=source, releases=releases, images={n: ImageInfo.of(i) for n, i in spec.images.items()},
+                   bases=bases, spec_data=spec.model_dump(mode="json", by_alias=True), _spec=spec)

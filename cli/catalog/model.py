@@ -8,17 +8,17 @@ Separate steps, as cog does (parse -> validate -> complete), one module each:
   rules     rules.py: the compatibility rules, which are data in the same file; every violation
             is collected as a typed Problem (cli/problems.py), not just the first;
   complete  complete.py: stacks resolved into each release, min driver / GPU range / labels.
-This module holds the entry points (load_catalog, problems_of) and re-exports the names the rest
-of ngcx imports. Every load runs all steps, so a broken catalog can never reach render or build.
+This module holds the entry points (load_catalog, validated_catalog, problems_of) and re-exports the
+names the rest of ngcx imports. Every load of bytes not seen before runs all steps, so a broken
+catalog can never reach render or build; bytes that passed them under the same code come from
+cache.py (keyed by the file's sha256 and this code's), which is what load_catalog goes through.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import ValidationError
 
-from ngcx import paths
+from ngcx.catalog.cache import load_catalog
 from ngcx.catalog.complete import Catalog, Pin, Release, complete, parse_pin
 from ngcx.catalog.rules import Checker
 from ngcx.catalog.schema import (
@@ -34,7 +34,7 @@ from ngcx.errors import UserError
 from ngcx.problems import Problem, ProblemsFound
 
 __all__ = ["PIN", "RELEASE_TAG", "Catalog", "CatalogInvalid", "CatalogSpec", "Checker", "Pin", "Release",
-           "ReleaseSpec", "Rules", "complete", "load_catalog", "parse", "parse_pin", "problems_of"]
+           "ReleaseSpec", "Rules", "complete", "load_catalog", "parse", "parse_pin", "problems_of", "validated_catalog"]
 
 
 # ----------------------------------------------------------------------------- parse
@@ -73,21 +73,10 @@ def problems_of(text: str, source: str) -> tuple[CatalogSpec | None, list[Proble
     return spec, checker.problems
 
 
-def load_catalog(path: str | Path | None = None) -> Catalog:
-    """Load, validate and complete a catalog (default: the shipped registry.yaml)."""
-    file = Path(path) if path else paths.registry_file()
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"catalog file {file} does not exist",
-                        hint="pass an existing registry.yaml or omit the argument for the shipped one") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"catalog {file} is not UTF-8 text (byte {exc.start})",
-                        hint="save it as UTF-8, or check that this is the right file") from None
-    except OSError as exc:
-        raise UserError(f"cannot read catalog {file}: {exc.strerror or exc.__class__.__name__}") from None
-    spec, problems = problems_of(text, str(file))
+def validated_catalog(text: str, source: str) -> Catalog:
+    """Parse, validate and complete catalog text, with no cache: CatalogInvalid lists every violation."""
+    spec, problems = problems_of(text, source)
     if problems:
-        raise CatalogInvalid(str(file), problems)
+        raise CatalogInvalid(source, problems)
     assert spec is not None
-    return complete(spec, str(file))
+    return complete(spec, source)

@@ -8,20 +8,18 @@ the dotted path of the value, and the fix (`25.10` read as a number is the class
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
+# Re-exported: rules.py and model.py import the patterns from here, next to the schema that uses them.
+from ngcx.catalog.patterns import CC as CC
+from ngcx.catalog.patterns import DRIVER as DRIVER
+from ngcx.catalog.patterns import PIN as PIN
+from ngcx.catalog.patterns import RELEASE_TAG as RELEASE_TAG
 from ngcx.problems import Problem
 
-# ASCII digits and \Z on purpose: \d also matches '٤' and '$' matches before a final newline, and
-# "2٤.05" or "24.05\n" must not become a Docker tag (found by tests/unit/test_fuzz_refs.py).
-RELEASE_TAG = re.compile(r"^[0-9]{2}\.(0[1-9]|1[0-2])\Z")
-PIN = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9_,-]+\])?)==(?P<version>[0-9][0-9A-Za-z.+-]*)$")
-CC = re.compile(r"^[0-9]{1,2}\.[0-9]\Z")
-DRIVER = re.compile(r"^[0-9]+(\.[0-9]+){1,2}\Z")
 # Schema types for values that complete() computes with (int(), Version()): a malformed one must
 # stop at validation, not crash completion (a '$' spliced into full_driver did: test_fuzz_catalog.py).
 DriverVersion = Annotated[str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+){1,2}$")]

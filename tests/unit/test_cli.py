@@ -9,6 +9,7 @@ The time itself is measured by bench/cli_startup.py.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -99,8 +100,10 @@ def test_startup_imports_no_heavy_module() -> None:
         assert sorted(set(HEAVY) & set(doc[phase])) == [], f"imported during {phase}"
 
 
-def test_probe_would_notice_a_heavy_import() -> None:
-    """Guard for the test above: the same probe does see pydantic once the catalog is loaded."""
+def test_probe_would_notice_a_heavy_import(tmp_path) -> None:
+    """Guard for the test above: the same probe does see pydantic once the catalog is validated
+    (an empty cache folder, so the catalog cache cannot spare the validation)."""
     code = "import sys, ngcx.catalog; ngcx.catalog.load_catalog(); print('pydantic' in sys.modules)"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
     assert proc.stdout.strip() == "True", proc.stderr
