@@ -56,6 +56,11 @@ class Cloud:
         return [i for i in self.emulator.instances() if i["tags"].get("ngcx:deployment") == str(record_id)]
 
 
+def phase_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The line a deploy ends with: where the seconds went."""
+    return next(line for line in done.stderr.splitlines() if " ready (" in line)
+
+
 @pytest.fixture(scope="module")
 def cloud(docker_client, registry, base_image, tmp_path_factory):
     project = built_zero_code(tmp_path_factory)
@@ -105,7 +110,7 @@ def test_push_deploy_infer_stop_redeploy_restart_failure_destroy(cloud, baked):
     [inst] = cloud.mine(rec["id"])
     assert inst["image_id"] == baked and inst["status"] == "Running" and inst["client_token"] == rec["client_token"]
     assert set(rec["phases"]) == {"api", "boot", "pull", "start", "ready"}
-    print("fresh (baked):", first.stderr.strip().splitlines()[-2])
+    print("fresh (baked):", phase_line(first))
 
     assert cloud.ngcx("deployments", "stop", str(rec["id"])).returncode == 0
     [inst] = [i for i in cloud.emulator.instances() if i["id"] == rec["instance_id"]]
@@ -117,14 +122,14 @@ def test_push_deploy_infer_stop_redeploy_restart_failure_destroy(cloud, baked):
     second = cloud.records()[0]
     assert second["path"] == "stopped-host" and second["instance_id"] == rec["instance_id"]
     assert second["phases"]["pull"] < 5, second["phases"]                # nothing crossed the network
-    print("stopped host:", again.stderr.strip().splitlines()[-2])
+    print("stopped host:", phase_line(again))
 
     running = cloud.deploy()                                    # the running host: swap the container only
     assert running.returncode == 0, running.stderr[-3000:]
     third = cloud.records()[0]
     assert third["path"] == "running-host" and third["instance_id"] == rec["instance_id"]
     one_inference(cloud.project, running.stdout.strip())
-    print("running host:", running.stderr.strip().splitlines()[-2])
+    print("running host:", phase_line(running))
 
     assert cloud.ngcx("deployments", "stop", str(third["id"])).returncode == 0
     cloud.emulator.fail_restart(rec["instance_id"])             # StopCharging released the GPU; none left
