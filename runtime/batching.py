@@ -7,7 +7,17 @@ batcher). One worker thread owns the engine, so engine.infer() is never called c
 
 Rules: requests merge only when every input has the same dtype and the same non-batch dims
 (the batch key); a batch never exceeds max_batch; the oldest request waits at most
-max_queue_delay_ms for company. Requests larger than max_batch are refused before they get here.
+max_queue_delay_ms for company, unless the requests at hand add up to one of the preferred batch
+sizes (Triton's preferred_batch_size): then the largest such batch runs at once. Requests larger
+than max_batch are refused before they get here. Inputs are merged on dim 0; each output is split
+on its own batch axis (layout.py measured it at load: an LSTM's [time, batch, C] output splits on
+dim 1). If a merged batch's outputs still do not split (a layout the probe could not see, such as
+[batch * time, C]), its requests are run again one by one and merging stops for this model: the
+clients get their answers, never a 500.
+
+Counters (Stats) follow Triton's statistics: per request, the queue time and the input / infer /
+output times of the batch it ran in; per engine call, the batch size. The hot path takes one
+uncontended lock per request and one per batch.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ import queue
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +55,25 @@ class Stats:
     queue_ns: int = 0
     compute_ns: int = 0
     last_inference_ms: int = 0
+    request_ns: int = 0             # successful requests: body read to response ready, summed
+    compute_input_ns: int = 0       # per successful request, its batch's merge time (summed)
+    compute_infer_ns: int = 0       # ... its batch's engine time
+    compute_output_ns: int = 0      # ... its batch's output check and split time
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def count_request(self) -> None:
+        with self.lock:
+            self.requests += 1
+
+    def count_success(self, ns: int) -> None:
+        """An answer is ready to send (counted before sending, so a client that got it sees it counted)."""
+        with self.lock:
+            self.success += 1
+            self.request_ns += ns
+
+    def count_failure(self) -> None:
+        with self.lock:
+            self.failed += 1
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
@@ -54,6 +83,8 @@ class Stats:
                 "inferences": self.inferences, "batch_sizes": dict(self.batch_sizes),
                 "requests_per_call": dict(self.requests_per_call), "queue_ns": self.queue_ns,
                 "compute_ns": self.compute_ns, "last_inference_ms": self.last_inference_ms,
+                "request_ns": self.request_ns, "compute_input_ns": self.compute_input_ns,
+                "compute_infer_ns": self.compute_infer_ns, "compute_output_ns": self.compute_output_ns,
             }
 
 
@@ -67,6 +98,10 @@ class ShuttingDown(EngineFailure):
 
 class BadRequest(EngineFailure):
     """The engine (a handler) refused this request's data with InvalidInput; the server answers 400."""
+
+
+class SplitError(EngineFailure):
+    """A merged batch's output does not have the merged batch on its batch axis."""
 
 
 class _Pending:
@@ -91,17 +126,28 @@ def batch_key(feeds: dict[str, np.ndarray]) -> tuple:
 
 
 class Batcher:
-    """Queue + one worker thread in front of an engine."""
+    """Queue + one worker thread in front of an engine.
+
+    output_axes: output name -> the axis its batch is on (default 0). preferred: batch sizes that
+    run at once when the queued requests add up to one. on_unmerge(reason) is called once if a
+    merged batch did not split and merging was turned off.
+    """
 
     def __init__(self, engine: Engine, max_batch: int, max_queue_delay_ms: float, stats: Stats,
-                 batchable: bool = True, name: str | None = None):
+                 batchable: bool = True, name: str | None = None, *, output_axes: dict[str, int] | None = None,
+                 preferred: tuple[int, ...] = (), on_unmerge: Callable[[str], None] | None = None):
         self.engine = engine
         self.name = name or engine.name
         self.max_batch = max_batch
         self.delay_s = max(0.0, max_queue_delay_ms) / 1000.0
         self.stats = stats
         self.batchable = batchable
+        self.output_axes = dict(output_axes or {})
+        self.preferred = tuple(sorted(p for p in preferred if 1 <= p <= max_batch))
+        self.on_unmerge = on_unmerge
+        self.closed_reason = "the server is shutting down; retry against another replica"
         self._queue: deque[_Pending] = deque()
+        self._gathering = 0             # requests taken off the queue, waiting for company
         self._cond = threading.Condition()
         self._stopping = False
         self._flush = False
@@ -120,7 +166,7 @@ class Batcher:
         item = _Pending(feeds, batch, batch_key(feeds) if self.batchable else ("solo", id(feeds)))
         with self._cond:
             if self._stopping:
-                raise ShuttingDown("the server is shutting down; retry against another replica")
+                raise ShuttingDown(self.closed_reason)
             self._queue.append(item)
             self._cond.notify()
         item.done.wait()
@@ -135,9 +181,17 @@ class Batcher:
             self._flush = True
             self._cond.notify_all()
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Run what is queued (without waiting for the delay), then end the worker."""
+    @property
+    def pending(self) -> int:
+        """Requests waiting to execute (Triton's nv_inference_pending_request_count); read without a lock."""
+        return len(self._queue) + self._gathering
+
+    def stop(self, timeout: float = 30.0, reason: str | None = None) -> None:
+        """Run what is queued (without waiting for the delay), then end the worker. Later submits get
+        ShuttingDown(reason)."""
         with self._cond:
+            if reason:
+                self.closed_reason = reason
             self._stopping = True
             self._cond.notify_all()
         self._worker.join(timeout)
@@ -165,31 +219,52 @@ class Batcher:
         if not self.batchable:
             return group
         deadline = first.enqueued + self.delay_s
-        while total < self.max_batch:
-            for item in list(self._queue):
-                if item.key == first.key and total + item.batch <= self.max_batch:
-                    self._queue.remove(item)
-                    group.append(item)
-                    total += item.batch
-            remaining = deadline - time.monotonic()
-            if total >= self.max_batch or remaining <= 0 or self._stopping or self._flush:
-                break
-            self._cond.wait(remaining)
+        try:
+            while total < self.max_batch:
+                for item in list(self._queue):
+                    if item.key == first.key and total + item.batch <= self.max_batch:
+                        self._queue.remove(item)
+                        group.append(item)
+                        total += item.batch
+                self._gathering = len(group)
+                cut = self._preferred_cut(group)
+                if cut:
+                    for item in reversed(group[cut:]):      # back to the front, in their order
+                        self._queue.appendleft(item)
+                    return group[:cut]
+                remaining = deadline - time.monotonic()
+                if total >= self.max_batch or remaining <= 0 or self._stopping or self._flush:
+                    break
+                self._cond.wait(remaining)
+        finally:
+            self._gathering = 0
         return group
+
+    def _preferred_cut(self, group: list[_Pending]) -> int:
+        """Length of the longest prefix of group whose batch is a preferred size (0: none)."""
+        if not self.preferred:
+            return 0
+        best, total = 0, 0
+        for i, item in enumerate(group, 1):
+            total += item.batch
+            if total in self.preferred:
+                best = i
+        return best
 
     def _execute(self, group: list[_Pending]) -> None:
         start = time.monotonic()
         try:
             feeds = self._merge(group)
+            merged = time.monotonic()
             if self._async:
                 finish = self.engine.infer_async(feeds)
-                self._inflight.put((group, finish, start))  # blocks while two batches are in flight
+                self._inflight.put((group, finish, start, merged))  # blocks while two batches are in flight
                 return
             outputs = self.engine.infer(feeds)
         except Exception as exc:  # noqa: BLE001 - any engine failure becomes a 500, never a dead worker
             self._fail_or_isolate(group, exc, start)
             return
-        self._complete(group, outputs, start)
+        self._complete(group, outputs, start, merged)
 
     def _fail_or_isolate(self, group: list[_Pending], exc: Exception, start: float) -> None:
         """A merged batch failed: run its requests one by one, so one client's bad data (or one
@@ -207,24 +282,50 @@ class Batcher:
             job = self._inflight.get()
             if job is None:
                 return
-            group, finish, start = job
+            group, finish, start, merged = job
             try:
                 outputs = finish()
             except Exception as exc:  # noqa: BLE001
                 self._fail(group, exc, start)
                 continue
-            self._complete(group, outputs, start)
+            self._complete(group, outputs, start, merged)
 
-    def _complete(self, group: list[_Pending], outputs: Any, start: float) -> None:
+    def _complete(self, group: list[_Pending], outputs: Any, start: float, merged: float) -> None:
+        inferred = time.monotonic()
         try:
-            results = self._split(group, self._checked(outputs))
+            results = self._split(group, self._checked(outputs), self.output_axes)
+        except SplitError as exc:
+            if len(group) > 1:
+                self._unmerge(group, str(exc), start)
+                return
+            self._fail(group, exc, start)
+            return
         except Exception as exc:  # noqa: BLE001
             self._fail(group, exc, start)
             return
+        marks = (start, merged, inferred, time.monotonic())
         for item, res in zip(group, results, strict=True):
             item.result = res
+        self._account(group, start, ok=True, marks=marks)
+        for item in group:
             item.done.set()
-        self._account(group, start, ok=True)
+
+    def _unmerge(self, group: list[_Pending], why: str, start: float) -> None:
+        """A merged batch did not split: stop merging for this model and run its requests again one
+        by one (queued at the front, in their order), so each client still gets its own answer."""
+        self._account(group, start, ok=False)
+        with self._cond:
+            first = self.batchable
+            self.batchable = False
+            for item in reversed(group):
+                item.key = ("solo", id(item))
+                self._queue.appendleft(item)
+            for item in self._queue:
+                item.key = ("solo", id(item))
+            self._cond.notify_all()
+        if first and self.on_unmerge is not None:
+            self.on_unmerge(f"a merged batch of {len(group)} requests did not split ({why}); requests now "
+                            "run one by one")
 
     def _fail(self, group: list[_Pending], exc: Exception, start: float) -> None:
         bad_input = isinstance(exc, InvalidInput)
@@ -243,18 +344,23 @@ class Batcher:
         return {n: np.concatenate([g.feeds[n] for g in group], axis=0) for n in group[0].feeds}
 
     @staticmethod
-    def _split(group: list[_Pending], outputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    def _split(group: list[_Pending], outputs: dict[str, np.ndarray],
+               axes: dict[str, int] | None = None) -> list[dict[str, np.ndarray]]:
+        """Each request's slice of every output, along that output's batch axis (views, no copies)."""
         if len(group) == 1:
             return [outputs]
+        axes = axes or {}
         total = sum(g.batch for g in group)
         for name, arr in outputs.items():
-            if arr.ndim == 0 or arr.shape[0] != total:
-                raise EngineFailure(f"output '{name}' has shape {list(arr.shape)}, expected batch {total} "
-                                    "in dimension 0; start the server with --max-batch 1 for this model")
+            axis = axes.get(name, 0)
+            if arr.ndim <= axis or arr.shape[axis] != total:
+                raise SplitError(f"output '{name}' has shape {list(arr.shape)}, expected batch {total} "
+                                 f"in dimension {axis}")
         split: list[dict[str, np.ndarray]] = []
         start = 0
         for g in group:
-            split.append({n: a[start:start + g.batch] for n, a in outputs.items()})
+            split.append({n: a[(slice(None),) * axes.get(n, 0) + (slice(start, start + g.batch),)]
+                          for n, a in outputs.items()})
             start += g.batch
         return split
 
@@ -268,19 +374,26 @@ class Batcher:
         # Copying outputs (small next to inputs: ResNet-50 bs 256 is 1 MB) makes that impossible.
         return {name: np.array(arr, copy=True, order="C") for name, arr in outputs.items()}
 
-    def _account(self, group: list[_Pending], start: float, ok: bool) -> None:
+    def _account(self, group: list[_Pending], start: float, ok: bool,
+                 marks: tuple[float, float, float, float] | None = None) -> None:
+        """One engine call: batch counters, and on success each request's share of Triton's durations.
+        Successes and failures of requests are counted by the HTTP layer, which sends the answers."""
         end = time.monotonic()
         size = sum(max(g.batch, 1) for g in group)   # an unbatchable request counts as one
+        n = len(group)
         s = self.stats
         with s.lock:
             s.engine_calls += 1
             s.inferences += size
             s.batch_sizes[size] += 1
-            s.requests_per_call[len(group)] += 1
-            if len(group) > 1:
-                s.batched_requests += len(group)
+            s.requests_per_call[n] += 1
+            if n > 1:
+                s.batched_requests += n
             s.compute_ns += int((end - start) * 1e9)
             s.queue_ns += sum(int((start - g.enqueued) * 1e9) for g in group)
             s.last_inference_ms = int(time.time() * 1000)
-            if ok:                        # failures are counted where the HTTP error is sent
-                s.success += len(group)
+            if ok and marks is not None:
+                t0, t1, t2, t3 = marks
+                s.compute_input_ns += n * int((t1 - t0) * 1e9)
+                s.compute_infer_ns += n * int((t2 - t1) * 1e9)
+                s.compute_output_ns += n * int((t3 - t2) * 1e9)

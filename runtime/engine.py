@@ -60,6 +60,10 @@ class Engine(Protocol):
     batcher stage batch N+1 while batch N computes (the PyTorch engine on a GPU does; see
     backends/pytorch.py). Calls to infer_async come from one thread; the returned functions are
     called in launch order from another.
+
+    The server does not take "batch is dim 0" on trust for outputs: at load it runs batch 1 and
+    batch 2 once and reads each output's batch axis from the shapes (layout.py). An engine with
+    `batch_axis_declared = True` (handlers) is believed instead.
     """
 
     name: str

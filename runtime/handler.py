@@ -165,6 +165,9 @@ class HandlerEngine:
     """A loaded user handler behind the Engine contract: infer() is predict()."""
 
     backend = "python"
+    # The handler contract makes dim 0 the batch (module docstring): layout.py trusts it instead of
+    # probing, since predict() is user code that may count or log its calls.
+    batch_axis_declared = True
 
     def __init__(self, handler: Any, spec: str, name: str, inputs: list[TensorSpec], outputs: list[TensorSpec],
                  inner: Engine | None):

@@ -319,6 +319,10 @@ class _NvmlMemory(ctypes.Structure):
     _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
 
 
+class _NvmlUtilization(ctypes.Structure):
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
 class Nvml:
     """A minimal NVML session through ctypes (also used by bench for power/energy)."""
 
@@ -375,6 +379,29 @@ class Nvml:
                 }
             )
         return out
+
+    def count(self) -> int:
+        n = ctypes.c_uint()
+        _check(self.lib.nvmlDeviceGetCount_v2(ctypes.byref(n)), "nvmlDeviceGetCount")
+        return n.value
+
+    def uuid(self, index: int) -> str:
+        buf = ctypes.create_string_buffer(96)
+        _check(self.lib.nvmlDeviceGetUUID(self.handle(index), buf, 96), "nvmlDeviceGetUUID")
+        return buf.value.decode()
+
+    def utilization(self, index: int = 0) -> float:
+        """GPU busy fraction (0..1) over NVML's last sample period."""
+        rates = _NvmlUtilization()
+        _check(self.lib.nvmlDeviceGetUtilizationRates(self.handle(index), ctypes.byref(rates)),
+               "nvmlDeviceGetUtilizationRates")
+        return rates.gpu / 100.0
+
+    def memory(self, index: int = 0) -> tuple[int, int]:
+        """(used, total) bytes of device memory."""
+        mem = _NvmlMemory()
+        _check(self.lib.nvmlDeviceGetMemoryInfo(self.handle(index), ctypes.byref(mem)), "nvmlDeviceGetMemoryInfo")
+        return mem.used, mem.total
 
     def power_mw(self, index: int = 0) -> int:
         mw = ctypes.c_uint()

@@ -1,4 +1,4 @@
-"""`ngcx-runtime serve`: one model over the KServe v2 / Triton HTTP protocol, with dynamic batching.
+"""`ngcx-runtime serve`: one model, or a repository of models, over the KServe v2 / Triton HTTP protocol.
 
 Why this shape: tritonclient and curl must work unchanged (runtime.md §8), so the server speaks
 JSON tensors AND Triton's binary tensor extension (tritonclient's default both ways), gzip /
@@ -7,24 +7,38 @@ stdlib only (ThreadingHTTPServer, HTTP/1.1 keep-alive) so the image stays slim; 
 are read with readinto into a per-connection buffer that is reused across keep-alive requests
 and become numpy views without copies.
 
-Batch limit: a request whose batch (dim 0) exceeds --max-batch is refused with 400, the way
-Triton refuses requests above max_batch_size; it is never split. Models whose dim 0 is not
-dynamic on every input and output are never merged (max_batch_size 0 in /config).
+What it serves (served.py): `serve MODEL_OR_PLAN_DIR` one model, as version 1; `serve DIR` a
+Triton-style repository (DIR/<model>/<version>/model.onnx, optional DIR/<model>/config.json or
+.yaml with max_batch_size, dynamic_batching, version_policy; repository.py), every model with its
+own batcher, loadable and unloadable at runtime through the KServe v2 repository extension
+(POST /v2/repository/index, /v2/repository/models/NAME/load, /unload). A model is ready only
+after its load AND a warm-up inference; a broken model directory fails its own load (400 with
+the reason) while the others keep serving.
 
-Status codes: 400 bad request body, 404 unknown model / version / path, 405 wrong method,
-413 body over --max-body-mb (also answered to `Expect: 100-continue`, before the upload),
-500 engine failure (the server keeps serving), 503 while loading or draining, and to a connection
-beyond --max-connections (answered at once, then closed). SIGTERM: stop
-accepting, finish in-flight requests (queued ones run at once), exit 0.
+Batching (batching.py, layout.py): the batch axis of every output is measured at load (batch 1
+vs batch 2), so a model whose outputs are time-major is split on the right axis, and a model
+whose dim 0 is not a batch is served unbatched; never a 500 under concurrency. A request whose
+batch (dim 0) exceeds the max batch is refused with 400, the way Triton refuses requests above
+max_batch_size; it is never split.
+
+Metrics (metrics.py): Prometheus text with Triton's names on GET /metrics of this port, and of
+--metrics-port when given (Triton's 8002).
+
+Status codes: 400 bad request body (and a failed load), 404 unknown model / version / path, 405
+wrong method, 413 body over --max-body-mb (also answered to `Expect: 100-continue`, before the
+upload), 500 engine failure (the server keeps serving), 503 while a model loads, after it failed
+or was unloaded, while draining, and to a connection beyond --max-connections (answered at once,
+then closed). SIGTERM: stop accepting, finish in-flight requests (queued ones run at once), exit 0.
 
 Start-up (the CLI): listen first (/v2/health/live 200 at once), then load: a MODEL given
 --precision / --batch-profile / --calibration-data is optimized through the plan cache
 ($NGCX_RUNTIME_CACHE; built once, a cache hit on every later start), a --handler module:Class
 wraps it (handler.py); one warm-up inference runs; only then are /v2/health/ready and
-/v2/models/NAME/ready 200. A failed load is one line and exit 2.
+/v2/models/NAME/ready 200. A failed load is one line and exit 2 (for a repository: when no
+model loaded; otherwise one line per failed model, and the rest serve).
 
-Python API (used by bench and tests): start_server(engine, ...) and start_loading(loader, ...)
--> ServerHandle; load_engine(...) builds what the CLI serves.
+Python API (used by bench and tests): start_server(engine, ...), start_loading(loader, ...) and
+start_repository(root, ...) -> ServerHandle; load_engine(...) builds what the CLI serves.
 """
 
 from __future__ import annotations
@@ -44,141 +58,82 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-import numpy as np
-
 from ngcx_runtime import __version__
-from ngcx_runtime.batching import BadRequest, Batcher, EngineFailure, ShuttingDown, Stats
-from ngcx_runtime.engine import Engine, TensorSpec
+from ngcx_runtime.batching import BadRequest, Batcher, EngineFailure, ShuttingDown
+from ngcx_runtime.engine import Engine
 from ngcx_runtime.errors import RuntimeUserError
 from ngcx_runtime.framing import Framing, FramingError, read_chunked, request_framing, strict_int
+from ngcx_runtime.metrics import CONTENT_TYPE, GpuGauges, MetricsServer, render
 from ngcx_runtime.protocol import ProtocolError, build_response, parse_header, parse_infer_request
+from ngcx_runtime.served import (
+    DEFAULT_MAX_BATCH,
+    PLATFORMS,
+    ModelTable,
+    NotFound,
+    ServedModel,
+    ServeError,
+    Settings,
+    resolve_max_batch,
+)
+
+__all__ = ["DEFAULT_MAX_BATCH", "PLATFORMS", "ServeError", "ServerHandle", "load_engine", "start_loading",
+           "start_repository", "start_server"]
 
 SERVER_NAME = "ngcx-runtime"
 MODEL_VERSION = "1"
-EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration"]
-PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan", "pytorch": "pytorch_torchscript",
-             "python": "python"}
+EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "model_repository"]
 DEFAULT_MAX_CONNECTIONS = 512    # open connections (one thread each); more get a 503 at once
-DEFAULT_MAX_BATCH = 256          # for engines without a bound of their own (max_batch == 0)
 SMALL_WRITE = 64 * 1024          # responses below this go out in one send
 DISCARD_FACTOR = 16              # after a refusal, up to this multiple of the limit is read and dropped
 LINGER_IDLE_S = 1.0              # ... while the client keeps sending at least every second
 LINGER_MAX_S = 10.0              # ... and for at most this long
 SOCKET_TIMEOUT_S = 120.0         # a client stalled mid-body this long loses its connection
 DRAIN_GRACE_S = 0.2              # draining: keep-alive connections get this long to deliver a request in transit
-
-
-class ServeError(RuntimeUserError):
-    """A bad serve configuration (flags that contradict the engine); one line, exit 2."""
+_resolve_max_batch = resolve_max_batch
 
 
 class _App:
-    """Everything a request handler needs: the model, its batcher, limits and counters.
+    """Everything a request handler needs: the model table, limits, connections and draining state."""
 
-    The engine may arrive after the server listens (start_loading): until attach() the model is
-    loading (ready 503, inference 503); after fail() it never will be (same answers, the reason).
-    """
-
-    def __init__(self, engine: Engine | None, name: str, max_batch: int | None, max_queue_delay_ms: float,
-                 max_body_bytes: int, verbose: bool):
-        self.name = name
-        self.requested_max_batch = max_batch
-        self.max_queue_delay_ms = max_queue_delay_ms
+    def __init__(self, table: ModelTable, max_body_bytes: int, verbose: bool):
+        self.table = table
         self.max_body = max_body_bytes
         self.max_body_text = f"{max_body_bytes / 2**20:.4g} MB ({max_body_bytes} bytes)"
         self.verbose = verbose
-        self.stats = Stats()
-        self.engine: Engine | None = None
-        self.batcher: Batcher | None = None
-        self.batchable = False
-        self.max_batch = max_batch or 0
-        self.load_error: str | None = None
-        self.loaded = threading.Event()           # set once attach() or fail() ran
-        if engine is not None:
-            self.attach(engine)
         self.draining = False
         self.inflight = 0
         self.cond = threading.Condition()
         self.connections: set[socket.socket] = set()
         self.max_connections = DEFAULT_MAX_CONNECTIONS
+        self.gpus: GpuGauges | None = None
+        self.metrics_server: MetricsServer | None = None
 
-    def attach(self, engine: Engine) -> None:
-        """Serve `engine` from now on (it is loaded and warmed up); checks --max-batch against it."""
-        self.max_batch = _resolve_max_batch(engine, self.requested_max_batch)
-        self.batchable = _batchable(engine)
-        self.batcher = Batcher(engine, self.max_batch, self.max_queue_delay_ms, self.stats, self.batchable,
-                               self.name)
-        self.engine = engine
-        self.loaded.set()
+    # `serve MODEL`: the one model (None for a repository)
+    @property
+    def single(self) -> ServedModel | None:
+        return self.table.single
 
-    def fail(self, error: str) -> None:
-        """Loading failed: stay live, never ready; requests get the reason."""
-        self.load_error = error
-        self.loaded.set()
+    @property
+    def name(self) -> str | None:
+        return self.single.name if self.single else None
+
+    @property
+    def engine(self) -> Engine | None:
+        return self.single.engine if self.single else None
+
+    @property
+    def batcher(self) -> Batcher | None:
+        return self.single.batcher if self.single else None
 
     @property
     def ready(self) -> bool:
-        return self.engine is not None and not getattr(self, "draining", False)
+        """Server readiness: the one model is ready, or the repository's start-up loading has ended."""
+        if self.draining:
+            return False
+        return self.single.ready if self.single else self.table.startup_done.is_set()
 
-    def require_engine(self) -> Engine:
-        """The engine, or 503 while it loads (or after it failed to)."""
-        if self.engine is None:
-            if self.load_error is not None:
-                raise ProtocolError(f"model '{self.name}' failed to load: {self.load_error}", 503)
-            raise ProtocolError(f"model '{self.name}' is loading; retry when /v2/health/ready is 200", 503)
-        return self.engine
-
-    def metadata(self) -> dict[str, Any]:
-        engine = self.require_engine()
-        return {
-            "name": self.name, "versions": [MODEL_VERSION],
-            "platform": PLATFORMS.get(engine.backend, engine.backend),
-            "inputs": [_spec_json(s) for s in engine.inputs],
-            "outputs": [_spec_json(s) for s in engine.outputs],
-        }
-
-    def config(self) -> dict[str, Any]:
-        """Triton-style model config: dims exclude the batch dim when max_batch_size > 0."""
-        engine = self.require_engine()
-        skip = 1 if self.batchable else 0
-
-        def dims(s: TensorSpec) -> dict[str, Any]:
-            datatype = "STRING" if s.datatype == "BYTES" else s.datatype       # Triton's config spelling
-            return {"name": s.name, "data_type": f"TYPE_{datatype}", "dims": list(s.shape[skip:])}
-
-        return {
-            "name": self.name, "platform": PLATFORMS.get(engine.backend, engine.backend),
-            "backend": engine.backend, "max_batch_size": self.max_batch if self.batchable else 0,
-            "input": [dims(s) for s in engine.inputs], "output": [dims(s) for s in engine.outputs],
-            "dynamic_batching": {"max_queue_delay_microseconds": int(self.max_queue_delay_ms * 1000)},
-            "parameters": {"device": engine.device, "precision": engine.precision},
-        }
-
-    def model_stats(self) -> dict[str, Any]:
-        """Triton's /stats layout (the subset this server measures)."""
-        s = self.stats.snapshot()
-        return {"model_stats": [{
-            "name": self.name, "version": MODEL_VERSION, "last_inference": s["last_inference_ms"],
-            "inference_count": s["inferences"], "execution_count": s["engine_calls"],
-            "inference_stats": {
-                "success": {"count": s["success"], "ns": 0}, "fail": {"count": s["failed"], "ns": 0},
-                "queue": {"count": s["success"], "ns": s["queue_ns"]},
-                "compute_infer": {"count": s["engine_calls"], "ns": s["compute_ns"]},
-            },
-            "batch_stats": [{"batch_size": b, "compute_infer": {"count": c, "ns": 0}}
-                            for b, c in sorted(s["batch_sizes"].items())],
-            "ngcx": s,
-        }]}
-
-
-def _spec_json(s: TensorSpec) -> dict[str, Any]:
-    return {"name": s.name, "datatype": s.datatype, "shape": list(s.shape)}
-
-
-def _batchable(engine: Engine) -> bool:
-    """Merging along dim 0 is safe only when every input and output has a dynamic first dim."""
-    specs = [*engine.inputs, *engine.outputs]
-    return bool(specs) and all(len(s.shape) >= 1 and s.shape[0] == -1 for s in specs)
+    def render_metrics(self) -> str:
+        return render(self.table.samples(), self.gpus)
 
 
 class _Server(ThreadingHTTPServer):
@@ -323,18 +278,22 @@ class _Handler(BaseHTTPRequestHandler):
     def _route(self, method: str) -> None:
         app = self.server.app
         path = urlsplit(self.path).path.rstrip("/")
+        if path == "/metrics":
+            self._drain_body()
+            if method not in ("GET", "HEAD"):
+                raise ProtocolError(f"method {method} is not allowed on /metrics; use GET", 405)
+            return self._send_pieces(200, [app.render_metrics().encode()], None, ctype=CONTENT_TYPE)
         parts = [unquote(p) for p in path.split("/")[1:]]
         if not parts or parts[0] != "v2":
             self._drain_body()
             raise ProtocolError(f"unknown path {_peer(path or '/')}; this server speaks KServe v2 under /v2", 404)
         rest = parts[1:]
         if method == "POST" and rest and rest[0] == "models" and rest[-1] == "infer":
-            self._model_from(rest[1:-1])
-            return self._infer()
+            model = self._lookup(rest[1:-1], path)
+            return self._infer(model)
+        if rest and rest[0] == "repository":
+            return self._repository(method, rest[1:], path)
         self._drain_body()
-        if method == "POST" and rest == ["repository", "index"]:
-            state = "READY" if app.engine is not None else "UNAVAILABLE" if app.load_error else "LOADING"
-            return self._send_json(200, [{"name": app.name, "version": MODEL_VERSION, "state": state}])
         if method not in ("GET", "HEAD"):
             raise ProtocolError(f"method {method} is not allowed on {_peer(path)}", 405)
         if rest == []:
@@ -344,71 +303,127 @@ class _Handler(BaseHTTPRequestHandler):
             ready = rest[1] == "live" or app.ready
             return self._send_json(200 if ready else 503, {rest[1]: ready})
         if rest == ["models", "stats"]:
-            return self._send_json(200, app.model_stats())
+            return self._send_json(200, {"model_stats": [m.stats_entry() for m in app.table.served()]})
         if rest and rest[0] == "models":
             return self._model_get(rest[1:], path)
         raise ProtocolError(f"unknown path {_peer(path)}", 404)
 
-    def _model_from(self, rest: list[str]) -> list[str]:
-        """[NAME, (versions, V)?, ...tail] -> tail, after checking the name and version."""
-        app = self.server.app
+    @staticmethod
+    def _model_path(rest: list[str]) -> tuple[str, str | None, list[str]]:
+        """[NAME, (versions, V)?, ...tail] -> (name, version or None, tail)."""
         if not rest:
             raise ProtocolError("no model name in the path; use /v2/models/NAME/...", 404)
-        if rest[0] != app.name:
-            raise ProtocolError(f"unknown model '{_peer(rest[0])}'; this server serves '{app.name}'", 404)
         tail = rest[1:]
         if len(tail) >= 2 and tail[0] == "versions":
-            if tail[1] != MODEL_VERSION:
-                raise ProtocolError(f"model '{app.name}' has no version '{_peer(tail[1])}'; "
-                                    f"available: {MODEL_VERSION}", 404)
-            tail = tail[2:]
-        return tail
+            return rest[0], tail[1], tail[2:]
+        return rest[0], None, tail
+
+    def _lookup(self, rest: list[str], path: str) -> ServedModel:
+        """The model an inference URL names (its tail must be empty)."""
+        name, version, tail = self._model_path(rest)
+        model = self.server.app.table.lookup(name, version)
+        if tail:
+            raise ProtocolError(f"unknown path {_peer(path)}", 404)
+        return model
 
     def _model_get(self, rest: list[str], path: str) -> None:
         app = self.server.app
-        tail = self._model_from(rest)
-        if tail == []:
-            return self._send_json(200, app.metadata())
+        name, version, tail = self._model_path(rest)
         if tail == ["ready"]:
-            ready = app.ready
-            return self._send_json(200 if ready else 503, {"name": app.name, "ready": ready})
+            try:
+                model = app.table.lookup(name, version)
+            except ProtocolError as exc:
+                if exc.status != 503:
+                    raise
+                return self._send_json(503, {"name": name, "ready": False})
+            ready = model.ready and not app.draining
+            return self._send_json(200 if ready else 503, {"name": model.name, "ready": ready})
+        model = app.table.lookup(name, version)
+        if tail == []:
+            doc = model.metadata()
+            if app.single is None:
+                doc["versions"] = app.table.versions_of(name)
+            return self._send_json(200, doc)
         if tail == ["config"]:
-            return self._send_json(200, app.config())
+            return self._send_json(200, model.config())
         if tail == ["stats"]:
-            return self._send_json(200, app.model_stats())
+            chosen = [model] if version is not None or app.single else [
+                app.table.lookup(name, v) for v in app.table.versions_of(name)]
+            return self._send_json(200, {"model_stats": [m.stats_entry() for m in chosen]})
         raise ProtocolError(f"unknown path {_peer(path)}", 404)
 
-    # -- inference --
-    def _infer(self) -> None:
-        app = self.server.app
-        with app.stats.lock:
-            app.stats.requests += 1
+    # -- the repository extension --
+    def _repository(self, method: str, rest: list[str], path: str) -> None:
+        """POST /v2/repository/index, /v2/repository/models/NAME/load and /unload (KServe v2, Triton)."""
+        known = rest == ["index"] or (len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"))
+        if not known:
+            self._drain_body()
+            raise ProtocolError(f"unknown path {_peer(path)}", 404)
+        if method != "POST":
+            self._drain_body()
+            raise ProtocolError(f"method {method} is not allowed on {_peer(path)}; use POST", 405)
+        doc = self._small_json()
+        table = self.server.app.table
+        if rest == ["index"]:
+            ready = _only_keys(doc, {"ready": bool}, "the index request").get("ready", False)
+            return self._send_json(200, table.index(ready_only=bool(ready)))
+        name, action = rest[1], rest[2]
+        params = _only_keys(doc, {"parameters": dict}, f"the {action} request").get("parameters") or {}
         try:
-            if app.engine is None:
+            if action == "load":
+                table.load(name, _load_override(params, name))
+            else:
+                _only_keys(params, {"unload_dependents": bool}, "the unload parameters")
+                table.unload(name)
+        except NotFound as exc:
+            raise ProtocolError(str(exc), 404) from None
+        except RuntimeUserError as exc:
+            raise ProtocolError(" ".join(str(exc).split()), 400) from None
+        return self._send_json(200, {})
+
+    def _small_json(self) -> dict[str, Any]:
+        """The optional JSON object body of a repository request ({} when there is none)."""
+        framing = self._framing()
+        if framing.chunked:
+            body = bytes(self._read_chunked())
+        else:
+            body = bytes(self._read_body(self._checked_length(framing.length)))
+        if not body.strip():
+            return {}
+        return parse_header(body)
+
+    # -- inference --
+    def _infer(self, model: ServedModel) -> None:
+        stats = model.stats
+        start = time.monotonic_ns()
+        stats.count_request()
+        try:
+            engine = model.engine
+            if engine is None or model.closed is not None:
                 self._drain_body()
-                app.require_engine()
-            req = self._read_request()
-            if app.batchable and req.batch > app.max_batch:
+                engine = model.require_engine()
+            req = self._read_request(model, engine)
+            if model.batched and req.batch > model.max_batch:
                 raise ProtocolError(f"batch {req.batch} (dimension 0) exceeds the server's max batch "
-                                    f"{app.max_batch}; send at most {app.max_batch} per request")
-            if app.batchable and req.batch == 0:
+                                    f"{model.max_batch}; send at most {model.max_batch} per request")
+            if model.batched and req.batch == 0:
                 raise ProtocolError("batch size 0: dimension 0 of the inputs must be at least 1")
             try:
-                results = app.batcher.submit(req.inputs, req.batch)  # type: ignore[union-attr]
+                results = model.batcher.submit(req.inputs, req.batch)  # type: ignore[union-attr]
             except EngineFailure as exc:
                 status = 503 if isinstance(exc, ShuttingDown) else 400 if isinstance(exc, BadRequest) else 500
                 raise ProtocolError(str(exc), status) from None
             missing = [n for n, _ in req.outputs if n not in results]
             if missing:
-                raise ProtocolError(f"engine '{app.name}' returned no output {', '.join(missing)}", 500)
-            pieces, header_len = build_response(app.name, MODEL_VERSION, req, results)
+                raise ProtocolError(f"engine '{model.name}' returned no output {', '.join(missing)}", 500)
+            pieces, header_len = build_response(model.name, model.version, req, results)
         except ProtocolError:
-            with app.stats.lock:
-                app.stats.failed += 1
+            stats.count_failure()
             raise
+        stats.count_success(time.monotonic_ns() - start)
         self._send_pieces(200, pieces, header_len)
 
-    def _read_request(self):
+    def _read_request(self, model: ServedModel, eng: Engine):
         app = self.server.app
         encoding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
         hlen_raw = self.headers.get("Inference-Header-Content-Length")
@@ -434,8 +449,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ProtocolError(f"Inference-Header-Content-Length {hlen} is outside the body's "
                                     f"{len(body)} bytes")
             doc, binary = parse_header(body[:hlen]), body[hlen:]
-        eng = app.engine
-        return parse_infer_request(doc, binary, eng.inputs, eng.outputs, app.name, app.batchable)
+        return parse_infer_request(doc, binary, eng.inputs, eng.outputs, model.name, model.batched)
 
     def _framing(self) -> Framing:
         """The request's body framing (framing.py); an ambiguous one closes the connection."""
@@ -538,14 +552,15 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_json(self, status: int, doc: Any) -> None:
         self._send_pieces(status, [json.dumps(doc, separators=(",", ":")).encode()], None)
 
-    def _send_pieces(self, status: int, pieces: list, header_len: int | None) -> None:
+    def _send_pieces(self, status: int, pieces: list, header_len: int | None, ctype: str | None = None) -> None:
         headers = getattr(self, "headers", None)      # absent when the request line was unparsable
         coding = _response_coding(headers.get("Accept-Encoding") if headers else None)
         if coding:
             pieces = [_compress(pieces, coding)]
         total = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in pieces)
         self.send_response(status)
-        ctype = "application/json" if header_len is None else "application/octet-stream"
+        if ctype is None:
+            ctype = "application/json" if header_len is None else "application/octet-stream"
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(total))
         if header_len is not None:
@@ -574,6 +589,40 @@ def _peer(text: str, limit: int = 80) -> str:
     if len(text) <= limit and text.isprintable():
         return text
     return repr(text[:limit])[1:-1] + ("..." if len(text) > limit else "")
+
+
+def _only_keys(doc: dict[str, Any], allowed: dict[str, type], where: str) -> dict[str, Any]:
+    """A small request object with only the known keys, each of its type: else one 400 line."""
+    for key, value in doc.items():
+        if key not in allowed:
+            raise ProtocolError(f"{where}: unknown field '{_peer(str(key), 40)}'; known: {', '.join(allowed)}")
+        if value is not None and (not isinstance(value, allowed[key]) or
+                                  (allowed[key] is not bool and isinstance(value, bool))):
+            raise ProtocolError(f"{where}: '{key}' must be a {allowed[key].__name__.replace('dict', 'JSON object')}")
+    return doc
+
+
+def _load_override(params: dict[str, Any], name: str):
+    """The load request's parameters: an optional `config` (a JSON string of model config, as
+    tritonclient's load_model(config=...) sends) used instead of the one on disk."""
+    from ngcx_runtime.repository import parse_config, parse_json
+
+    override = None
+    for key, value in params.items():
+        if key == "config":
+            if not isinstance(value, str):
+                raise ProtocolError("the load parameter 'config' must be a JSON string of the model config")
+            where = "the load request's config"
+            try:
+                override = parse_config(parse_json(value, where), where, expected_name=name)
+            except RuntimeUserError as exc:
+                raise ProtocolError(str(exc)) from None
+        elif str(key).startswith("file:"):
+            raise ProtocolError("file overrides (parameters 'file:...') are not supported; put the model files in "
+                                f"the repository under {name}/<version>/")
+        else:
+            raise ProtocolError(f"unknown load parameter '{_peer(str(key), 40)}'; known: config")
+    return override
 
 
 def _too_large(length: int, limit_text: str) -> str:
@@ -620,7 +669,7 @@ def _compress(pieces: list, coding: str) -> bytes:
 
 
 class ServerHandle:
-    """A running server: its address, counters, and stop(drain=True)."""
+    """A running server: its address, models, counters, and stop(drain=True)."""
 
     def __init__(self, server: _Server, app: _App, thread: threading.Thread):
         self._server = server
@@ -635,12 +684,18 @@ class ServerHandle:
         return f"http://{self.host}:{self.port}"
 
     @property
-    def name(self) -> str:
+    def metrics_url(self) -> str | None:
+        """The --metrics-port exposition (None when not asked for; /metrics of url always works)."""
+        return self._app.metrics_server.url if self._app.metrics_server else None
+
+    @property
+    def name(self) -> str | None:
+        """The one model's name (None for a repository)."""
         return self._app.name
 
     @property
     def max_batch(self) -> int:
-        return self._app.max_batch
+        return self._app.single.max_batch if self._app.single else 0
 
     @property
     def ready(self) -> bool:
@@ -648,22 +703,40 @@ class ServerHandle:
 
     @property
     def load_error(self) -> str | None:
-        """Why the model did not load (start_loading), or None."""
-        return self._app.load_error
+        """Why the model did not load (start_loading), or the repository's start-up failures, or None."""
+        if self._app.single is not None:
+            return self._app.single.load_error
+        errors = self._app.table.startup_errors
+        return "; ".join(errors.values()) if errors else None
 
     @property
     def loading(self) -> bool:
-        """True until the engine is attached or loading failed."""
-        return not self._app.loaded.is_set()
+        """True until the engine is attached or loading failed (a repository: until start-up loading ended)."""
+        if self._app.single is not None:
+            return not self._app.single.loaded.is_set()
+        return not self._app.table.startup_done.is_set()
 
     def wait_loaded(self, timeout: float | None = None) -> bool:
-        """Wait until loading ended: True when the model is ready, False when it failed or timed out."""
-        self._app.loaded.wait(timeout)
-        return self._app.engine is not None
+        """Wait until loading ended: True when the model (any repository model) is ready."""
+        if self._app.single is not None:
+            self._app.single.loaded.wait(timeout)
+            return self._app.single.engine is not None
+        self._app.table.startup_done.wait(timeout)
+        return any(m.ready for m in self._app.table.served())
 
-    def stats(self) -> dict[str, Any]:
-        """requests, success, failed, engine_calls, batched_requests, inferences, batch_sizes ..."""
-        return self._app.stats.snapshot()
+    def models(self) -> list[dict[str, Any]]:
+        """The repository index (name, version, state, reason), as POST /v2/repository/index answers."""
+        return self._app.table.index()
+
+    def stats(self, model: str | None = None, version: str | None = None) -> dict[str, Any]:
+        """requests, success, failed, engine_calls, batched_requests, inferences, batch_sizes ... of the
+        one model, or of `model` (its newest version, or `version`) in a repository."""
+        if model is None and self._app.single is not None:
+            return self._app.single.stats.snapshot()
+        entry = self._app.table.entries.get(model or "")
+        if entry is None or not entry.stats:
+            raise KeyError(f"no counters for model {model!r}")
+        return entry.stats[version or max(entry.stats, key=int)].snapshot()
 
     @property
     def engine_calls(self) -> int:
@@ -688,8 +761,7 @@ class ServerHandle:
         self._server.shutdown()
         self._accept_backlog()
         self._server.socket.close()       # new connections are refused from here on
-        if app.batcher is not None:
-            app.batcher.flush()
+        app.table.flush()
         if drain:
             deadline = time.monotonic() + timeout
             grace = min(deadline, time.monotonic() + DRAIN_GRACE_S)
@@ -702,13 +774,16 @@ class ServerHandle:
                     app.cond.wait(max(0.0, grace - time.monotonic()))
                 while app.inflight and time.monotonic() < deadline:
                     app.cond.wait(max(0.0, deadline - time.monotonic()))
-        if app.batcher is not None:
-            app.batcher.stop(timeout if drain else 0.1)
+        app.table.stop(timeout if drain else 0.1)
         with app.cond:
             idle = list(app.connections)
         for conn in idle:                 # idle keep-alive connections: wake their threads
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
+        if app.metrics_server is not None:
+            app.metrics_server.stop()
+        if app.gpus is not None:
+            app.gpus.close()
         self._thread.join(timeout)
 
     def _accept_backlog(self) -> None:
@@ -734,73 +809,68 @@ class ServerHandle:
 
 def start_server(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *, name: str | None = None,
                  max_batch: int | None = None, max_queue_delay_ms: float = 1.0, max_body_mb: float = 256.0,
-                 verbose: bool = False, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> ServerHandle:
-    """Serve engine on host:port (0 = a free port) from background threads; returns at once."""
-    check_limits(max_batch, name, max_queue_delay_ms, max_body_mb, max_connections)
-    app = _App(engine, name or engine.name, max_batch, max_queue_delay_ms, int(max_body_mb * 2**20), verbose)
-    app.max_connections = max_connections
-    return _listen(app, host, port)
+                 verbose: bool = False, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 metrics_port: int | None = None, log: Callable[[str], None] | None = None) -> ServerHandle:
+    """Serve engine on host:port (0 = a free port) from background threads; returns at once, after one
+    warm-up inference that also measures the batch layout (layout.py)."""
+    check_limits(max_batch, name, max_queue_delay_ms, max_body_mb, max_connections, metrics_port)
+    model = ServedModel(name or engine.name, MODEL_VERSION, Settings(max_batch, max_queue_delay_ms), log=log)
+    model.attach(engine)
+    return _listen(_App(ModelTable.for_one(model, log), int(max_body_mb * 2**20), verbose), host, port,
+                   max_connections, metrics_port)
 
 
 def start_loading(loader: Callable[[], Engine], host: str = "127.0.0.1", port: int = 8000, *, name: str,
                   max_batch: int | None = None, max_queue_delay_ms: float = 1.0, max_body_mb: float = 256.0,
-                  verbose: bool = False, warmup: bool = True,
-                  max_connections: int = DEFAULT_MAX_CONNECTIONS) -> ServerHandle:
+                  verbose: bool = False, warmup: bool = True, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                  metrics_port: int | None = None, log: Callable[[str], None] | None = None) -> ServerHandle:
     """Listen at once (live), then load in the background: ready only after loader() returned AND
     one warm-up inference ran, so a readiness probe never sends traffic to a cold model.
 
     A loader failure leaves the server live and not ready, with handle.load_error saying why; the
     exception itself is kept as handle.load_exception for the caller to re-raise.
     """
-    check_limits(max_batch, name, max_queue_delay_ms, max_body_mb, max_connections)
-    app = _App(None, name, max_batch, max_queue_delay_ms, int(max_body_mb * 2**20), verbose)
-    app.max_connections = max_connections
-    handle = _listen(app, host, port)
+    check_limits(max_batch, name, max_queue_delay_ms, max_body_mb, max_connections, metrics_port)
+    model = ServedModel(name, MODEL_VERSION, Settings(max_batch, max_queue_delay_ms), log=log)
+    handle = _listen(_App(ModelTable.for_one(model, log), int(max_body_mb * 2**20), verbose), host, port,
+                     max_connections, metrics_port)
 
     def load() -> None:
         try:
             engine = loader()
             if warmup:
-                warm_up(engine)
-            app.attach(engine)
+                model.attach(engine)
+            else:
+                from ngcx_runtime.layout import prepare
+
+                model.attach(engine, prepare(engine, resolve_max_batch(engine, max_batch), run=False))
         except Exception as exc:  # noqa: BLE001 - any failure is reported, the server stays up not ready
             handle.load_exception = exc
             text = str(exc) if isinstance(exc, RuntimeUserError) else f"{type(exc).__name__}: {exc}"
-            app.fail(" ".join(text.split()))
+            model.fail(" ".join(text.split()))
 
     threading.Thread(target=load, name="ngcx-load", daemon=True).start()
     return handle
 
 
-def warm_up(engine: Engine) -> bool:
-    """One inference on zeros of the engine's input shapes (dynamic dims = 1): first-call costs
-    (CUDA context, kernel selection, lazy allocation) are paid before the server says ready.
-
-    A handler's own `warmup_inputs` are used when it has them; BYTES inputs have no neutral value,
-    so without them only the model the handler wraps is warmed. Returns whether anything ran.
-    """
-    from ngcx_runtime.engine import BYTES
-
-    custom = getattr(engine, "warmup_inputs", None)
-    feeds = custom() if callable(custom) else None
-    target: Engine | None = engine
-    if feeds is None and any(s.datatype == BYTES for s in engine.inputs):
-        target = getattr(engine, "inner", None)
-    if target is None:
-        return False
-    if feeds is None:
-        feeds = {s.name: np.zeros([1 if d < 0 else d for d in s.shape], s.numpy_dtype) for s in target.inputs}
-    try:
-        target.infer(feeds)
-    except Exception as exc:  # noqa: BLE001
-        hint = "; give the handler a `warmup_inputs` dict" if target is engine else ""
-        raise RuntimeUserError(f"the warm-up inference of '{target.name}' failed: {type(exc).__name__}: "
-                               f"{' '.join(str(exc).split())[:300]}{hint}") from None
-    return True
+def start_repository(root: str | Path, host: str = "127.0.0.1", port: int = 8000, *,
+                     models: list[str] | None = None, backend: str | None = None, max_batch: int | None = None,
+                     max_queue_delay_ms: float = 1.0, max_body_mb: float = 256.0, verbose: bool = False,
+                     max_connections: int = DEFAULT_MAX_CONNECTIONS, metrics_port: int | None = None,
+                     log: Callable[[str], None] | None = None) -> ServerHandle:
+    """Serve a model repository (DIR/<model>/<version>/...): listen at once, then load `models` (default:
+    all) one by one in the background, each ready after its warm-up; the repository extension loads
+    and unloads more while it runs. handle.wait_loaded() waits for the start-up loads."""
+    check_limits(max_batch, None, max_queue_delay_ms, max_body_mb, max_connections, metrics_port)
+    root = Path(root)
+    table = ModelTable(Settings(max_batch, max_queue_delay_ms), log, root=root, backend=backend)
+    handle = _listen(_App(table, int(max_body_mb * 2**20), verbose), host, port, max_connections, metrics_port)
+    threading.Thread(target=table.load_startup, args=(models,), name="ngcx-load", daemon=True).start()
+    return handle
 
 
 def check_limits(max_batch: int | None, name: str | None, max_queue_delay_ms: float, max_body_mb: float,
-                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS, metrics_port: int | None = None) -> None:
     """Flag checks that need no engine (done before listening)."""
     if max_connections < 1:
         raise ServeError(f"--max-connections {max_connections} must be at least 1")
@@ -812,28 +882,30 @@ def check_limits(max_batch: int | None, name: str | None, max_queue_delay_ms: fl
         raise ServeError(f"--max-queue-delay-ms {max_queue_delay_ms} must not be negative")
     if max_body_mb <= 0:
         raise ServeError(f"--max-body-mb {max_body_mb} must be positive")
+    if metrics_port is not None and not 0 <= metrics_port <= 65535:
+        raise ServeError(f"--metrics-port {metrics_port} is not a TCP port (0-65535; 0 = any free port)")
 
 
-def _resolve_max_batch(engine: Engine, max_batch: int | None) -> int:
-    """--max-batch, or the engine's own bound, or DEFAULT_MAX_BATCH; never above the engine's bound."""
-    bound = engine.max_batch if engine.max_batch and engine.max_batch > 0 else 0
-    if max_batch is None:
-        max_batch = bound or DEFAULT_MAX_BATCH
-    if bound and max_batch > bound:
-        raise ServeError(f"--max-batch {max_batch} exceeds the engine's max batch {bound} (its optimization "
-                         f"profile); use --max-batch {bound} or rebuild the plan with a larger profile")
-    return max_batch
-
-
-def _listen(app: _App, host: str, port: int) -> ServerHandle:
+def _listen(app: _App, host: str, port: int, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+            metrics_port: int | None = None) -> ServerHandle:
+    app.max_connections = max_connections
     try:
         server = _Server((host, port), _Handler)
     except OSError as exc:
-        if app.batcher is not None:
-            app.batcher.stop(0.1)
+        app.table.stop(0.1)
         why = exc.strerror or exc
         raise ServeError(f"cannot listen on {host}:{port}: {why}; pick another --port") from None
     server.app = app
+    app.gpus = GpuGauges()
+    if metrics_port is not None:
+        try:
+            app.metrics_server = MetricsServer(host, metrics_port, app.render_metrics)
+        except OSError as exc:
+            server.server_close()
+            app.table.stop(0.1)
+            app.gpus.close()
+            raise ServeError(f"cannot listen on {host}:{metrics_port} for metrics: {exc.strerror or exc}; "
+                             "pick another --metrics-port") from None
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
                               name="ngcx-serve", daemon=True)
     thread.start()
@@ -852,8 +924,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", metavar="PLAN_DIR|MODEL", nargs="?", default=None,
-                   help="a plan directory from `optimize`, or a model (.onnx / .pt2); optional with --handler")
+    p.add_argument("model", metavar="PLAN_DIR|MODEL|REPOSITORY", nargs="?", default=None,
+                   help="a plan directory from `optimize`, a model (.onnx / .pt2), or a model repository "
+                        "(DIR/<model>/<version>/model.onnx, optional DIR/<model>/config.json); optional with "
+                        "--handler")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 = any free port)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")
     p.add_argument("--name", default=None, help="model name in the URL (default: the engine's name)")
@@ -868,6 +942,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default {DEFAULT_MAX_CONNECTIONS})")
     p.add_argument("--backend", default=None, choices=["tensorrt", "onnxruntime", "pytorch"],
                    help="engine backend (default: chosen automatically)")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="also serve Prometheus metrics on this port (Triton uses 8002; default: only /metrics "
+                        "of --port)")
+    p.add_argument("--load-model", action="append", default=None, metavar="NAME",
+                   help="a repository: load only these models at start (repeatable; default: all); the others "
+                        "load through POST /v2/repository/models/NAME/load")
     p.add_argument("--verbose", action="store_true", help="log every request to stderr")
     p.add_argument("--handler", default=None, metavar="MODULE:CLASS",
                    help="serve a Python handler class (load(context), predict(inputs)) from --app-dir")
@@ -938,7 +1018,14 @@ def _check_args(args: argparse.Namespace) -> list[int] | None:
     """Everything checkable without loading, so a typo exits 2 before the server listens."""
     from ngcx_runtime.errors import RuntimeUserError
 
-    check_limits(args.max_batch, args.name, args.max_queue_delay_ms, args.max_body_mb, args.max_connections)
+    check_limits(args.max_batch, args.name, args.max_queue_delay_ms, args.max_body_mb, args.max_connections,
+                 args.metrics_port)
+    if _repository_root(args) is not None:
+        _check_repository_args(args)
+        return None
+    if args.load_model:
+        raise ServeError("--load-model names models of a repository; give a repository folder "
+                         "(DIR/<model>/<version>/model.onnx) instead of one model")
     if args.model is None and args.handler is None:
         raise ServeError("nothing to serve: give a MODEL (or PLAN_DIR), a --handler module:Class, or both")
     if args.model is not None and not Path(args.model).exists():
@@ -970,6 +1057,36 @@ def _check_args(args: argparse.Namespace) -> list[int] | None:
                          "commas, e.g. 1,8,32") from None
 
 
+def _repository_root(args: argparse.Namespace) -> Path | None:
+    """MODEL is a repository when it is a folder without a plan manifest (repository.is_repository)."""
+    from ngcx_runtime.repository import is_repository
+
+    if args.model is None:
+        return None
+    path = Path(args.model)
+    return path if is_repository(path) else None
+
+
+def _check_repository_args(args: argparse.Namespace) -> None:
+    """Per-model flags belong in DIR/<model>/config.json; a repository must hold at least one model."""
+    from ngcx_runtime.repository import model_names, valid_name
+
+    root = Path(args.model)
+    per_model = [flag for flag, value in (("--handler", args.handler), ("--name", args.name),
+                                          ("--precision", args.precision), ("--batch-profile", args.batch_profile),
+                                          ("--calibration-data", args.calibration_data)) if value is not None]
+    if per_model:
+        raise ServeError(f"{', '.join(per_model)} apply to one model; {root} is a model repository (it has no "
+                         "manifest.json): put batching settings in DIR/<model>/config.json, or serve one model")
+    names = model_names(root)
+    if not names:
+        raise ServeError(f"{root}: neither a plan directory (no manifest.json) nor a model repository (no "
+                         f"{root}/<model>/<version>/model.onnx); give a model file, a plan or a repository")
+    for name in args.load_model or []:
+        if not valid_name(name) or name not in names:
+            raise ServeError(f"--load-model {name!r}: no such model in {root}; it has: {', '.join(names[:20])}")
+
+
 def _default_name(args: argparse.Namespace) -> str:
     """The URL name before the engine exists: --name, the plan's, the model file's, or the handler module's."""
     from ngcx_runtime.plan import _model_name, read_manifest
@@ -989,11 +1106,17 @@ def run(args: argparse.Namespace) -> int:
     """Listen at once, load (optimize on a cache miss), warm up, turn ready; serve until
     SIGTERM/SIGINT, drain in-flight requests, exit 0. A load failure: one line, exit 2."""
     batch_profile = _check_args(args)
-    name = _default_name(args)
     stop = threading.Event()
 
     def _on_signal(signum: int, _frame: Any) -> None:
         stop.set()
+
+    root = _repository_root(args)
+    if root is not None:
+        signal.signal(signal.SIGTERM, _on_signal)
+        signal.signal(signal.SIGINT, _on_signal)
+        return _run_repository(args, root, stop)
+    name = _default_name(args)
 
     def loader() -> Engine:
         return load_engine(args.model, handler=args.handler, app_dir=args.app_dir, backend=args.backend,
@@ -1004,8 +1127,10 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     handle = start_loading(loader, args.host, args.port, name=name, max_batch=args.max_batch,
                            max_queue_delay_ms=args.max_queue_delay_ms, max_body_mb=args.max_body_mb,
-                           verbose=args.verbose, max_connections=args.max_connections)
-    print(f"serve: listening at {handle.url} (live; ready once '{name}' is loaded and warmed up)", flush=True)
+                           verbose=args.verbose, max_connections=args.max_connections,
+                           metrics_port=args.metrics_port, log=_log)
+    print(f"serve: listening at {handle.url} (live; ready once '{name}' is loaded and warmed up)"
+          f"{_metrics_note(handle)}", flush=True)
     while handle.loading and not stop.is_set():
         handle.wait_loaded(0.2)
     engine = handle._app.engine
@@ -1022,6 +1147,45 @@ def run(args: argparse.Namespace) -> int:
     print("serve: signal received; draining in-flight requests", flush=True)
     handle.stop(drain=True)
     print(f"serve: stopped ({handle.stats()['requests']} inference requests served)", flush=True)
+    return 0
+
+
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
+def _metrics_note(handle: ServerHandle) -> str:
+    return f"; metrics at {handle.metrics_url}" if handle.metrics_url else ""
+
+
+def _run_repository(args: argparse.Namespace, root: Path, stop: threading.Event) -> int:
+    """`serve DIR`: load the repository's models (each warmed up), serve those that loaded; exit 2 when
+    none did. Failures are one line each; the repository extension can load them again later."""
+    handle = start_repository(root, args.host, args.port, models=args.load_model, backend=args.backend,
+                              max_batch=args.max_batch, max_queue_delay_ms=args.max_queue_delay_ms,
+                              max_body_mb=args.max_body_mb, verbose=args.verbose,
+                              max_connections=args.max_connections, metrics_port=args.metrics_port, log=_log)
+    print(f"serve: listening at {handle.url} (live; ready once the models of {root} are loaded and warmed up)"
+          f"{_metrics_note(handle)}", flush=True)
+    while handle.loading and not stop.is_set():
+        handle.wait_loaded(0.2)
+    ready = sorted({m.name for m in handle._app.table.served() if m.ready})
+    errors = handle._app.table.startup_errors
+    if stop.is_set() and handle.loading:
+        handle.stop(drain=False, timeout=1.0)
+        return 0
+    if not ready and errors:
+        handle.stop(drain=False, timeout=1.0)
+        raise ServeError(f"no model of {root} loaded: {'; '.join(errors.values())}")
+    failed = f"; failed: {', '.join(sorted(errors))}" if errors else ""
+    print(f"serving {len(ready)} model(s) from {root} at {handle.url}/v2/models/ ({', '.join(ready) or 'none yet'})"
+          f"{failed}", flush=True)
+    while not stop.wait(0.5):
+        pass
+    print("serve: signal received; draining in-flight requests", flush=True)
+    handle.stop(drain=True)
+    total = sum(m.stats.snapshot()["requests"] for m in handle._app.table.served())
+    print(f"serve: stopped ({total} inference requests served)", flush=True)
     return 0
 
 

@@ -365,7 +365,8 @@ BAD = [
         "no version '7'",
     ),
     ("unknown-path", "conv", "GET", "/nothing/here", b"", {}, 404, "unknown path /v2/nothing/here"),
-    ("outside-v2", "conv", "GET", "/../metrics", b"", {}, 404, "unknown path"),
+    ("outside-v2", "conv", "GET", "/../elsewhere", b"", {}, 404, "unknown path"),
+    ("post-metrics", "conv", "POST", "/../metrics", b"{}", {}, 405, "method POST is not allowed on /metrics"),
     ("wrong-method", "conv", "PUT", "/models/conv", b"", {}, 405, "method PUT is not allowed"),
     (
         "unknown-input",

@@ -70,7 +70,8 @@ def test_ready_only_after_load_and_warm_up(tmp_path):
         assert r.status_code == 503 and "is loading" in r.json()["error"]
         gate.set()
         assert handle.wait_loaded(TIMEOUT) is True
-        assert engines[0].calls == [(1, 32)], "one warm-up inference with dynamic dims = 1 ran before ready"
+        # the warm-up at batch 1 (dynamic dims = 1), then the batch-axis probe at batch 2 (layout.py)
+        assert engines[0].calls == [(1, 32), (2, 32)], "warm-up and probe ran before ready"
         assert requests.get(f"{url}/v2/health/ready", timeout=TIMEOUT).status_code == 200
         assert requests.get(f"{url}/v2/models/mlp/ready", timeout=TIMEOUT).json()["ready"] is True
         r = requests.post(f"{url}/v2/models/mlp/infer", json=body, timeout=TIMEOUT)

@@ -1,0 +1,246 @@
+"""Prometheus metrics with Triton's names and labels: /metrics on the serving port and on --metrics-port.
+
+Why Triton's names (nv_inference_*, nv_gpu_*, nv_energy_consumption; labels model="..." and
+version="..." or gpu_uuid="..."): dashboards and alerts written for Triton work against
+ngcx-runtime unchanged, and batching efficiency reads as nv_inference_count / nv_inference_exec_count
+(inferences per engine call).
+
+Why the text format is written here: the runtime ships in images whose only Python dependency is
+numpy; prometheus_client is used by the tests alone, to parse what this module writes.
+
+Cost: the counters are the batcher's Stats (batching.py): one uncontended lock per request and per
+batch on the hot path. A scrape snapshots them under that lock for a few microseconds; NVML is
+read only when scraped, and a host without NVML simply has no nv_gpu_* families.
+
+Semantics (Triton's): durations are cumulative microseconds; request duration counts successful
+requests from the start of reading the body to the answer being ready; queue, compute input
+(merge), compute infer (engine) and compute output (split) durations are each successful
+request's share of the batch it ran in, so a batch of 8 adds its engine time 8 times.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# metric, type, help, Stats key, divisor (ns -> us)
+INFERENCE: tuple[tuple[str, str, str, str, int], ...] = (
+    ("nv_inference_request_success", "counter", "Number of successful inference requests, all batch sizes",
+     "success", 1),
+    ("nv_inference_request_failure", "counter", "Number of failed inference requests, all batch sizes",
+     "failed", 1),
+    ("nv_inference_count", "counter", "Number of inferences performed (a request of batch N counts N)",
+     "inferences", 1),
+    ("nv_inference_exec_count", "counter", "Number of model executions performed (merged requests run as one)",
+     "engine_calls", 1),
+    ("nv_inference_request_duration_us", "counter", "Cumulative inference request duration in microseconds",
+     "request_ns", 1000),
+    ("nv_inference_queue_duration_us", "counter", "Cumulative inference queuing duration in microseconds",
+     "queue_ns", 1000),
+    ("nv_inference_compute_input_duration_us", "counter",
+     "Cumulative compute input duration in microseconds", "compute_input_ns", 1000),
+    ("nv_inference_compute_infer_duration_us", "counter",
+     "Cumulative compute inference duration in microseconds", "compute_infer_ns", 1000),
+    ("nv_inference_compute_output_duration_us", "counter",
+     "Cumulative inference compute output duration in microseconds", "compute_output_ns", 1000),
+)
+PENDING = ("nv_inference_pending_request_count", "gauge",
+           "Instantaneous number of pending requests awaiting execution per-model")
+GPU: tuple[tuple[str, str, str], ...] = (
+    ("nv_gpu_utilization", "gauge", "GPU utilization rate [0.0 - 1.0)"),
+    ("nv_gpu_memory_total_bytes", "gauge", "GPU total memory, in bytes"),
+    ("nv_gpu_memory_used_bytes", "gauge", "GPU used memory, in bytes"),
+    ("nv_gpu_power_usage", "gauge", "GPU power usage in watts"),
+    ("nv_energy_consumption", "counter", "GPU energy consumption in joules since the server started"),
+)
+
+
+@dataclass(frozen=True)
+class ModelSample:
+    """One served model version at scrape time: its Stats snapshot and queued requests."""
+
+    name: str
+    version: str
+    stats: dict[str, Any]
+    pending: int
+
+
+def escape(value: str) -> str:
+    """A label value in the text format: backslash, double quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(**pairs: str) -> str:
+    return "{" + ",".join(f'{k}="{escape(v)}"' for k, v in pairs.items()) + "}"
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int) or float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
+
+
+def render(models: Iterable[ModelSample], gpus: GpuGauges | None = None) -> str:
+    """The whole exposition: every inference family for every model version, then the GPU families."""
+    models = list(models)
+    lines: list[str] = []
+    for metric, kind, text, key, divisor in INFERENCE:
+        lines += [f"# HELP {metric} {text}", f"# TYPE {metric} {kind}"]
+        for m in models:
+            lines.append(f"{metric}{_labels(model=m.name, version=m.version)} {int(m.stats.get(key, 0)) // divisor}")
+    metric, kind, text = PENDING
+    lines += [f"# HELP {metric} {text}", f"# TYPE {metric} {kind}"]
+    lines += [f"{metric}{_labels(model=m.name, version=m.version)} {m.pending}" for m in models]
+    samples = gpus.samples() if gpus is not None else []
+    for metric, kind, text in GPU:
+        rows = [(s["gpu_uuid"], s[metric]) for s in samples if s.get(metric) is not None]
+        if rows:
+            lines += [f"# HELP {metric} {text}", f"# TYPE {metric} {kind}"]
+            lines += [f"{metric}{_labels(gpu_uuid=uuid)} {_number(v)}" for uuid, v in rows]
+    return "\n".join(lines) + "\n"
+
+
+class GpuGauges:
+    """NVML readings per GPU for the nv_gpu_* families; empty where NVML is absent.
+
+    Energy is reported since this object was made (Triton: since the server started): NVML's
+    counter runs since the driver loaded. A reading a GPU does not support is left out, not zero.
+    """
+
+    def __init__(self, nvml_factory: Callable[[], Any] | None = None) -> None:
+        self.reason: str | None = None
+        self._nvml: Any = None
+        self._lock = threading.Lock()
+        self._uuids: list[str] = []
+        self._energy0: dict[int, int] = {}
+        try:
+            if nvml_factory is None:
+                from ngcx_runtime.probe import Nvml
+
+                nvml_factory = Nvml
+            nvml = nvml_factory()
+            self._uuids = [nvml.uuid(i) for i in range(nvml.count())]
+        except (OSError, AttributeError) as exc:
+            self.reason = f"NVML unavailable ({exc})"
+            return
+        self._nvml = nvml
+        for i in range(len(self._uuids)):
+            with contextlib.suppress(OSError, AttributeError):
+                self._energy0[i] = nvml.energy_mj(i)
+
+    @property
+    def available(self) -> bool:
+        return self._nvml is not None
+
+    def samples(self) -> list[dict[str, Any]]:
+        """One dict per GPU: gpu_uuid and each metric name -> value (None when unsupported)."""
+        if self._nvml is None:
+            return []
+        out = []
+        with self._lock:
+            for i, uuid in enumerate(self._uuids):
+                out.append({"gpu_uuid": uuid, **self._read(i)})
+        return out
+
+    def _read(self, i: int) -> dict[str, Any]:
+        nvml = self._nvml
+        row: dict[str, Any] = dict.fromkeys(name for name, _, _ in GPU)
+        with contextlib.suppress(OSError, AttributeError):
+            row["nv_gpu_utilization"] = nvml.utilization(i)
+        with contextlib.suppress(OSError, AttributeError):
+            row["nv_gpu_memory_used_bytes"], row["nv_gpu_memory_total_bytes"] = nvml.memory(i)
+        with contextlib.suppress(OSError, AttributeError):
+            row["nv_gpu_power_usage"] = nvml.power_mw(i) / 1000.0
+        if i in self._energy0:
+            with contextlib.suppress(OSError, AttributeError):
+                row["nv_energy_consumption"] = (nvml.energy_mj(i) - self._energy0[i]) / 1000.0
+        return row
+
+    def close(self) -> None:
+        with self._lock:
+            if self._nvml is not None:
+                with contextlib.suppress(OSError, AttributeError):
+                    self._nvml.close()
+                self._nvml = None
+
+
+# -- the separate metrics port (Triton's 8002) --
+
+class _MetricsServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    render: Callable[[], str]
+
+
+class _MetricsHandler(BaseHTTPRequestHandler):
+    """GET/HEAD /metrics; anything else a JSON error. One request per connection: a scraper
+    reconnects cheaply, and no keep-alive framing has to be right on this port."""
+
+    protocol_version = "HTTP/1.1"
+    timeout = 30.0
+    server: _MetricsServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        return
+
+    def do_GET(self) -> None:
+        self._answer(send_body=True)
+
+    def do_HEAD(self) -> None:
+        self._answer(send_body=False)
+
+    def do_POST(self) -> None:
+        self._send(405, "application/json", json.dumps({"error": "only GET /metrics is served here"}).encode())
+
+    do_PUT = do_DELETE = do_PATCH = do_POST
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self._send(code, "application/json", json.dumps({"error": message or "bad request"}).encode())
+
+    def _answer(self, send_body: bool) -> None:
+        if urlsplit(self.path).path.rstrip("/") != "/metrics":
+            self._send(404, "application/json", json.dumps({"error": "unknown path; metrics are at /metrics"})
+                       .encode(), send_body)
+            return
+        self._send(200, CONTENT_TYPE, self.server.render().encode(), send_body)
+
+    def _send(self, status: int, ctype: str, body: bytes, send_body: bool = True) -> None:
+        self.close_connection = True
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        if send_body:
+            self.wfile.write(body)
+
+
+class MetricsServer:
+    """The exposition on its own port, for scrapers kept apart from inference traffic."""
+
+    def __init__(self, host: str, port: int, render_fn: Callable[[], str]):
+        self._server = _MetricsServer((host, port), _MetricsHandler)
+        self._server.render = render_fn
+        self.host, self.port = self._server.server_address[:2]
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="ngcx-metrics", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/metrics"
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout)
