@@ -582,6 +582,13 @@ BAD = [
         "decompressed request body exceeds the limit",
     ),
     ("empty-batch", "conv", "POST", CONV, _req(_json_input(shape=(0, 3, 16, 16), data=[])), {}, 400, "batch size 0"),
+    # the repository extension on a server of one model: the index answers, load / unload refuse
+    ("single-load", "conv", "POST", "/repository/models/conv/load", b"", {}, 400, "need a model repository"),
+    ("single-unload", "conv", "POST", "/repository/models/conv/unload", b"{}", {}, 400, "need a model repository"),
+    ("repo-unknown", "conv", "POST", "/repository/models/conv/delete", b"", {}, 404, "unknown path"),
+    ("index-get", "conv", "GET", "/repository/index", b"", {}, 405, "use POST"),
+    ("index-junk", "conv", "POST", "/repository/index", b"{", {}, 400, "malformed JSON"),
+    ("extra-infer-path", "conv", "POST", "/models/conv/x/infer", _req(_json_input()), {}, 404, "unknown path"),
 ]
 
 
@@ -607,6 +614,8 @@ def test_bad_input_corpus_gets_clear_errors_and_server_keeps_serving(conv_server
         json={"inputs": [_json_input(data=x.ravel().tolist())]},
     )
     assert good.status_code == 200 and good.json()["outputs"][0]["shape"] == [1, 10]
+    index = session.post(f"{conv_server.url}/v2/repository/index", timeout=TIMEOUT)
+    assert index.status_code == 200 and index.json() == [{"name": "conv", "version": "1", "state": "READY"}]
 
 
 def test_oversized_upload_is_refused_before_the_body_with_expect_100(addmul_server):
