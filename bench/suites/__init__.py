@@ -1,0 +1,18 @@
+"""The suites of `python -m bench`, in the order `all` runs them (issue 13's list).
+
+A suite is a function run(result: SuiteResult, work: Path, out: Path) that fills `result`
+(measurements, ratios, notes, extra) or raises SuiteSkipped with the reason it does not apply.
+"""
+
+from __future__ import annotations
+
+from bench.suites import cli, pending, runtime
+
+SUITES = {
+    "cli": cli.run,
+    "build": pending.skipper("build"),
+    "project": pending.skipper("project"),
+    "push": pending.skipper("push"),
+    "deploy": pending.skipper("deploy"),
+    "runtime": runtime.run,
+}
