@@ -113,6 +113,11 @@ def notes(m: dict[str, Measurement], hp: Measurement) -> list[str]:
             f"registered) {helps.cpu.median:.3f} s, against {hp.cpu.median:.3f} s for all of hpccm: what is left is "
             "start-up, not rendering. Fixes, outside the catalog code: register only the command asked for in "
             f"cli/main.py ({lazy.cpu.median:.3f} s CPU in the what-if row, {lazy.cpu.median / hp.cpu.median:.2f}x "
-            "hpccm), and keep typer's pydantic coercion off the path (typer < 0.29, or options typed with click "
-            f"types; worth about {adapters.cpu.median - typer.cpu.median:.3f} s here).")
+            "hpccm), and keep typer's pydantic coercion off the path: typer >= 0.29 imports pydantic to coerce "
+            "any non-flag option value, whatever its declared type (typer < 0.29 does not; worth about "
+            f"{adapters.cpu.median - typer.cpu.median:.3f} s here).")
+    ls = m["ngcx catalog ls"]
+    if ls.cpu.median > warm.cpu.median:
+        out.append(f"`ngcx catalog ls` costs {ls.cpu.median - warm.cpu.median:.3f} s CPU more than `ngcx render`: "
+                   "importing rich and laying out its table (cli/output.py); `--json` skips it.")
     return out
