@@ -72,7 +72,24 @@ def run_checks() -> list[Check]:
         check_container_toolkit(info),
         check_disk(info),
         check_offline_base(client),
+        check_deployments(),
     ]
+
+
+def check_deployments() -> Check:
+    """Deploys that were interrupted (Ctrl-C, kill -9) may have left a billed instance behind."""
+    from ngcx.deploy import store
+    from ngcx.errors import UserError
+
+    try:
+        stuck = store.interrupted()
+    except UserError as exc:
+        return Check("deployments", "warn", f"state store unreadable: {exc.message}", hint=exc.hint or "")
+    if not stuck:
+        return Check("deployments", "ok", "no interrupted deploys")
+    names = ", ".join(f"{r.id} ({r.cloud}, {r.status})" for r in stuck[:5])
+    return Check("deployments", "warn", f"{len(stuck)} interrupted deploy(s): {names}",
+                 hint="run `ngcx deployments gc` to find and delete what they left")
 
 
 def _engine_info(client: Any) -> dict[str, Any]:

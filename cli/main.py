@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> None:
             show()
             sys.exit(code)
         raise
+    if rc == 130:  # typer >= 0.29 turns Ctrl-C into Exit(130) itself; say so as for every other exit
+        print("ngcx: interrupted", file=sys.stderr)
     sys.exit(rc if isinstance(rc, int) else 0)
 
 

@@ -194,7 +194,7 @@ def _create(config: DeployConfig, record: DeployRecord, plan: Plan, t0: float) -
                       "ZoneId": zone, "VSwitchId": vswitches[zone], "SecurityGroupId": group, "UserData": user_data,
                       "InstanceName": f"ngcx-deploy-{record.id}", "InternetMaxBandwidthOut": 100, "Amount": 1,
                       "SystemDisk.Category": "cloud_essd", "SystemDisk.Size": 100,
-                      "SpotStrategy": "SpotAsPriceGo" if config.spot else "NoSpot",
+                      **_spot(config),
                       **tag_params({TAG_OWNER: store.owner_id(), TAG_DEPLOYMENT: str(record.id)})}
             try:
                 answer = plan.api.ecs("RunInstances", params, token=token, write=True)
@@ -211,6 +211,15 @@ def _create(config: DeployConfig, record: DeployRecord, plan: Plan, t0: float) -
                                 endpoint=_endpoint(status.address), phases=phases)
     raise UserError(f"no stock for any fitting instance type in {plan.region}: {'; '.join(tried) or 'none offered'}",
                     hint="try another --region or --gpu, or later")
+
+
+def _spot(config: DeployConfig) -> dict[str, Any]:
+    """Spot: capped at --max-price when one is given (SpotWithPriceLimit), else the market price."""
+    if not config.spot:
+        return {"SpotStrategy": "NoSpot"}
+    if config.max_price is not None:
+        return {"SpotStrategy": "SpotWithPriceLimit", "SpotPriceLimit": config.max_price}
+    return {"SpotStrategy": "SpotAsPriceGo"}
 
 
 def _zones_with_stock(api: Any, instance_type: str, zone: str | None) -> list[str]:

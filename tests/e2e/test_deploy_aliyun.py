@@ -218,3 +218,13 @@ def test_no_secret_in_outputs_state_or_on_the_hosts(cloud, baked):
         files = cloud.hosts.run_command(inst["id"], "cat /var/lib/cloud/* /root/.docker/config.json "
                                         "/var/lib/ngcx/* /var/log/cloud-init-output.log 2>/dev/null; true", 30)
         assert not [n for n in needles if n in console or n in files.output], inst["id"]
+
+
+def test_a_container_that_never_gets_ready_shows_its_last_lines_and_its_host_is_deleted(cloud, baked):
+    done = cloud.deploy("--", "sh", "-c", "echo weights-file-truncated >&2; exit 3")
+    assert done.returncode == 2
+    [line] = [ln for ln in done.stderr.splitlines() if ln.startswith("ngcx: error:")]
+    assert "weights-file-truncated" in line and "exited" in line
+    rec = cloud.records()[0]
+    assert rec["status"] == "failed" and "weights-file-truncated" in rec["detail"] and "deleted" in rec["detail"]
+    assert not cloud.mine(rec["id"])                                     # nothing billed is left

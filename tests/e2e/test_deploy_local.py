@@ -113,6 +113,9 @@ def test_a_deploy_killed_with_sigkill_is_announced_and_gc_cleans_it(project, doc
     listed = ngcx(project, "deployments", "ls", env=state)
     assert f"deployment {recs[0]['id']} (local) was interrupted" in listed.stderr
     assert "ngcx deployments gc" in listed.stderr
+    doctor = json.loads(ngcx(project, "doctor", "--json", env=state).stdout)
+    [check] = [c for c in doctor["checks"] if c["name"] == "deployments"]
+    assert check["status"] == "warn" and "1 interrupted" in check["detail"] and "gc" in check["hint"]
     gc = ngcx(project, "deployments", "gc", "--yes", env=state)
     assert gc.returncode == 0, gc.stderr
     assert container[:12] in gc.stdout
@@ -132,3 +135,21 @@ def test_deploy_bad_input_is_one_line_exit_2(project, state, args, expect):
     done = ngcx(project, *args, env=state)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert expect in done.stderr and "Traceback" not in done.stderr
+
+
+def test_ctrl_c_during_a_deploy_removes_its_container_and_says_so(project, docker_client, state):
+    proc = subprocess.Popen([sys.executable, "-m", "ngcx", "deploy", "--cloud", "local", "--", "sleep", "300"],
+                            cwd=project, env={**os.environ, **state}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 60
+    while not docker_client.containers.list(filters={"label": "ai.ngcx.deployment"}, all=True) or not (
+            Path(state["NGCX_STATE_DIR"]) / "state.db").exists() or not records(project, state)[0]["container"]:
+        assert time.monotonic() < deadline, "the deploy never started its container"
+        time.sleep(0.2)
+    container = records(project, state)[0]["container"]
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err
+    assert not docker_client.containers.list(all=True, filters={"id": container})
+    rec = records(project, state)[0]
+    assert rec["status"] == "failed" and rec["detail"].startswith("interrupted (Ctrl-C)")

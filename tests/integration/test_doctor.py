@@ -11,7 +11,7 @@ from conftest import run_ngcx
 pytestmark = pytest.mark.docker
 
 CHECKS = ("engine", "buildkit", "logins", "registry", "nvidia-driver", "nvidia-toolkit", "disk",
-          "offline-base")
+          "offline-base", "deployments")
 
 
 def test_doctor_reports_every_check(docker_client, registry, base_image, isolated_state):
