@@ -1,0 +1,151 @@
+"""Deploy -> first successful inference, per phase (api, boot, pull, start, ready), for every path.
+
+    .venv/bin/python bench/deploy_phases.py [--repeat 3] [--out bench/results/deploy_phases.json]
+
+Paths (issue 10's performance table): local (image present), and through the real Alibaba Cloud SDK
+against the ECS emulator whose instances are real machines (tests/emulators): a running host reused,
+a stopped host restarted, a fresh host from a baked image, a fresh host that pulls. The emulator's
+API-side delays are set to published figures where one exists, since no Alibaba Cloud figure is
+published (cold-start.md §1): start from stopped 16.4 s, launch 17.8 s (EC2 pending -> running,
+cold-start.md [V1]); the machine's own boot (its dockerd) and every pull are real, on this host.
+Each row ends with a real KServe inference checked against the example's expected logits.
+Needs: scripts/setup.sh done, the onnx-zero-code example built (`ngcx build` in a copy with its model
+exported), the registry on 127.0.0.1:5000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "e2e")]
+
+START_S, LAUNCH_S = 16.4, 17.8      # cold-start.md [V1]: EC2 start-from-stopped and cold launch, pending -> running
+AK, SECRET = "LTAIbenchKey", "bench-secret-not-printed"
+PHASES = ("api", "boot", "pull", "start", "ready")
+
+
+def ngcx(cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([sys.executable, "-m", "ngcx", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"ngcx {' '.join(args)} failed: {done.stderr[-2000:]}")
+    return done
+
+
+def last_record(cwd: Path, env: dict[str, str]) -> dict:
+    return json.loads(ngcx(cwd, env, "deployments", "ls", "--all", "--json").stdout)[0]
+
+
+def measured(cwd: Path, env: dict[str, str], args: list[str]) -> dict:
+    """One deploy timed from the outside (wall) and from its record (phases), then one real inference."""
+    from deploy_helpers import one_inference
+
+    t0 = time.monotonic()
+    done = ngcx(cwd, env, "deploy", *args)
+    wall = time.monotonic() - t0
+    t1 = time.monotonic()
+    one_inference(cwd, done.stdout.strip())
+    first_inference = time.monotonic() - t1
+    rec = last_record(cwd, env)
+    return {"path": rec["path"], "wall_s": round(wall, 3), "first_inference_s": round(first_inference, 3),
+            **{p: rec["phases"].get(p) for p in PHASES}, "record": rec["id"]}
+
+
+def project_copy(work: Path) -> Path:
+    root = work / "onnx-zero-code"
+    shutil.copytree(REPO / "examples" / "onnx-zero-code", root, ignore=shutil.ignore_patterns("model", "calib.npz"))
+    subprocess.run([sys.executable, "export.py"], cwd=root, check=True, capture_output=True, timeout=300)
+    ngcx(root, {"NGCX_BASE": "offline"}, "build")
+    return root
+
+
+def local_rows(root: Path, work: Path, repeat: int) -> list[dict]:
+    env = {"NGCX_STATE_DIR": str(work / "state-local")}
+    rows = [measured(root, env, ["--cloud", "local"]) for _ in range(repeat)]
+    ngcx(root, env, "deployments", "destroy", str(rows[-1]["record"]), "--yes")
+    return rows
+
+
+def cloud_rows(root: Path, work: Path, repeat: int) -> dict[str, list[dict]]:
+    import docker
+    from emulators.aliyun_ecs import EcsEmulator
+    from emulators.docker_hosts import DockerHosts, RegistryRelay, bridge_gateway
+
+    client = docker.from_env()
+    rows: dict[str, list[dict]] = {"running-host": [], "stopped-host": [], "fresh-host (baked)": [],
+                                   "fresh-host (pull)": []}
+    with RegistryRelay("127.0.0.1:5000", listen_host=bridge_gateway(client)) as relay:
+        hosts = DockerHosts(client, insecure_registries=[relay.address])
+        with EcsEmulator(hosts, access_keys={AK: SECRET}, boot_seconds=LAUNCH_S, start_seconds=START_S) as emu:
+            env = {"ALIBABA_CLOUD_ACCESS_KEY_ID": AK, "ALIBABA_CLOUD_ACCESS_KEY_SECRET": SECRET,
+                   "NGCX_ALIYUN_ECS_ENDPOINT": emu.endpoint, "NGCX_ACR_ENDPOINT": "127.0.0.1:5000",
+                   "NGCX_ACR_VPC_ENDPOINT": relay.address, "NGCX_ACR_INSTANCE_ID": "cri-bench",
+                   "NGCX_STATE_DIR": str(work / "state-cloud"), "DOCKER_CONFIG": str(work / "docker"),
+                   "HTTP_PROXY": "", "HTTPS_PROXY": "", "http_proxy": "", "https_proxy": ""}
+            deploy = ["--cloud", "aliyun", "--gpu", "A10", "--gpu-mode", "auto"]
+            ngcx(root, env, "push", "ngcx-app/onnx-zero-code:latest", "--registry", "acr://cn-hangzhou/bench")
+            # fresh, no baked image: the host pulls the whole image through the VPC endpoint
+            row = measured(root, env, deploy)
+            row["relay_bytes"] = relay.bytes_from_target
+            rows["fresh-host (pull)"].append(row)
+            ngcx(root, env, "deployments", "destroy", str(row["record"]), "--yes")
+            t0 = time.monotonic()
+            ngcx(root, env, "hosts", "bake", "--cloud", "aliyun", "--region", "cn-hangzhou")
+            bake_s = time.monotonic() - t0
+            for _ in range(repeat):
+                row = measured(root, env, deploy)
+                rows["fresh-host (baked)"].append(row)
+                for _ in range(2):                      # the same host again: running, then stopped
+                    rows["running-host"].append(measured(root, env, deploy))
+                ngcx(root, env, "deployments", "stop", str(last_record(root, env)["id"]))
+                rows["stopped-host"].append(measured(root, env, deploy))
+                ngcx(root, env, "deployments", "destroy", str(last_record(root, env)["id"]), "--yes")
+            rows["bake_s"] = [{"wall_s": round(bake_s, 1)}]
+    return rows
+
+
+def summary(rows: list[dict]) -> dict:
+    out = {}
+    for key in ("wall_s", *PHASES, "first_inference_s"):
+        values = [r[key] for r in rows if r.get(key) is not None]
+        if values:
+            out[key] = {"min": min(values), "median": round(statistics.median(values), 3), "max": max(values)}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "deploy_phases.json")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="ngcx-bench-deploy-"))
+    try:
+        root = project_copy(work)
+        results = {"local": local_rows(root, work, args.repeat), **cloud_rows(root, work, args.repeat)}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    report = {"machine": {"cores": os.cpu_count(), "load": os.getloadavg(), "python": platform.python_version()},
+              "emulator": {"start_seconds": START_S, "boot_seconds": LAUNCH_S},
+              "command": "python bench/deploy_phases.py --repeat " + str(args.repeat),
+              "rows": results, "summary": {k: summary(v) for k, v in results.items() if k != "bake_s"}}
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"{'path':22} " + " ".join(f"{p:>7}" for p in (*PHASES, "total")) + "   (median s)")
+    for path, stats in report["summary"].items():
+        cells = [stats.get(p, {}).get("median") for p in PHASES]
+        total = stats.get("wall_s", {}).get("median")
+        print(f"{path:22} " + " ".join(f"{c:7.2f}" if c is not None else "      -" for c in (*cells, total)))
+
+
+if __name__ == "__main__":
+    main()
