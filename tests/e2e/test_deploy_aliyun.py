@@ -124,6 +124,13 @@ def test_push_deploy_infer_stop_redeploy_restart_failure_destroy(cloud, baked):
     assert second["phases"]["pull"] < 5, second["phases"]                # nothing crossed the network
     print("stopped host:", phase_line(again))
 
+    logs = cloud.ngcx("deployments", "logs", str(second["id"]), "--tail", "20")
+    assert logs.returncode == 0 and "ready" in logs.stdout.lower(), logs.stdout[-1500:]   # via Cloud Assistant
+    assert cloud.ngcx("deployments", "stop", str(second["id"])).returncode == 0
+    started = cloud.ngcx("deployments", "start", str(second["id"]))       # the container comes back with the host
+    assert started.returncode == 0, started.stderr[-2000:]
+    one_inference(cloud.project, started.stdout.strip())
+
     running = cloud.deploy()                                    # the running host: swap the container only
     assert running.returncode == 0, running.stderr[-3000:]
     third = cloud.records()[0]

@@ -148,3 +148,14 @@ def test_every_target_offers_every_verb_and_an_unknown_cloud_is_one_line():
 def test_phases_read_in_order_with_a_total():
     got = format_phases({"ready": 2.0, "api": 0.25, "pull": 0.0})
     assert got == "api 0.2 s · pull 0.0 s · ready 2.0 s · total 2.2 s"
+
+
+def test_a_missing_cloud_sdk_names_the_extra_to_install(no_env, monkeypatch):
+    import sys
+
+    from ngcx.deploy.aliyun_api import AliyunCredentials, Api
+
+    monkeypatch.setitem(sys.modules, "aliyunsdkcore.client", None)   # as if `ngcx[aliyun]` were not installed
+    with pytest.raises(UserError) as err:
+        Api("cn-hangzhou", AliyunCredentials("A", SECRET, "test"))
+    assert "pip install 'ngcx[aliyun]'" in err.value.line() and SECRET not in err.value.line()
