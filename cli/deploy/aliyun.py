@@ -128,7 +128,7 @@ def run(config: DeployConfig, record: DeployRecord, plan: Plan) -> DeployRecord:
         _say(note)
     t0 = time.time()
     names = {c.itype.name for c in plan.candidates}
-    for old, status in _reusable_hosts(plan, names, config.zone, record.id):
+    for old, status in _reusable_hosts(plan, names, config, record.id):
         if status.state == "running":
             return _swap(config, record, plan, old, status, t0, PATH_RUNNING)
         try:
@@ -142,10 +142,16 @@ def run(config: DeployConfig, record: DeployRecord, plan: Plan) -> DeployRecord:
     return _create(config, record, plan, t0)
 
 
-def _reusable_hosts(plan: Plan, names: set[str], zone: str | None, new_id: int):
-    """(record, status) of hosts of the same spec this store owns: running ones first, then stopped."""
+def _reusable_hosts(plan: Plan, names: set[str], config: DeployConfig, new_id: int):
+    """(record, status) of hosts of the same spec this store owns: running ones first, then stopped.
+
+    A running host is reused only by a deploy of the same image (a redeploy swaps its container);
+    one serving another model is never taken over. A stopped host is the warm pool: any image may
+    take it (its record becomes `replaced`), keeping the layers the two images share.
+    """
     olds = [r for r in store.records(cloud="aliyun") if r.id != new_id and r.instance_id and r.region == plan.region
-            and r.instance_type in names and (zone is None or r.zone == zone) and r.status in (READY, STOPPED)]
+            and r.instance_type in names and (config.zone is None or r.zone == config.zone)
+            and (r.status == STOPPED or (r.status == READY and r.image == config.image))]
     if not olds:
         return []
     found = describe(plan.api, [r.instance_id for r in olds])
