@@ -1,15 +1,18 @@
 """The `ngcx` command: a typer app whose subcommands live one module per stage of the flow.
 
-Start-up must stay fast (`ngcx --help` < 0.3 s): command modules import only typer and the
-standard library at module level; catalogs, Jinja2, the Docker SDK and cloud SDKs are imported
-inside the command functions that need them.
+Start-up must stay fast (`ngcx --help` < 0.3 s, `ngcx render` no slower than hpccm: issue 13):
+command modules import only typer and the standard library at module level; catalogs, Jinja2, the
+Docker SDK and cloud SDKs are imported inside the command functions that need them. And `ngcx CMD`
+imports and registers only the module that owns CMD (COMMAND_OWNERS): the other fourteen modules
+cost ~0.05 s of every call and are only needed to list or reject commands (`--help`, no command,
+an unknown one), where all of them are registered exactly as before.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from types import ModuleType
 
 import typer
@@ -22,16 +25,32 @@ COMMAND_MODULES = (
     "deploy", "deployments", "hosts", "images", "doctor",
 )
 
+# Command (or group) name as typed -> the module whose register() adds it. Static so that picking
+# the module costs no import; tests/unit/test_cli.py checks it against what every module registers.
+COMMAND_OWNERS = {
+    "init": "init", "catalog": "catalog", "render": "render", "base": "base", "build": "build",
+    "lock": "lock", "test": "test", "push": "push", "login": "login", "logout": "login", "run": "run",
+    "deploy": "deploy", "deployments": "deployments", "hosts": "hosts", "images": "images", "doctor": "doctor",
+}
 
-def stage_modules() -> Iterator[tuple[str, ModuleType]]:
-    """The stage modules, in `ngcx --help` order. A missing one is an ImportError, never a silent
-    gap: a deleted command module must fail `ngcx --help` and the CLI tests (issue 8)."""
-    for name in COMMAND_MODULES:
+def stage_modules(names: Iterable[str] | None = None) -> Iterator[tuple[str, ModuleType]]:
+    """The stage modules (all, in `ngcx --help` order, unless `names` says which). A missing one is an
+    ImportError, never a silent gap: a deleted command module must fail `ngcx --help` and the CLI tests
+    (issue 8)."""
+    for name in COMMAND_MODULES if names is None else names:
         yield name, importlib.import_module(f"ngcx.{name}")
 
 
-def build_app() -> typer.Typer:
-    """Assemble the CLI from the stage modules."""
+def modules_for(argv: Sequence[str]) -> tuple[str, ...]:
+    """The modules a command line needs: the owner of its first word when that is a known command,
+    else all of them (`--help`, no arguments, an unknown command: click lists or rejects commands
+    from what is registered, so its help and its "No such command" need every one)."""
+    owner = COMMAND_OWNERS.get(argv[0]) if argv else None
+    return (owner,) if owner else COMMAND_MODULES
+
+
+def build_app(modules: Sequence[str] | None = None) -> typer.Typer:
+    """Assemble the CLI from the stage modules (all by default, in `ngcx --help` order)."""
     app = typer.Typer(
         name="ngcx",
         help="Version-pinned GPU containers: catalog -> Dockerfile -> verified image -> registry -> GPU.",
@@ -40,17 +59,26 @@ def build_app() -> typer.Typer:
         rich_markup_mode=None,
         pretty_exceptions_enable=False,
     )
-    for _name, module in stage_modules():
+    if modules is not None and tuple(modules) != COMMAND_MODULES:
+        # typer runs a lone command as the whole program (`ngcx render X` would lose its `render`);
+        # an empty callback keeps the group, so usage lines and errors read as with every module.
+        app.callback()(_group)
+    for _name, module in stage_modules(modules):
         module.register(app)
     return app
 
 
+def _group() -> None:
+    """No root options: the callback only keeps `ngcx CMD` a group of one."""
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning user errors into one line and exit code 2."""
-    app = build_app()
+    args = sys.argv[1:] if argv is None else argv
+    app = build_app(modules_for(args))
     try:
         # Without standalone mode click RETURNS typer.Exit's code instead of exiting with it.
-        rc = app(args=argv, standalone_mode=False)
+        rc = app(args=args, standalone_mode=False)
     except UserError as exc:
         print(f"ngcx: error: {exc.line()}", file=sys.stderr)
         sys.exit(exc.exit_code)

@@ -107,3 +107,85 @@ def test_probe_would_notice_a_heavy_import(tmp_path) -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
     assert proc.stdout.strip() == "True", proc.stderr
+
+
+# ----------------------------------------------------------------------------- one module per command (issue 13)
+
+
+def test_command_owners_table_matches_what_each_module_registers() -> None:
+    """cli/main.py picks the module to import from a static table; a command moved to another module,
+    renamed or added without the table would otherwise be 'No such command' (or a wrong import)."""
+    import ngcx.main
+
+    registered = {cmd: module for module, cmds in implemented_commands().items() for cmd in cmds}
+    assert registered == ngcx.main.COMMAND_OWNERS
+    assert set(ngcx.main.COMMAND_OWNERS.values()) == set(ngcx.main.COMMAND_MODULES)
+
+
+def _every_command_line() -> list[list[str]]:
+    """`--help` of the root, of every command and every group's subcommand; no arguments; an unknown
+    command; and an unknown option for every command that rejects one (run/deploy pass extras on)."""
+    import typer.main
+
+    import ngcx.main
+
+    root = typer.main.get_command(ngcx.main.build_app())
+    lines: list[list[str]] = [["--help"], [], ["no-such-command"], ["render"], ["catalog", "show"]]
+    for name, cmd in root.commands.items():
+        lines.append([name, "--help"])
+        lines += [[name, sub, "--help"] for sub in getattr(cmd, "commands", {})]
+        if not cmd.context_settings.get("ignore_unknown_options"):
+            lines.append([name, "--no-such-option"])
+    return lines
+
+
+def _run_main(argv: list[str], capsys) -> tuple[object, str, str]:
+    import ngcx.main
+
+    with pytest.raises(SystemExit) as exc:
+        ngcx.main.main(list(argv))
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+def test_output_is_byte_for_byte_that_of_the_all_modules_app(monkeypatch, capsys) -> None:
+    """Registering one module must not change a single byte a user sees: help texts, usage lines,
+    'No such command', exit codes; compared with the app that registers all 15 modules."""
+    import ngcx.main
+
+    lines = _every_command_line()
+    assert len(lines) > 40
+    shipped = [_run_main(argv, capsys) for argv in lines]
+    monkeypatch.setattr(ngcx.main, "modules_for", lambda argv: ngcx.main.COMMAND_MODULES)
+    reference = [_run_main(argv, capsys) for argv in lines]
+    for argv, got, want in zip(lines, shipped, reference, strict=True):
+        assert got == want, argv
+    assert shipped[0][0] == 0 and "Commands:" in shipped[0][1]            # --help really ran
+    assert "No such command 'no-such-command'" in shipped[2][2]
+
+
+PROBE_ONE = """
+import json, sys
+import ngcx.main
+try:
+    ngcx.main.main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({'code': code, 'stages': sorted(m for m in sys.modules if m.count('.') == 1
+                                                    and m.split('.')[1] in ngcx.main.COMMAND_MODULES)}))
+"""
+
+
+@pytest.mark.parametrize(("argv", "stages"), [
+    (["render", "--help"], ["ngcx.render"]),
+    (["logout", "--help"], ["ngcx.login"]),
+    (["catalog", "ls", "--help"], ["ngcx.catalog"]),
+    (["--help"], sorted(f"ngcx.{m}" for m in (
+        "init", "catalog", "render", "base", "build", "lock", "test", "push", "login", "run",
+        "deploy", "deployments", "hosts", "images", "doctor"))),
+])
+def test_a_command_imports_only_the_module_that_owns_it(argv: list[str], stages: list[str]) -> None:
+    proc = subprocess.run([sys.executable, "-c", PROBE_ONE, *argv], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert doc == {"code": 0, "stages": stages}
