@@ -135,6 +135,7 @@ def run_io(args, tmp: Path) -> None:
 
 def run_batch(args, tmp: Path) -> None:
     import models
+
     from ngcx_runtime.plan import load
     from ngcx_runtime.serve import start_server
 

@@ -4,7 +4,9 @@ Each ngcx command is timed twice where a cache matters: warm (the second call of
 validated catalog and the rendered Dockerfile cached) and cold (a fresh empty cache folder for
 every run: full validation and templating, what the first call after an edit costs). Reference
 rows say where the time goes: the interpreter alone, importing typer, and typer's pydantic-based
-option coercion (typer >= 0.29 imports it to parse any option value).
+option coercion (typer >= 0.29 imports it to parse any option value); what-if rows run the same
+ngcx commands with that coercion done without pydantic (bench/whatif_no_pydantic.py), to show what
+it costs in figures from the same run.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from bench.peers import write_hpccm_recipe
 
 REF = "pytorch:24.11"
 HPCCM = "hpccm"
+WHATIF = ROOT / "bench" / "whatif_no_pydantic.py"
 
 
 def _env(work: Path, cache: str) -> Callable[[], dict[str, str]]:
@@ -53,9 +56,12 @@ def commands(work: Path, recipe: Path) -> list[Timed]:
         Timed(f"ngcx render {REF}", "ngcx", [ngcx, "render", REF], warm, note="warm cache"),
         Timed(f"ngcx render {REF} (cold cache)", "ngcx", [ngcx, "render", REF], cold,
               note="empty cache folder each run: validation + Jinja2"),
-        Timed(f"what-if: ngcx render {REF}, only the render module registered", "what-if",
-              [py, str(ROOT / "bench" / "whatif_one_command.py"), "render", REF], warm,
-              note="warm cache; not the shipped start-up (bench/whatif_one_command.py)"),
+        Timed(f"what-if: ngcx render {REF}, typer's coercion without pydantic", "what-if",
+              [py, str(WHATIF), "render", REF], warm,
+              note="warm cache; not the shipped CLI: patches a private typer function (bench/whatif_no_pydantic.py)"),
+        Timed("what-if: ngcx catalog ls, typer's coercion without pydantic", "what-if",
+              [py, str(WHATIF), "catalog", "ls"], warm,
+              note="warm cache; as above"),
         Timed(f"hpccm --recipe (equivalent of {REF})", "hpccm", [hpccm, "--recipe", str(recipe)], warm),
     ]
 
@@ -101,21 +107,24 @@ def notes(m: dict[str, Measurement], hp: Measurement) -> list[str]:
     """Why ngcx loses where it does, in figures from this same run, and what would fix it."""
     floor, typer, adapters = (m["python -c pass (interpreter floor)"], m["python -c 'import typer'"],
                               m["python -c 'import typer._adapters'"])
-    warm, cold, helps = m[f"ngcx render {REF}"], m[f"ngcx render {REF} (cold cache)"], m["ngcx --help"]
-    lazy = m[f"what-if: ngcx render {REF}, only the render module registered"]
+    warm, cold = m[f"ngcx render {REF}"], m[f"ngcx render {REF} (cold cache)"]
+    whatif = m[f"what-if: ngcx render {REF}, typer's coercion without pydantic"]
     out = [f"The cache saves {cold.cpu.median - warm.cpu.median:.3f} s CPU per `ngcx render` "
-           f"({cold.cpu.median:.3f} -> {warm.cpu.median:.3f} s): no pydantic validation, no Jinja2."]
+           f"({cold.cpu.median:.3f} -> {warm.cpu.median:.3f} s): no pydantic validation, no Jinja2.",
+           "`ngcx CMD` imports and registers only the module that owns CMD (cli/main.py COMMAND_OWNERS); "
+           "`ngcx --help`, no command and an unknown command still register all 15."]
     if warm.cpu.median > hp.cpu.median:
         out.append(
-            f"ngcx render (warm) still takes {warm.cpu.median / hp.cpu.median:.2f}x hpccm's CPU. In this run the "
-            f"interpreter alone is {floor.cpu.median:.3f} s, importing typer {typer.cpu.median:.3f} s, typer with its "
-            f"pydantic coercion {adapters.cpu.median:.3f} s, and `ngcx --help` (every command module imported and "
-            f"registered) {helps.cpu.median:.3f} s, against {hp.cpu.median:.3f} s for all of hpccm: what is left is "
-            "start-up, not rendering. Fixes, outside the catalog code: register only the command asked for in "
-            f"cli/main.py ({lazy.cpu.median:.3f} s CPU in the what-if row, {lazy.cpu.median / hp.cpu.median:.2f}x "
-            "hpccm), and keep typer's pydantic coercion off the path: typer >= 0.29 imports pydantic to coerce "
-            "any non-flag option value, whatever its declared type (typer < 0.29 does not; worth about "
-            f"{adapters.cpu.median - typer.cpu.median:.3f} s here).")
+            f"ngcx render (warm) takes {warm.cpu.median / hp.cpu.median:.2f}x hpccm's CPU ({warm.cpu.median:.3f} "
+            f"vs {hp.cpu.median:.3f} s). In this run the interpreter alone is {floor.cpu.median:.3f} s, importing "
+            f"typer {typer.cpu.median:.3f} s, typer with its pydantic coercion {adapters.cpu.median:.3f} s. The "
+            f"what-if row, the same command with typer's coercion done without pydantic, takes "
+            f"{whatif.cpu.median:.3f} s ({whatif.cpu.median / hp.cpu.median:.2f}x hpccm): what is left is typer "
+            ">= 0.29, which requires pydantic and builds a pydantic TypeAdapter for every parameter that is not a "
+            "boolean flag, even one left at its default None (typer.core._TyperParameter.process_value); no public "
+            "setting turns that off (a parser= callback goes through pydantic too). Closing it means pinning "
+            "typer < 0.29, patching typer's private build_runtime_param (what the what-if does), or parsing the "
+            "command line without typer for hot commands: each a design decision, left to the maintainers.")
     ls = m["ngcx catalog ls"]
     if ls.cpu.median > warm.cpu.median:
         out.append(f"`ngcx catalog ls` costs {ls.cpu.median - warm.cpu.median:.3f} s CPU more than `ngcx render`: "
