@@ -102,7 +102,10 @@ def prepare(engine: Engine, max_batch: int, want_batch: bool = True, run: bool =
     if (want_batch and declared is None and not handler and max_batch >= 2 and target is engine
             and feeds is not None):
         one = {n: a[:1] if a.ndim and a.shape[0] > 1 else a for n, a in feeds.items()}
-        return probe_layout(engine, one, run_warmup(engine, one, engine))
+        out1 = run_warmup(engine, one, engine)
+        # copies: an engine may hand back views of output buffers that the next call reuses
+        out1 = {n: np.array(a, copy=True) for n, a in out1.items()} if isinstance(out1, dict) else out1
+        return probe_layout(engine, one, out1)
     if target is not None and feeds is not None:
         run_warmup(target, feeds, engine)
     if not want_batch:

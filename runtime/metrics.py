@@ -204,6 +204,8 @@ class _MetricsHandler(BaseHTTPRequestHandler):
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         self.close_connection = True
+        if getattr(self, "request_version", "HTTP/0.9") == "HTTP/0.9":
+            self.request_version = self.protocol_version   # garbage request line: still send a status line
         with contextlib.suppress(OSError):
             self._send(code, "application/json", json.dumps({"error": message or "bad request"}).encode())
 

@@ -6,6 +6,12 @@ tree (numeric version folders, per-model config with `max_batch_size`, `dynamic_
 folder holds `model.onnx`, `model.pt2`, or an optimized plan (`ngcx-runtime optimize MODEL -o
 DIR/<model>/1` writes one), so the plan cache and GPU checks of plan.py apply per version.
 
+Differences from Triton, on purpose: no config file means the server's flags (--max-batch,
+--max-queue-delay-ms) with dynamic batching on, as `serve MODEL`; a config without max_batch_size
+takes the server's --max-batch (Triton's default would be 0, no batching); unknown fields are
+refused with their names instead of being ignored. A config without dynamic_batching does not
+merge requests, as in Triton.
+
 Everything here is pure file and data handling: one-line RuntimeUserErrors naming the file and
 the fix, no sockets, no engines. served.py loads what this module resolves.
 """

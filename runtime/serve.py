@@ -390,7 +390,15 @@ class _Handler(BaseHTTPRequestHandler):
             body = bytes(self._read_body(self._checked_length(framing.length)))
         if not body.strip():
             return {}
-        return parse_header(body)
+        try:
+            doc = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ProtocolError(f"malformed JSON in the request body: {' '.join(str(exc).split())[:160]}") from None
+        except RecursionError:
+            raise ProtocolError("the JSON request body is nested too deeply") from None
+        if not isinstance(doc, dict):
+            raise ProtocolError(f"the request body must be a JSON object, not a {type(doc).__name__}")
+        return doc
 
     # -- inference --
     def _infer(self, model: ServedModel) -> None:

@@ -118,6 +118,12 @@ def test_the_metrics_port_serves_the_same_exposition_and_nothing_else(server):
     conn.request("HEAD", "/metrics")
     head = conn.getresponse()
     assert head.status == 200 and head.read() == b""
+    import socket
+
+    with socket.create_connection((host, int(port)), timeout=TIMEOUT) as sock:   # not HTTP at all
+        sock.sendall(b"\x16\x03\x01 garbage\r\n\r\n")
+        reply = b"".join(iter(lambda: sock.recv(65536), b""))
+    assert reply.startswith(b"HTTP/1.1 400") and b'"error"' in reply
     assert scrape(server.metrics_url)["nv_inference_request_success"][LABELS] == 1
 
 
