@@ -1,0 +1,793 @@
+"""AWS EC2 (with ECR and SSM) for tests: moto's server, and in front of it a harness that adds what moto lacks.
+
+Why moto behind a proxy: moto 5 keeps a faithful EC2 API state (instances, reservations, volumes,
+tags, AMIs, the SSM public parameters, ECR), but it ignores ClientToken, accepts unknown instance
+types, never runs out of capacity, never runs user-data, reports `running` at once and invents
+addresses nothing can reach. The deploy code must meet the real boto3 wire, so the harness sits on
+the wire (aws_wire.py): it forwards every request to moto unchanged and adds, around moto:
+
+- ClientToken idempotency for RunInstances: the same token (in the same region) gets the first
+  answer's body again, and no second instance; other parameters with the same token answer 400
+  IdempotentParameterMismatch. boto3 fills a fresh token into every RunInstances *call* (its own
+  retries of one call resend the same one), so a retry loop of the product's own must pass its token.
+- Instance types: an unknown type answers 400 InvalidParameterValue, as EC2 does (moto's optional
+  check answers another code).
+- Capacity and faults: `set_capacity`, `fail_restart`, `fail_next` (EC2's XML error shape; JSON
+  for ECR/SSM), `hold`; `after_effect=True` carries the call out and loses the answer.
+- Real machines behind the instances (a HostBackend, hosts_api.py): RunInstances -> hosts.create with
+  the base64-decoded UserData, as EC2 hands it to cloud-init; Stop/Start/Terminate -> stop/start/delete;
+  CreateImage -> snapshot (image id = moto's new AMI id; `pending` until the copy is done);
+  DeregisterImage -> delete_image.
+- States: DescribeInstances says `pending` until the machine was created and boot_seconds passed
+  (start_seconds after a StartInstances), `stopping` until the machine is off, `shutting-down` until
+  it is gone. A stop while pending or a start while stopping answers IncorrectInstanceState.
+- Addresses: privateIpAddress / ipAddress / publicIp (and the DNS names spelling them) become the
+  machine's own address, which the test process and the other machines can reach. Until a machine
+  exists, an instance has no address elements at all (moto's would lead nowhere).
+- SSM: moto serves the ECS-optimized AMI parameters as Python dict reprs; they become JSON, as AWS
+  serves them. ECR: moto's authorization token expired in 2015; expiresAt becomes now + 12 h.
+
+What the product must do to run against it (documented for the deploy tests): point boto3 at
+`.endpoint` (AWS_ENDPOINT_URL or AWS_ENDPOINT_URL_EC2/_ECR/_SSM), any access key, region = `region`;
+clear HTTP(S)_PROXY. ECR's proxyEndpoint names https://123456789012.dkr.ecr.REGION.amazonaws.com,
+which does not exist: tests give the product the loopback registry instead (NGCX_ECR_ENDPOINT=
+127.0.0.1:5000 for pushes, a RegistryRelay address for the machines), and the token's password
+(`123456789012-auth-token`) works there only because that registry has no auth.
+
+Limits (moto's, or kept out on purpose): moto's state is one per process, so only one Ec2Emulator
+runs at a time; DescribeInstances *filters* on instance-state-name see moto's state, not the
+pending/stopping the answer shows; a RunInstances naming no zone and no subnet lands in REGION + "a"
+(moto's choice), so capacity for that zone decides; CreateImage never reboots the instance (a running
+machine is paused for a crash-consistent copy, as with NoReboot=true).
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import binascii
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Self
+
+from moto.server import ThreadedMotoServer
+
+from .aws_wire import (
+    AwsError,
+    ProxyServer,
+    Upstream,
+    WireRequest,
+    WireResponse,
+    child,
+    child_text,
+    error_response,
+    items,
+    local,
+    parse_xml,
+    path,
+    walk_with_parents,
+    xml_bytes,
+)
+from .hosts_api import HostBackend
+
+STATE_CODES = {"pending": 0, "running": 16, "shutting-down": 32, "terminated": 48, "stopping": 64, "stopped": 80}
+USER_DATA_LIMIT = 16 * 1024            # bytes before base64, as EC2 counts them
+ECR_TOKEN_SECONDS = 12 * 3600
+ADDRESS_ELEMENTS = frozenset({"privateIpAddress", "ipAddress", "publicIp"})
+DNS_ELEMENTS = frozenset({"privateDnsName", "dnsName", "publicDnsName"})
+MESSAGES = {
+    "InsufficientInstanceCapacity": "We currently do not have sufficient capacity to fulfill your request.",
+    "RequestLimitExceeded": "Request limit exceeded.",
+    "InternalError": "An internal error has occurred.",
+    "Unavailable": "The server is overloaded and can't handle the request.",
+    "ThrottlingException": "Rate exceeded",
+    "AuthFailure": "AWS was not able to validate the provided access credentials",
+    "UnauthorizedOperation": "You are not authorized to perform this operation.",
+}
+
+
+@dataclass
+class Instance:
+    """What the harness knows about one instance on top of moto's record."""
+
+    id: str
+    region: str
+    zone: str
+    instance_type: str
+    image_id: str
+    client_token: str
+    user_data: bytes
+    masked: tuple[str, str] | None = None  # (moto's state, the state shown instead) while a transition runs
+    private_ip: str = ""
+    on_host: bool = False                  # hosts.create returned: there is a machine to stop/delete
+    generation: int = 0                    # bumped by every transition; a worker of an older one stands down
+    host_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # orders backend calls
+
+
+@dataclass
+class Image:
+    id: str
+    source_instance: str
+    state: str = "pending"
+    done: threading.Event = field(default_factory=threading.Event, repr=False)
+
+
+@dataclass
+class Fault:
+    code: str
+    http_status: int
+    remaining: int
+    after_effect: bool
+
+
+def repeated(params: dict[str, str], prefix: str) -> list[str]:
+    """`InstanceId.1`, `InstanceId.2`, ... in index order (the query protocol's flattened list)."""
+    found = [(int(key[len(prefix) + 1:]), value) for key, value in params.items()
+             if key.startswith(prefix + ".") and key[len(prefix) + 1:].isdigit()]
+    return [value for _, value in sorted(found)]
+
+
+def _dashed(ip: str) -> str:
+    return ip.replace(".", "-")
+
+
+class Ec2Emulator:
+    """EC2 + ECR + SSM on 127.0.0.1 (`.endpoint`): moto's ThreadedMotoServer behind the harness proxy."""
+
+    _live_lock: ClassVar[threading.Lock] = threading.Lock()
+    _live: ClassVar[Ec2Emulator | None] = None
+
+    def __init__(self, hosts: HostBackend, *, region: str = "us-east-1",
+                 zones: Iterable[str] = ("us-east-1a", "us-east-1b", "us-east-1c"),
+                 boot_seconds: float = 0.5, start_seconds: float = 0.5) -> None:
+        self.hosts = hosts
+        self.region = region
+        self.zones = tuple(zones)
+        self.boot_seconds, self.start_seconds = boot_seconds, start_seconds
+        self.calls: list[tuple[str, Any]] = []          # (action, form fields or JSON body) as clients sent them
+        self.host_errors: list[tuple[str, str]] = []    # (instance or image id, what the backend raised)
+        self._lock = threading.RLock()
+        self._launch_lock = threading.Lock()            # RunInstances vs DescribeInstances: never half-registered
+        self._instances: dict[str, Instance] = {}
+        self._images: dict[str, Image] = {}
+        self._tokens: dict[tuple[str, str], tuple[dict[str, str], bytes]] = {}
+        self._known_types: set[tuple[str, str]] = set()
+        self._capacity: dict[tuple[str, str], bool] = {}
+        self._restart_failures: set[str] = set()
+        self._faults: dict[str, list[Fault]] = {}
+        self._holds: dict[str, threading.Event] = {}
+        self._performed: Counter[str] = Counter()
+        self._closing = threading.Event()
+        self._workers: list[threading.Thread] = []
+        self._moto: ThreadedMotoServer | None = None
+        self._upstream: Upstream | None = None
+        self._proxy: ProxyServer | None = None
+        self._proxy_errors: list[str] = []
+        self._actions: dict[tuple[str, str], Callable[[WireRequest], WireResponse]] = {
+            ("query", "RunInstances"): self._run_instances,
+            ("query", "StartInstances"): self._start_instances,
+            ("query", "StopInstances"): self._stop_instances,
+            ("query", "TerminateInstances"): self._terminate_instances,
+            ("query", "DescribeInstances"): self._describe_instances,
+            ("query", "DescribeInstanceStatus"): self._describe_instances,
+            ("query", "CreateImage"): self._create_image,
+            ("query", "DeregisterImage"): self._deregister_image,
+            ("query", "DescribeImages"): self._describe_images,
+            ("query", "DescribeAvailabilityZones"): self._describe_zones,
+            ("json", "GetParameter"): self._ssm_parameters,
+            ("json", "GetParameters"): self._ssm_parameters,
+            ("json", "GetParametersByPath"): self._ssm_parameters,
+            ("json", "GetAuthorizationToken"): self._ecr_token,
+        }
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> Self:
+        """Start moto (reset to an empty cloud) and the proxy in front of it, both on loopback."""
+        with Ec2Emulator._live_lock:
+            if Ec2Emulator._live is not None:
+                raise RuntimeError("an Ec2Emulator is already running in this process; moto keeps one state "
+                                   "per process, so run them one after another")
+            Ec2Emulator._live = self
+        try:
+            import logging
+
+            logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request line
+            self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+            self._moto.start()
+            self._upstream = Upstream(*self._moto.get_host_and_port())
+            self._upstream.reset()
+            self._proxy = ProxyServer(self._handle, self.region).start()
+            self._proxy_errors = self._proxy.errors
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        """Stop serving, let the workers finish, have the backend remove its machines, stop moto."""
+        try:
+            if self._proxy is not None:
+                self._proxy.close()
+                self._proxy = None
+            self._closing.set()
+            for worker in list(self._workers):
+                worker.join(timeout=120)
+            self.hosts.close()
+        finally:
+            if self._upstream is not None:
+                self._upstream.reset()
+                self._upstream = None
+            if self._moto is not None:
+                self._moto.stop()
+                self._moto = None
+            with Ec2Emulator._live_lock:
+                if Ec2Emulator._live is self:
+                    Ec2Emulator._live = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def endpoint(self) -> str:
+        """What boto3's endpoint_url (or AWS_ENDPOINT_URL) must be: http://127.0.0.1:PORT."""
+        if self._proxy is None:
+            raise RuntimeError("Ec2Emulator.start() first")
+        return self._proxy.endpoint
+
+    @property
+    def moto_endpoint(self) -> str:
+        """moto itself, without the harness (for tests that compare the two wires)."""
+        upstream = self._need_upstream()
+        return f"http://{upstream.host}:{upstream.port}"
+
+    @property
+    def proxy_errors(self) -> list[str]:
+        """Harness bugs that were answered as 500 InternalError (a test should assert there are none)."""
+        return list(self._proxy_errors)
+
+    # --- fault injection and inspection (tests) ---------------------------------------------------
+
+    def fail_next(self, action: str, code: str, http_status: int, times: int = 1, after_effect: bool = False) -> None:
+        """The next `times` calls of `action` answer this error; with after_effect the call is carried
+        out first (the cloud did it, the answer got lost)."""
+        with self._lock:
+            self._faults.setdefault(action, []).append(Fault(code, http_status, times, after_effect))
+
+    def hold(self, action: str, event: threading.Event) -> None:
+        """After carrying out `action`, answer only once `event` is set (a client can die meanwhile)."""
+        with self._lock:
+            self._holds[action] = event
+
+    def performed(self, action: str) -> int:
+        """How many calls of `action` moto carried out (ClientToken replays and refusals excluded)."""
+        with self._lock:
+            return self._performed[action]
+
+    def set_capacity(self, zone: str, instance_type: str, available: bool) -> None:
+        """Without capacity, RunInstances and StartInstances of that type in that zone answer
+        500 InsufficientInstanceCapacity."""
+        if zone not in self.zones:
+            raise ValueError(f"unknown zone {zone} (this emulator has {', '.join(self.zones)})")
+        with self._lock:
+            self._capacity[(zone, instance_type)] = available
+
+    def fail_restart(self, instance_id: str) -> None:
+        """The next StartInstances naming this instance answers 500 InsufficientInstanceCapacity."""
+        with self._lock:
+            self._restart_failures.add(instance_id)
+
+    def instances(self) -> list[dict[str, Any]]:
+        """Every instance launched through the emulator, as a client would see it now."""
+        upstream = self._need_upstream()
+        with self._lock:
+            regions = sorted({inst.region for inst in self._instances.values()})
+        found: list[dict[str, Any]] = []
+        for region in regions:
+            root = parse_xml(upstream.ec2(region, "DescribeInstances", {}).body)
+            for reservation in items(root, "reservationSet"):
+                for item in items(reservation, "instancesSet"):
+                    self._rewrite_instance(item)
+                    view = self._view(item)
+                    if view is not None:
+                        found.append(view)
+        return found
+
+    def images(self) -> list[dict[str, str]]:
+        """Images made by CreateImage through the emulator: id, state, source instance."""
+        with self._lock:
+            return [{"id": m.id, "state": m.state, "source_instance": m.source_instance}
+                    for m in self._images.values()]
+
+    def _view(self, item) -> dict[str, Any] | None:
+        with self._lock:
+            inst = self._instances.get(child_text(item, "instanceId"))
+            if inst is None:
+                return None
+            token, image_id = inst.client_token, inst.image_id
+        tags = {child_text(t, "key"): child_text(t, "value") for t in items(item, "tagSet")}
+        volumes = [child_text(path(m, "ebs"), "volumeId") for m in items(item, "blockDeviceMapping")
+                   if path(m, "ebs") is not None]
+        return {"id": inst.id, "state": child_text(path(item, "instanceState"), "name"),
+                "type": child_text(item, "instanceType"),
+                "zone": child_text(path(item, "placement"), "availabilityZone"), "tags": tags,
+                "client_token": token, "image_id": image_id, "private_ip": child_text(item, "privateIpAddress"),
+                "public_ip": child_text(item, "ipAddress"), "volume_ids": volumes}
+
+    # --- the request path -------------------------------------------------------------------------
+
+    def _need_upstream(self) -> Upstream:
+        if self._upstream is None:
+            raise RuntimeError("Ec2Emulator.start() first")
+        return self._upstream
+
+    def _handle(self, request: WireRequest) -> WireResponse:
+        with self._lock:
+            self.calls.append((request.action, dict(request.params) if request.protocol != "json"
+                               else request.document))
+        fault = self._take_fault(request.action)
+        if fault is not None and not fault.after_effect:
+            return self._fault_answer(request, fault)
+        action = self._actions.get((request.protocol, request.action), self._forward)
+        try:
+            answer = action(request)
+        except AwsError as error:
+            answer = error_response(request, error)
+        if answer.ok:
+            self._wait_hold(request.action)
+        if fault is not None:
+            return self._fault_answer(request, fault)
+        return answer
+
+    @staticmethod
+    def _fault_answer(request: WireRequest, fault: Fault) -> WireResponse:
+        message = MESSAGES.get(fault.code, f"The request failed: {fault.code}.")
+        return error_response(request, AwsError(fault.http_status, fault.code, message))
+
+    def _take_fault(self, action: str) -> Fault | None:
+        with self._lock:
+            queue = self._faults.get(action) or []
+            if not queue:
+                return None
+            fault = queue[0]
+            fault.remaining -= 1
+            if fault.remaining <= 0:
+                queue.pop(0)
+            return fault
+
+    def _wait_hold(self, action: str) -> None:
+        with self._lock:
+            event = self._holds.get(action)
+        while event is not None and not event.wait(0.05) and not self._closing.is_set():
+            pass
+
+    def _forward(self, request: WireRequest) -> WireResponse:
+        answer = self._need_upstream().forward(request)
+        if answer.ok:
+            with self._lock:
+                self._performed[request.action] += 1
+        return answer
+
+    # --- RunInstances ------------------------------------------------------------------------------
+
+    def _run_instances(self, request: WireRequest) -> WireResponse:
+        params, region = request.params, request.region
+        token = params.get("ClientToken", "")
+        launched: list[Instance] = []
+        with self._launch_lock:
+            if token and (region, token) in self._tokens:
+                first, body = self._tokens[(region, token)]
+                if first != params:
+                    raise AwsError(400, "IdempotentParameterMismatch",
+                                   "Arguments on this idempotent request are inconsistent with arguments used in "
+                                   "previous request(s).")
+                return WireResponse(200, (("Content-Type", "text/xml;charset=UTF-8"),), body)
+            user_data = self._user_data(params)
+            instance_type = params.get("InstanceType", "m1.small")
+            self._check_type(region, instance_type)
+            zone = self._zone_of(region, params)
+            self._check_capacity(zone, instance_type)
+            answer = self._forward(request)
+            if not answer.ok:
+                return answer
+            root = parse_xml(answer.body)
+            for item in items(root, "instancesSet"):
+                inst = Instance(child_text(item, "instanceId"), region,
+                                child_text(path(item, "placement"), "availabilityZone"),
+                                child_text(item, "instanceType"), child_text(item, "imageId"), token, user_data,
+                                masked=("running", "pending"))
+                with self._lock:
+                    self._instances[inst.id] = inst
+                launched.append(inst)
+                self._rewrite_instance(item)
+            body = xml_bytes(root) if launched else answer.body
+            if token:
+                self._tokens[(region, token)] = (dict(params), body)
+        ready_at = time.monotonic() + self.boot_seconds
+        for inst in launched:
+            self._spawn(self._boot, inst, inst.generation, ready_at)
+        return answer.with_body(body)
+
+    @staticmethod
+    def _user_data(params: dict[str, str]) -> bytes:
+        encoded = params.get("UserData", "")
+        if not encoded:
+            return b""
+        try:
+            raw = base64.b64decode(encoded.encode(), validate=True)
+        except (binascii.Error, ValueError):
+            raise AwsError(400, "InvalidParameterValue", "Invalid BASE64 encoding of user data.") from None
+        if len(raw) > USER_DATA_LIMIT:
+            raise AwsError(400, "InvalidParameterValue", f"User data is limited to {USER_DATA_LIMIT} bytes")
+        return raw
+
+    def _check_type(self, region: str, instance_type: str) -> None:
+        """EC2 refuses a type it does not sell (moto's catalogue: every real type, GPU ones included)."""
+        if (region, instance_type) in self._known_types:
+            return
+        answer = self._need_upstream().ec2(region, "DescribeInstanceTypes", {"InstanceType.1": instance_type})
+        root = parse_xml(answer.body) if answer.ok else None
+        if not any(child_text(i, "instanceType") == instance_type for i in items(root, "instanceTypeSet")):
+            raise AwsError(400, "InvalidParameterValue", f"Invalid value '{instance_type}' for InstanceType.")
+        self._known_types.add((region, instance_type))
+
+    def _zone_of(self, region: str, params: dict[str, str]) -> str:
+        """The zone a RunInstances lands in: its Placement, its subnet's zone, else moto's REGION + 'a'."""
+        zone = params.get("Placement.AvailabilityZone", "")
+        subnet = params.get("SubnetId") or params.get("NetworkInterface.1.SubnetId", "")
+        if not zone and subnet:
+            answer = self._need_upstream().ec2(region, "DescribeSubnets", {"SubnetId.1": subnet})
+            root = parse_xml(answer.body) if answer.ok else None
+            zone = next((child_text(s, "availabilityZone") for s in items(root, "subnetSet")), "")
+            if not zone:
+                return ""  # an unknown subnet: moto answers InvalidSubnetID.NotFound
+        zone = zone or region + "a"
+        if region == self.region and zone not in self.zones:
+            raise AwsError(400, "InvalidParameterValue", f"Invalid availability zone: [{zone}]")
+        return zone
+
+    def _check_capacity(self, zone: str, instance_type: str) -> None:
+        with self._lock:
+            if self._capacity.get((zone, instance_type), True):
+                return
+            elsewhere = [z for z in self.zones if z != zone and self._capacity.get((z, instance_type), True)]
+        hint = (f" You can currently get {instance_type} capacity by not specifying an Availability Zone in your "
+                f"request or choosing {', '.join(elsewhere)}." if elsewhere else "")
+        raise AwsError(500, "InsufficientInstanceCapacity",
+                       f"We currently do not have sufficient {instance_type} capacity in the Availability Zone you "
+                       f"requested ({zone}). Our system will be working on provisioning additional capacity.{hint}")
+
+    # --- Start / Stop / Terminate ------------------------------------------------------------------
+
+    def _known(self, ids: list[str]) -> list[Instance]:
+        with self._lock:
+            return [self._instances[i] for i in ids if i in self._instances]
+
+    @staticmethod
+    def _incorrect_state(inst: Instance, shown: str, verb: str) -> AwsError:
+        return AwsError(400, "IncorrectInstanceState",
+                        f"This instance '{inst.id}' is not in a state from which it can be {verb} ({shown}).")
+
+    def _start_instances(self, request: WireRequest) -> WireResponse:
+        instances = self._known(repeated(request.params, "InstanceId"))
+        with self._lock:
+            for inst in instances:
+                if inst.masked and inst.masked[1] in ("stopping", "shutting-down"):
+                    raise self._incorrect_state(inst, inst.masked[1], "started")
+            for inst in instances:
+                if inst.id in self._restart_failures:
+                    self._restart_failures.discard(inst.id)
+                    self._capacity_failure(inst)
+                self._check_capacity(inst.zone, inst.instance_type)
+        answer = self._forward(request)
+        if answer.ok:
+            self._transition(answer, ("stopped",), ("running", "pending"), self._start, self.start_seconds)
+        return answer
+
+    def _capacity_failure(self, inst: Instance) -> None:
+        raise AwsError(500, "InsufficientInstanceCapacity",
+                       f"We currently do not have sufficient {inst.instance_type} capacity in the Availability Zone "
+                       f"you requested ({inst.zone}). Our system will be working on provisioning additional capacity.")
+
+    def _stop_instances(self, request: WireRequest) -> WireResponse:
+        with self._lock:
+            for inst in self._known(repeated(request.params, "InstanceId")):
+                if inst.masked and inst.masked[1] in ("pending", "shutting-down"):
+                    raise self._incorrect_state(inst, inst.masked[1], "stopped")
+        answer = self._forward(request)
+        if answer.ok:
+            self._transition(answer, ("running", "pending"), ("stopped", "stopping"), self._stop, 0.0)
+        return answer
+
+    def _terminate_instances(self, request: WireRequest) -> WireResponse:
+        answer = self._forward(request)
+        if answer.ok:
+            self._transition(answer, ("pending", "running", "stopping", "stopped"), ("terminated", "shutting-down"),
+                             self._destroy, 0.0)
+        return answer
+
+    def _transition(self, answer: WireResponse, sources: tuple[str, ...], masked: tuple[str, str],
+                    worker: Callable[[Instance, int, float], None], seconds: float) -> None:
+        """For each instance moto moved out of one of `sources`: show `masked`, run the machine's side."""
+        done_at = time.monotonic() + seconds
+        root = parse_xml(answer.body)
+        for item in items(root, "instancesSet"):
+            previous = child_text(path(item, "previousState"), "name")
+            with self._lock:
+                inst = self._instances.get(child_text(item, "instanceId"))
+                if inst is None or previous not in sources:
+                    continue
+                inst.generation += 1
+                inst.masked = masked
+                generation = inst.generation
+            self._spawn(worker, inst, generation, done_at)
+
+    # --- the machines: one worker per transition, ordered per instance by its host_lock ------------
+
+    def _spawn(self, target: Callable[..., None], *args: Any) -> None:
+        """Slow work runs off the request thread so the API answers at once, as EC2 does."""
+        worker = threading.Thread(target=target, args=args, daemon=True)
+        with self._lock:
+            self._workers = [w for w in self._workers if w.is_alive()] + [worker]
+        worker.start()
+
+    def _sleep_until(self, deadline: float) -> bool:
+        """Wait for a transition's end; False when the emulator is closing."""
+        return not self._closing.wait(max(0.0, deadline - time.monotonic()))
+
+    def _still(self, inst: Instance, generation: int) -> bool:
+        with self._lock:
+            return inst.generation == generation and not self._closing.is_set()
+
+    def _unmask(self, inst: Instance, generation: int) -> None:
+        with self._lock:
+            if inst.generation == generation:
+                inst.masked = None
+
+    def _host_failed(self, resource_id: str, call: str, exc: BaseException) -> None:
+        with self._lock:
+            self.host_errors.append((resource_id, f"{call}: {type(exc).__name__}: {exc}"[:500]))
+
+    def _moto_says(self, inst: Instance, generation: int, action: str) -> None:
+        """Bring moto's state back to the machine's after a backend failure (the client sees the outcome)."""
+        with self._lock:
+            if inst.generation != generation:
+                return
+            inst.generation += 1
+            inst.masked = None
+        if self._upstream is not None:
+            self._upstream.ec2(inst.region, action, {"InstanceId.1": inst.id})
+
+    def _boot(self, inst: Instance, generation: int, ready_at: float) -> None:
+        with inst.host_lock:
+            if not self._still(inst, generation):
+                return
+            try:
+                ip = self.hosts.create(inst.id, inst.image_id, inst.user_data)
+            except Exception as exc:  # a machine that cannot boot: EC2 terminates the instance
+                self._host_failed(inst.id, "create", exc)
+                self._moto_says(inst, generation, "TerminateInstances")
+                return
+            with self._lock:
+                inst.on_host, inst.private_ip = True, ip
+        if self._sleep_until(ready_at):
+            self._unmask(inst, generation)
+
+    def _start(self, inst: Instance, generation: int, done_at: float) -> None:
+        with inst.host_lock:
+            if not self._still(inst, generation):
+                return
+            try:
+                ip = self.hosts.start(inst.id)
+            except Exception as exc:  # the start failed: the instance stays stopped
+                self._host_failed(inst.id, "start", exc)
+                self._moto_says(inst, generation, "StopInstances")
+                return
+            with self._lock:
+                inst.private_ip = ip
+        if self._sleep_until(done_at):
+            self._unmask(inst, generation)
+
+    def _stop(self, inst: Instance, generation: int, done_at: float) -> None:
+        with inst.host_lock:
+            if not self._still(inst, generation):
+                return
+            try:
+                if inst.on_host:
+                    self.hosts.stop(inst.id)
+            except Exception as exc:  # the stop failed: the machine keeps running
+                self._host_failed(inst.id, "stop", exc)
+                self._moto_says(inst, generation, "StartInstances")
+                return
+        self._unmask(inst, generation)
+
+    def _destroy(self, inst: Instance, generation: int, done_at: float) -> None:
+        with inst.host_lock:        # after a create still in flight, so no machine is left behind
+            if inst.on_host:
+                try:
+                    self.hosts.delete(inst.id)
+                    inst.on_host = False
+                except Exception as exc:  # reported; EC2 already says terminated
+                    self._host_failed(inst.id, "delete", exc)
+        self._unmask(inst, generation)
+
+    # --- answers rewritten ---------------------------------------------------------------------------
+
+    def _describe_instances(self, request: WireRequest) -> WireResponse:
+        with self._launch_lock:      # a RunInstances in flight registers its instances first
+            answer = self._forward(request)
+        root = parse_xml(answer.body) if answer.ok else None
+        if root is None:
+            return answer
+        changed = False
+        for reservation in items(root, "reservationSet"):
+            for item in items(reservation, "instancesSet"):
+                changed |= self._rewrite_instance(item)
+        for item in items(root, "instanceStatusSet"):
+            changed |= self._rewrite_state(item)
+        return answer.with_body(xml_bytes(root)) if changed else answer
+
+    def _rewrite_state(self, item) -> bool:
+        with self._lock:
+            inst = self._instances.get(child_text(item, "instanceId"))
+            masked = inst.masked if inst is not None else None
+        state = child(item, "instanceState")
+        if masked is None or state is None or child_text(state, "name") != masked[0]:
+            return False
+        for element in state:
+            if local(element.tag) == "name":
+                element.text = masked[1]
+            elif local(element.tag) == "code":
+                element.text = str(STATE_CODES[masked[1]])
+        return True
+
+    def _rewrite_instance(self, item) -> bool:
+        """State masked during a transition; addresses made the machine's own (or left out, before it exists)."""
+        with self._lock:
+            inst = self._instances.get(child_text(item, "instanceId"))
+            ip = inst.private_ip if inst is not None else ""
+        if inst is None:
+            return False
+        changed = self._rewrite_state(item)
+        moto_ips = {e.text for _, e in walk_with_parents(item) if local(e.tag) in ADDRESS_ELEMENTS and e.text}
+        for parent, element in list(walk_with_parents(item)):
+            name = local(element.tag)
+            if name in ADDRESS_ELEMENTS:
+                if not ip:
+                    parent.remove(element)
+                    changed = True
+                elif element.text != ip:
+                    element.text, changed = ip, True
+            elif name in DNS_ELEMENTS and element.text:
+                spelled = [old for old in moto_ips if _dashed(old) in element.text]
+                if spelled and not ip:
+                    parent.remove(element)
+                    changed = True
+                elif spelled:
+                    for old in spelled:
+                        element.text = element.text.replace(_dashed(old), _dashed(ip))
+                    changed = True
+        return changed
+
+    def _create_image(self, request: WireRequest) -> WireResponse:
+        answer = self._forward(request)
+        root = parse_xml(answer.body) if answer.ok else None
+        image_id = child_text(root, "imageId") if root is not None else ""
+        if not image_id:
+            return answer
+        source = request.params.get("InstanceId", "")
+        with self._lock:
+            inst = self._instances.get(source)
+            image = Image(image_id, source)
+            self._images[image_id] = image
+        self._spawn(self._snapshot, inst, image)
+        return answer
+
+    def _snapshot(self, inst: Instance | None, image: Image) -> None:
+        try:
+            if inst is None:
+                raise RuntimeError("the instance was not launched through this emulator")
+            with inst.host_lock:    # after a stop in flight: the machine is off (or paused by the backend)
+                if not inst.on_host:
+                    raise RuntimeError("the instance has no machine (terminated or never booted)")
+                self.hosts.snapshot(inst.id, image.id)
+            state = "available"
+        except Exception as exc:  # reported as the image's `failed` state
+            self._host_failed(image.id, "snapshot", exc)
+            state = "failed"
+        with self._lock:
+            image.state = state
+        image.done.set()
+
+    def _deregister_image(self, request: WireRequest) -> WireResponse:
+        answer = self._forward(request)
+        if answer.ok:
+            with self._lock:
+                image = self._images.pop(request.params.get("ImageId", ""), None)
+            if image is not None:
+                self._spawn(self._drop_image, image)
+        return answer
+
+    def _drop_image(self, image: Image) -> None:
+        while not image.done.wait(0.1):
+            if self._closing.is_set():
+                return
+        if image.state == "available":
+            try:
+                self.hosts.delete_image(image.id)
+            except Exception as exc:  # reported; the API already forgot the image
+                self._host_failed(image.id, "delete_image", exc)
+
+    def _describe_images(self, request: WireRequest) -> WireResponse:
+        answer = self._forward(request)
+        root = parse_xml(answer.body) if answer.ok else None
+        if root is None:
+            return answer
+        changed = False
+        for item in items(root, "imagesSet"):
+            with self._lock:
+                image = self._images.get(child_text(item, "imageId"))
+                state = image.state if image is not None else ""
+            element = child(item, "imageState")
+            if state and element is not None and element.text != state:
+                element.text, changed = state, True
+        return answer.with_body(xml_bytes(root)) if changed else answer
+
+    def _describe_zones(self, request: WireRequest) -> WireResponse:
+        """Only the emulator's zones exist in its region (so a product's zone failover stays inside them)."""
+        answer = self._forward(request)
+        root = parse_xml(answer.body) if answer.ok and request.region == self.region else None
+        zone_set = child(root, "availabilityZoneInfo") if root is not None else None
+        if zone_set is None:
+            return answer
+        dropped = [z for z in zone_set if child_text(z, "zoneName") not in self.zones]
+        for zone in dropped:
+            zone_set.remove(zone)
+        return answer.with_body(xml_bytes(root)) if dropped else answer
+
+    def _ssm_parameters(self, request: WireRequest) -> WireResponse:
+        """AWS's public parameters hold JSON; moto stores the ECS AMI ones as Python dict reprs."""
+        answer = self._forward(request)
+        if not answer.ok:
+            return answer
+        document = json.loads(answer.body)
+        found = [document["Parameter"]] if isinstance(document.get("Parameter"), dict) else []
+        found += [p for p in document.get("Parameters") or [] if isinstance(p, dict)]
+        changed = False
+        for parameter in found:
+            value = parameter.get("Value")
+            if not str(parameter.get("Name", "")).startswith("/aws/service/") or not isinstance(value, str):
+                continue
+            try:
+                json.loads(value)
+                continue
+            except ValueError:
+                pass
+            try:
+                literal = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                continue
+            if isinstance(literal, dict):
+                parameter["Value"], changed = json.dumps(literal), True
+        return answer.with_body(json.dumps(document).encode()) if changed else answer
+
+    def _ecr_token(self, request: WireRequest) -> WireResponse:
+        """ECR tokens are valid 12 hours; moto's expired in 2015, which a token cache would never reuse."""
+        answer = self._forward(request)
+        if not answer.ok:
+            return answer
+        document = json.loads(answer.body)
+        now = time.time()
+        changed = False
+        for data in document.get("authorizationData") or []:
+            expires = data.get("expiresAt")
+            if isinstance(expires, int | float) and expires < now:
+                data["expiresAt"], changed = now + ECR_TOKEN_SECONDS, True
+        return answer.with_body(json.dumps(document).encode()) if changed else answer

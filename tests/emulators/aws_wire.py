@@ -1,0 +1,318 @@
+"""The wire under the AWS test double: a threaded HTTP proxy in front of moto, the two protocols boto3
+speaks to EC2 / ECR / SSM, AWS's error shapes, and XML edits that touch only what they must.
+
+Why a proxy and not a patched moto: boto3 must talk HTTP to a real server, exactly as the product
+does in production, and moto's own behaviour must reach it unchanged wherever moto is right. So
+every request goes to moto byte for byte (headers, SigV4 signature, body) and every answer comes
+back byte for byte, except where aws_ec2.Ec2Emulator deliberately answers itself (idempotency
+replays, injected faults) or edits an answer (instance states, addresses). An edited XML answer is
+re-serialized by ElementTree in EC2's default namespace; an unedited one is never re-serialized.
+
+Protocols (botocore's service models):
+- "query": EC2 (protocol `ec2`): form-encoded POST, `Action=...&Version=...`; errors are
+  `<Response><Errors><Error><Code/><Message/></Error></Errors><RequestID/></Response>`.
+- "json": ECR, SSM (awsJson1.1): POST with `X-Amz-Target: Prefix.Action`; errors are
+  `{"__type": Code, "message": ...}` plus the `x-amzn-ErrorType` header.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import re
+import threading
+import uuid
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Self
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+EC2_VERSION = "2016-11-15"
+EC2_NS = "http://ec2.amazonaws.com/doc/2016-11-15"
+UPSTREAM_TIMEOUT_S = 120
+# Headers that describe one hop, not the message: never copied from one connection to the next.
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
+                        "upgrade", "content-length", "host"})
+_CREDENTIAL = re.compile(r"Credential=[^/,\s]+/\d{8}/([a-z0-9-]+)/([a-z0-9-]+)/aws4_request")
+
+
+class AwsError(Exception):
+    """One error answer as AWS gives it: HTTP status, error code, message."""
+
+    def __init__(self, http_status: int, code: str, message: str) -> None:
+        super().__init__(f"{http_status} {code}: {message}")
+        self.http_status = http_status
+        self.code = code
+        self.message = message
+
+
+# --- messages ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class WireRequest:
+    """One request as boto3 sent it, plus what the harness reads from it (never sent upstream)."""
+
+    method: str
+    path: str
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+    protocol: str                 # "query" (EC2), "json" (ECR, SSM) or "other"
+    action: str                   # "RunInstances", "GetAuthorizationToken", ... ("" when unknown)
+    params: dict[str, str]        # query protocol: the form fields (and URL query)
+    document: Any                 # json protocol: the decoded body
+    region: str                   # from the SigV4 credential scope (the client's region)
+    service: str                  # from the SigV4 credential scope ("ec2", "ecr", "ssm")
+
+    def header(self, name: str, default: str = "") -> str:
+        wanted = name.lower()
+        return next((value for key, value in self.headers if key.lower() == wanted), default)
+
+
+@dataclass(frozen=True)
+class WireResponse:
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    def header(self, name: str, default: str = "") -> str:
+        wanted = name.lower()
+        return next((value for key, value in self.headers if key.lower() == wanted), default)
+
+    def with_body(self, body: bytes) -> WireResponse:
+        """The same answer with another body (Content-Length is always recomputed when sent)."""
+        return replace(self, body=body)
+
+
+def parse_request(method: str, target: str, headers: tuple[tuple[str, str], ...], body: bytes,
+                  default_region: str) -> WireRequest:
+    """Classify a request by protocol and read its action and parameters (the bytes stay as they are)."""
+    url = urlsplit(target)
+    lookup = {key.lower(): value for key, value in headers}
+    scope = _CREDENTIAL.search(lookup.get("authorization", ""))
+    region, service = (scope.group(1), scope.group(2)) if scope else (default_region, "")
+    amz_target = lookup.get("x-amz-target", "")
+    if amz_target:
+        try:
+            document = json.loads(body or b"{}")
+        except ValueError:
+            document = None
+        return WireRequest(method, target, headers, body, "json", amz_target.rpartition(".")[2], {}, document,
+                           region, service)
+    params = dict(parse_qsl(url.query, keep_blank_values=True))
+    if body and "application/x-www-form-urlencoded" in lookup.get("content-type", "").lower():
+        params.update(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+    protocol = "query" if params.get("Action") else "other"
+    return WireRequest(method, target, headers, body, protocol, params.get("Action", ""), params, None,
+                       region, service)
+
+
+def new_request_id() -> str:
+    return str(uuid.uuid4())
+
+
+def error_response(request: WireRequest, error: AwsError) -> WireResponse:
+    """The error in the shape the request's protocol expects (botocore parses each its own way)."""
+    request_id = new_request_id()
+    if request.protocol == "json":
+        body = json.dumps({"__type": error.code, "message": error.message}).encode()
+        headers = (("Content-Type", "application/x-amz-json-1.1"), ("x-amzn-RequestId", request_id),
+                   ("x-amzn-ErrorType", error.code))
+        return WireResponse(error.http_status, headers, body)
+    root = ET.Element("Response")
+    errors = ET.SubElement(ET.SubElement(root, "Errors"), "Error")
+    ET.SubElement(errors, "Code").text = error.code
+    ET.SubElement(errors, "Message").text = error.message
+    ET.SubElement(root, "RequestID").text = request_id
+    body = ('<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode")).encode()
+    return WireResponse(error.http_status, (("Content-Type", "text/xml;charset=UTF-8"),), body)
+
+
+# --- XML -----------------------------------------------------------------------------------------
+
+def local(tag: str) -> str:
+    """`{namespace}name` -> `name`."""
+    return tag.rpartition("}")[2]
+
+
+def parse_xml(body: bytes) -> ET.Element | None:
+    """The answer's root element, or None when it is not XML (moto's own answers are trusted input)."""
+    try:
+        return ET.fromstring(body)
+    except ET.ParseError:
+        return None
+
+
+def xml_bytes(root: ET.Element) -> bytes:
+    """Serialize an edited answer, keeping its default namespace (botocore matches on local names)."""
+    namespace = root.tag[1:].partition("}")[0] if root.tag.startswith("{") else ""
+    text = ET.tostring(root, encoding="unicode", default_namespace=namespace or None)
+    return ('<?xml version="1.0" encoding="UTF-8"?>\n' + text).encode()
+
+
+def child(element: ET.Element, name: str) -> ET.Element | None:
+    return next((c for c in element if local(c.tag) == name), None)
+
+
+def child_text(element: ET.Element, name: str) -> str:
+    found = child(element, name)
+    return (found.text or "") if found is not None else ""
+
+
+def path(element: ET.Element, *names: str) -> ET.Element | None:
+    """child(child(element, a), b) ... or None where a step is missing."""
+    current: ET.Element | None = element
+    for name in names:
+        if current is None:
+            return None
+        current = child(current, name)
+    return current
+
+
+def items(element: ET.Element | None, set_name: str) -> list[ET.Element]:
+    """The <item> children of element's <set_name> (EC2's list encoding)."""
+    found = child(element, set_name) if element is not None else None
+    return [c for c in found if local(c.tag) == "item"] if found is not None else []
+
+
+def walk_with_parents(element: ET.Element) -> Iterator[tuple[ET.Element, ET.Element]]:
+    """(parent, child) for every element below `element`, depth first."""
+    for sub in list(element):
+        yield element, sub
+        yield from walk_with_parents(sub)
+
+
+# --- upstream (moto) -----------------------------------------------------------------------------
+
+class Upstream:
+    """moto's server on loopback; one short-lived connection per request (loopback makes them cheap)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+
+    def send(self, method: str, target: str, headers: tuple[tuple[str, str], ...], body: bytes) -> WireResponse:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=UPSTREAM_TIMEOUT_S)
+        try:
+            conn.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
+            conn.putheader("Host", f"{self.host}:{self.port}")
+            for key, value in headers:
+                if key.lower() not in HOP_BY_HOP:
+                    conn.putheader(key, value)
+            conn.putheader("Content-Length", str(len(body)))
+            conn.putheader("Connection", "close")
+            conn.endheaders(body)
+            answer = conn.getresponse()
+            data = answer.read()
+            kept = tuple((k, v) for k, v in answer.getheaders() if k.lower() not in HOP_BY_HOP)
+            return WireResponse(answer.status, kept, data)
+        finally:
+            conn.close()
+
+    def forward(self, request: WireRequest) -> WireResponse:
+        return self.send(request.method, request.path, request.headers, request.body)
+
+    def ec2(self, region: str, action: str, params: dict[str, str]) -> WireResponse:
+        """The harness's own EC2 call (not a client's): a form POST whose credential scope names the region.
+
+        moto does not check signatures; it reads the region (and the service) from the scope.
+        """
+        body = urlencode({"Action": action, "Version": EC2_VERSION, **params}).encode()
+        headers = (("Content-Type", "application/x-www-form-urlencoded; charset=utf-8"),
+                   ("Authorization", f"AWS4-HMAC-SHA256 Credential=harness/20260101/{region}/ec2/aws4_request, "
+                                     "SignedHeaders=host, Signature=0"))
+        return self.send("POST", "/", headers, body)
+
+    def reset(self) -> None:
+        """moto's state is per process: start every emulator from an empty cloud."""
+        answer = self.send("POST", "/moto-api/reset", (), b"")
+        if not answer.ok:
+            raise RuntimeError(f"moto reset answered {answer.status}")
+
+
+# --- the proxy -----------------------------------------------------------------------------------
+
+Handler = Callable[[WireRequest], WireResponse]
+
+
+class _ProxyHandler(BaseHTTPRequestHandler):
+    server: ProxyServer
+    protocol_version = "HTTP/1.1"   # keep-alive, as botocore's connection pool expects
+
+    def _read_body(self) -> bytes:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            chunks = []
+            while (size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)) > 0:
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                pass
+            return b"".join(chunks)
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _serve(self) -> None:
+        body = self._read_body()
+        headers = tuple(self.headers.items())
+        request = parse_request(self.command, self.path, headers, body, self.server.default_region)
+        try:
+            answer = self.server.handler(request)
+        except Exception as exc:  # a harness bug: a 500 for the client, the cause kept for the test
+            self.server.record_error(request, exc)
+            answer = error_response(request, AwsError(500, "InternalError", "An internal error has occurred."))
+        try:
+            self.send_response(answer.status)
+            for key, value in answer.headers:
+                if key.lower() not in HOP_BY_HOP:
+                    self.send_header(key, value)
+            self.send_header("Content-Length", str(len(answer.body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(answer.body)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client died waiting: the cloud did the work, nobody hears
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_PATCH = _serve
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Silent: tests read their own assertions, not request logs."""
+
+
+class ProxyServer(ThreadingHTTPServer):
+    """A threaded HTTP server on 127.0.0.1 that hands each parsed request to one handler."""
+
+    daemon_threads = True
+
+    def __init__(self, handler: Handler, default_region: str) -> None:
+        super().__init__(("127.0.0.1", 0), _ProxyHandler)
+        self.handler = handler
+        self.default_region = default_region
+        self.errors: list[str] = []
+        self._errors_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def record_error(self, request: WireRequest, exc: Exception) -> None:
+        with self._errors_lock:
+            self.errors.append(f"{request.action or request.path}: {type(exc).__name__}: {exc}"[:500])
+
+    def start(self) -> Self:
+        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name="aws-proxy", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+        if self._thread is not None:
+            with contextlib.suppress(RuntimeError):
+                self._thread.join(5)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
