@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -38,6 +38,14 @@ class ProtocolError(Exception):
         self.message = message
 
 
+class SharedMemoryIO(Protocol):
+    """What parsing needs from the system shared-memory registry (shm.py): bytes in, bytes out."""
+
+    def read(self, name: Any, offset: int, size: int, where: str) -> np.ndarray: ...
+
+    def write(self, name: Any, offset: int, byte_size: int, data: memoryview, where: str) -> None: ...
+
+
 @dataclass
 class InferRequest:
     """One parsed inference request: numpy inputs keyed by name and what to send back."""
@@ -47,6 +55,7 @@ class InferRequest:
     outputs: list[tuple[str, bool]]          # (output name, send as binary)
     batch: int = 0                           # dim 0 of the inputs (0 for unbatchable models)
     parameters: dict[str, Any] = field(default_factory=dict)
+    shm_outputs: dict[str, tuple[Any, int, int]] = field(default_factory=dict)   # name -> (region, offset, size)
 
 
 def _element_count(shape: list[int]) -> int:
@@ -178,11 +187,13 @@ def parse_header(raw: bytes | bytearray | memoryview) -> dict[str, Any]:
 
 
 def parse_infer_request(doc: dict[str, Any], binary: memoryview | None, inputs: list[TensorSpec],
-                        outputs: list[TensorSpec], model: str, batchable: bool) -> InferRequest:
+                        outputs: list[TensorSpec], model: str, batchable: bool,
+                        shm: SharedMemoryIO | None = None) -> InferRequest:
     """Validate a decoded request against the model's specs and build numpy inputs.
 
     binary is the body after the JSON header (binary tensor extension) or None. Binary inputs
-    are taken from it in the order they appear in the JSON, as zero-copy views.
+    are taken from it in the order they appear in the JSON, as zero-copy views. Inputs and
+    outputs naming a shared_memory_region go through shm (None: the extension is not offered).
     """
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
@@ -207,7 +218,11 @@ def parse_infer_request(doc: dict[str, Any], binary: memoryview | None, inputs: 
         if not isinstance(params, dict):
             raise ProtocolError(f"{where}: 'parameters' must be an object")
         size = params.get("binary_data_size")
-        if size is not None:
+        if params.get("shared_memory_region") is not None:
+            if size is not None or "data" in item:
+                raise ProtocolError(f"{where} names a shared memory region and also carries data; give one")
+            feeds[name] = _shm_tensor(shm, params, dtype, shape, where)
+        elif size is not None:
             feeds[name], offset = _binary_tensor(binary, offset, size, dtype, shape, where)
         elif "data" in item:
             feeds[name] = _json_tensor(item["data"], dtype, shape, where)
@@ -221,8 +236,40 @@ def parse_infer_request(doc: dict[str, Any], binary: memoryview | None, inputs: 
     if missing:
         raise ProtocolError(f"missing input(s) {', '.join(missing)} for model '{model}'")
     batch = _batch_of(feeds, model) if batchable else 0
-    return InferRequest(id=_request_id(doc), inputs=feeds, outputs=_requested_outputs(doc, outputs, model),
-                        batch=batch, parameters=doc.get("parameters") or {})
+    shm_outputs: dict[str, tuple[Any, int, int]] = {}
+    chosen = _requested_outputs(doc, outputs, model, shm_outputs)
+    if shm_outputs and shm is None:
+        raise ProtocolError("outputs to shared memory need the system shared memory extension, which this "
+                            "server does not offer")
+    return InferRequest(id=_request_id(doc), inputs=feeds, outputs=chosen, batch=batch,
+                        parameters=doc.get("parameters") or {}, shm_outputs=shm_outputs)
+
+
+def _shm_params(params: dict[str, Any], where: str) -> tuple[Any, int, int]:
+    """(region, offset, byte_size) of a tensor in shared memory, the numbers checked."""
+    size = params.get("shared_memory_byte_size")
+    offset = params.get("shared_memory_offset", 0)
+    for key, value in (("shared_memory_byte_size", size), ("shared_memory_offset", offset)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _DIM_MAX:
+            raise ProtocolError(f"{where}: {key} must be a non-negative integer, got {_brief(value)}")
+    return params["shared_memory_region"], offset, size
+
+
+def _shm_tensor(shm: SharedMemoryIO | None, params: dict[str, Any], dtype: np.dtype, shape: list[int],
+                where: str) -> np.ndarray:
+    """An input read from a registered shared memory region (its byte size must match the shape)."""
+    if shm is None:
+        raise ProtocolError(f"{where} names a shared memory region, but this server does not offer the "
+                            "system shared memory extension")
+    region, offset, size = _shm_params(params, where)
+    if dtype == BYTES_DTYPE:
+        return _binary_bytes(memoryview(shm.read(region, offset, size, where)), 0, size, shape, where)
+    need = _element_count(shape) * dtype.itemsize
+    if size != need:
+        raise ProtocolError(f"{where}: shared_memory_byte_size {size} does not match shape {_brief(shape)} "
+                            f"{NUMPY_TO_KSERVE[dtype.newbyteorder('=')]} ({_brief(need, 40)} bytes)")
+    buf = shm.read(region, offset, size, where)
+    return np.frombuffer(buf, dtype=dtype, count=_element_count(shape)).reshape(shape)
 
 
 def _binary_tensor(binary: memoryview | None, offset: int, size: Any, dtype: np.dtype, shape: list[int],
@@ -292,8 +339,10 @@ def _request_id(doc: dict[str, Any]) -> str | None:
     return rid
 
 
-def _requested_outputs(doc: dict[str, Any], outputs: list[TensorSpec], model: str) -> list[tuple[str, bool]]:
-    """Which outputs to return and how: per-output binary_data overrides binary_data_output."""
+def _requested_outputs(doc: dict[str, Any], outputs: list[TensorSpec], model: str,
+                       shm_outputs: dict[str, tuple[Any, int, int]] | None = None) -> list[tuple[str, bool]]:
+    """Which outputs to return and how: per-output binary_data overrides binary_data_output; an output
+    naming a shared_memory_region is recorded in shm_outputs (written there, not into the body)."""
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
         raise ProtocolError("'parameters' must be an object")
@@ -314,21 +363,27 @@ def _requested_outputs(doc: dict[str, Any], outputs: list[TensorSpec], model: st
         oparams = item.get("parameters") or {}
         if not isinstance(oparams, dict):
             raise ProtocolError(f"output {_quoted(item['name'])}: 'parameters' must be an object")
+        if oparams.get("shared_memory_region") is not None and shm_outputs is not None:
+            shm_outputs[item["name"]] = _shm_params(oparams, f"output {_quoted(item['name'])}")
         chosen.append((item["name"], bool(oparams.get("binary_data", default_binary))))
     return chosen
 
 
-def build_response(model: str, version: str, req: InferRequest,
-                   results: dict[str, np.ndarray]) -> tuple[list[bytes | memoryview], int | None]:
+def build_response(model: str, version: str, req: InferRequest, results: dict[str, np.ndarray],
+                   shm: SharedMemoryIO | None = None) -> tuple[list[bytes | memoryview], int | None]:
     """Response pieces to write in order, and the JSON header length when binary data follows.
 
     Binary outputs are memoryviews of the (C-contiguous) result arrays: no copy, no float
     formatting. Without binary outputs the body is plain JSON and the header length is None.
+    Outputs in req.shm_outputs are written into their shared memory region through shm.
     """
     outs: list[dict[str, Any]] = []
     blobs: list[memoryview] = []
     for name, binary in req.outputs:
         arr = results[name]
+        if name in req.shm_outputs:
+            outs.append(_shm_output(name, arr, req.shm_outputs[name], shm))
+            continue
         if arr.dtype.kind in "OSU":
             entry, blob = _bytes_output(name, arr, binary)
             outs.append(entry)
@@ -356,6 +411,28 @@ def build_response(model: str, version: str, req: InferRequest,
     if not blobs:
         return [header], None
     return [header, *blobs], len(header)
+
+
+def _shm_output(name: str, arr: np.ndarray, where_to: tuple[Any, int, int], shm: SharedMemoryIO | None) -> dict:
+    """Write one output into its shared memory region; the response carries only its description."""
+    if shm is None:
+        raise ProtocolError("outputs to shared memory need the system shared memory extension")
+    region, offset, size = where_to
+    if arr.dtype.kind in "OSU":
+        entry, blob = _bytes_output(name, arr, True)
+        data = memoryview(blob or b"")
+    else:
+        datatype = NUMPY_TO_KSERVE.get(arr.dtype.newbyteorder("="))
+        if datatype is None:
+            raise ProtocolError(f"output '{name}' has numpy dtype {arr.dtype}, which KServe v2 cannot carry", 500)
+        arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+        entry = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
+        data = memoryview(arr).cast("B") if arr.nbytes else memoryview(b"")
+    shm.write(region, offset, size, data, f"output {_quoted(name)}")
+    entry["parameters"] = {"shared_memory_region": region, "shared_memory_byte_size": data.nbytes}
+    if offset:
+        entry["parameters"]["shared_memory_offset"] = offset
+    return entry
 
 
 def _as_bytes(value: Any, name: str) -> bytes:

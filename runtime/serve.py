@@ -24,6 +24,10 @@ max_batch_size; it is never split.
 Metrics (metrics.py): Prometheus text with Triton's names on GET /metrics of this port, and of
 --metrics-port when given (Triton's 8002).
 
+System shared memory (shm.py): Triton's extension under /v2/systemsharedmemory, so a client on
+this host (tritonclient.utils.shared_memory) passes tensors through /dev/shm instead of bodies;
+--shared-memory local (loopback peers, the default), any, or off.
+
 Status codes: 400 bad request body (and a failed load), 404 unknown model / version / path, 405
 wrong method, 413 body over --max-body-mb (also answered to `Expect: 100-continue`, before the
 upload), 500 engine failure (the server keeps serving), 503 while a model loads, after it failed
@@ -75,6 +79,7 @@ from ngcx_runtime.served import (
     Settings,
     resolve_max_batch,
 )
+from ngcx_runtime.shm import POLICIES, PeerView, SharedMemory
 
 __all__ = ["DEFAULT_MAX_BATCH", "PLATFORMS", "ServeError", "ServerHandle", "load_engine", "start_loading",
            "start_repository", "start_server"]
@@ -82,6 +87,7 @@ __all__ = ["DEFAULT_MAX_BATCH", "PLATFORMS", "ServeError", "ServerHandle", "load
 SERVER_NAME = "ngcx-runtime"
 MODEL_VERSION = "1"
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "model_repository"]
+SHM_EXTENSION = "system_shared_memory"
 DEFAULT_MAX_CONNECTIONS = 512    # open connections (one thread each); more get a 503 at once
 SMALL_WRITE = 64 * 1024          # responses below this go out in one send
 DISCARD_FACTOR = 16              # after a refusal, up to this multiple of the limit is read and dropped
@@ -95,8 +101,9 @@ _resolve_max_batch = resolve_max_batch
 class _App:
     """Everything a request handler needs: the model table, limits, connections and draining state."""
 
-    def __init__(self, table: ModelTable, max_body_bytes: int, verbose: bool):
+    def __init__(self, table: ModelTable, max_body_bytes: int, verbose: bool, shared_memory: str = "local"):
         self.table = table
+        self.shm = SharedMemory(shared_memory)
         self.max_body = max_body_bytes
         self.max_body_text = f"{max_body_bytes / 2**20:.4g} MB ({max_body_bytes} bytes)"
         self.verbose = verbose
@@ -293,12 +300,17 @@ class _Handler(BaseHTTPRequestHandler):
             return self._infer(model)
         if rest and rest[0] == "repository":
             return self._repository(method, rest[1:], path)
+        if rest and rest[0] == "systemsharedmemory":
+            return self._shared_memory(method, rest[1:], path)
         self._drain_body()
+        if rest and rest[0] == "cudasharedmemory":
+            raise ProtocolError("CUDA shared memory is not offered by this server; use system shared memory "
+                                "(/v2/systemsharedmemory)", 400)
         if method not in ("GET", "HEAD"):
             raise ProtocolError(f"method {method} is not allowed on {_peer(path)}", 405)
         if rest == []:
-            meta = {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS}
-            return self._send_json(200, meta)
+            extensions = [*EXTENSIONS, SHM_EXTENSION] if app.shm.enabled else EXTENSIONS
+            return self._send_json(200, {"name": SERVER_NAME, "version": __version__, "extensions": extensions})
         if rest in (["health", "live"], ["health", "ready"]):
             ready = rest[1] == "live" or app.ready
             return self._send_json(200 if ready else 503, {rest[1]: ready})
@@ -381,6 +393,33 @@ class _Handler(BaseHTTPRequestHandler):
             raise ProtocolError(" ".join(str(exc).split()), 400) from None
         return self._send_json(200, {})
 
+    # -- the system shared memory extension --
+    def _shared_memory(self, method: str, rest: list[str], path: str) -> None:
+        """GET /v2/systemsharedmemory[/region/NAME]/status, POST .../region/NAME/register, POST
+        /v2/systemsharedmemory[/region/NAME]/unregister (Triton's extension; shm.py)."""
+        shm = self.server.app.shm
+        region = rest[1] if len(rest) == 3 and rest[0] == "region" else None
+        action = rest[-1] if rest else ""
+        shape_ok = rest in (["status"], ["unregister"]) or (region is not None and action in
+                                                            ("status", "register", "unregister"))
+        if not shape_ok:
+            self._drain_body()
+            raise ProtocolError(f"unknown path {_peer(path)}", 404)
+        want = "GET" if action == "status" else "POST"
+        if method != want and not (want == "GET" and method == "HEAD"):
+            self._drain_body()
+            raise ProtocolError(f"method {method} is not allowed on {_peer(path)}; use {want}", 405)
+        doc = self._small_json() if want == "POST" else (self._drain_body() or {})
+        shm.check_peer(self.client_address[0])
+        if action == "status":
+            return self._send_json(200, shm.status(region))
+        if action == "register":
+            shm.register(region or "", doc)
+        else:
+            _only_keys(doc, {}, "the unregister request")
+            shm.unregister(region)
+        return self._send_json(200, {})
+
     def _small_json(self) -> dict[str, Any]:
         """The optional JSON object body of a repository request ({} when there is none)."""
         framing = self._framing()
@@ -410,7 +449,8 @@ class _Handler(BaseHTTPRequestHandler):
             if engine is None or model.closed is not None:
                 self._drain_body()
                 engine = model.require_engine()
-            req = self._read_request(model, engine)
+            shm = PeerView(self.server.app.shm, self.client_address[0]) if self.server.app.shm.enabled else None
+            req = self._read_request(model, engine, shm)
             if model.batched and req.batch > model.max_batch:
                 raise ProtocolError(f"batch {req.batch} (dimension 0) exceeds the server's max batch "
                                     f"{model.max_batch}; send at most {model.max_batch} per request")
@@ -424,14 +464,14 @@ class _Handler(BaseHTTPRequestHandler):
             missing = [n for n, _ in req.outputs if n not in results]
             if missing:
                 raise ProtocolError(f"engine '{model.name}' returned no output {', '.join(missing)}", 500)
-            pieces, header_len = build_response(model.name, model.version, req, results)
+            pieces, header_len = build_response(model.name, model.version, req, results, shm)
         except ProtocolError:
             stats.count_failure()
             raise
         stats.count_success(time.monotonic_ns() - start)
         self._send_pieces(200, pieces, header_len)
 
-    def _read_request(self, model: ServedModel, eng: Engine):
+    def _read_request(self, model: ServedModel, eng: Engine, shm: PeerView | None = None):
         app = self.server.app
         encoding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
         hlen_raw = self.headers.get("Inference-Header-Content-Length")
@@ -457,7 +497,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ProtocolError(f"Inference-Header-Content-Length {hlen} is outside the body's "
                                     f"{len(body)} bytes")
             doc, binary = parse_header(body[:hlen]), body[hlen:]
-        return parse_infer_request(doc, binary, eng.inputs, eng.outputs, model.name, model.batched)
+        return parse_infer_request(doc, binary, eng.inputs, eng.outputs, model.name, model.batched, shm)
 
     def _framing(self) -> Framing:
         """The request's body framing (framing.py); an ambiguous one closes the connection."""
@@ -792,6 +832,7 @@ class ServerHandle:
             app.metrics_server.stop()
         if app.gpus is not None:
             app.gpus.close()
+        app.shm.close()
         self._thread.join(timeout)
 
     def _accept_backlog(self) -> None:
@@ -818,20 +859,22 @@ class ServerHandle:
 def start_server(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *, name: str | None = None,
                  max_batch: int | None = None, max_queue_delay_ms: float = 1.0, max_body_mb: float = 256.0,
                  verbose: bool = False, max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                 metrics_port: int | None = None, log: Callable[[str], None] | None = None) -> ServerHandle:
+                 metrics_port: int | None = None, log: Callable[[str], None] | None = None,
+                 shared_memory: str = "local") -> ServerHandle:
     """Serve engine on host:port (0 = a free port) from background threads; returns at once, after one
     warm-up inference that also measures the batch layout (layout.py)."""
     check_limits(max_batch, name, max_queue_delay_ms, max_body_mb, max_connections, metrics_port)
     model = ServedModel(name or engine.name, MODEL_VERSION, Settings(max_batch, max_queue_delay_ms), log=log)
     model.attach(engine)
-    return _listen(_App(ModelTable.for_one(model, log), int(max_body_mb * 2**20), verbose), host, port,
-                   max_connections, metrics_port)
+    return _listen(_App(ModelTable.for_one(model, log), int(max_body_mb * 2**20), verbose, shared_memory), host,
+                   port, max_connections, metrics_port)
 
 
 def start_loading(loader: Callable[[], Engine], host: str = "127.0.0.1", port: int = 8000, *, name: str,
                   max_batch: int | None = None, max_queue_delay_ms: float = 1.0, max_body_mb: float = 256.0,
                   verbose: bool = False, warmup: bool = True, max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                  metrics_port: int | None = None, log: Callable[[str], None] | None = None) -> ServerHandle:
+                  metrics_port: int | None = None, log: Callable[[str], None] | None = None,
+                  shared_memory: str = "local") -> ServerHandle:
     """Listen at once (live), then load in the background: ready only after loader() returned AND
     one warm-up inference ran, so a readiness probe never sends traffic to a cold model.
 
@@ -840,8 +883,8 @@ def start_loading(loader: Callable[[], Engine], host: str = "127.0.0.1", port: i
     """
     check_limits(max_batch, name, max_queue_delay_ms, max_body_mb, max_connections, metrics_port)
     model = ServedModel(name, MODEL_VERSION, Settings(max_batch, max_queue_delay_ms), log=log)
-    handle = _listen(_App(ModelTable.for_one(model, log), int(max_body_mb * 2**20), verbose), host, port,
-                     max_connections, metrics_port)
+    handle = _listen(_App(ModelTable.for_one(model, log), int(max_body_mb * 2**20), verbose, shared_memory), host,
+                     port, max_connections, metrics_port)
 
     def load() -> None:
         try:
@@ -865,14 +908,15 @@ def start_repository(root: str | Path, host: str = "127.0.0.1", port: int = 8000
                      models: list[str] | None = None, backend: str | None = None, max_batch: int | None = None,
                      max_queue_delay_ms: float = 1.0, max_body_mb: float = 256.0, verbose: bool = False,
                      max_connections: int = DEFAULT_MAX_CONNECTIONS, metrics_port: int | None = None,
-                     log: Callable[[str], None] | None = None) -> ServerHandle:
+                     log: Callable[[str], None] | None = None, shared_memory: str = "local") -> ServerHandle:
     """Serve a model repository (DIR/<model>/<version>/...): listen at once, then load `models` (default:
     all) one by one in the background, each ready after its warm-up; the repository extension loads
     and unloads more while it runs. handle.wait_loaded() waits for the start-up loads."""
     check_limits(max_batch, None, max_queue_delay_ms, max_body_mb, max_connections, metrics_port)
     root = Path(root)
     table = ModelTable(Settings(max_batch, max_queue_delay_ms), log, root=root, backend=backend)
-    handle = _listen(_App(table, int(max_body_mb * 2**20), verbose), host, port, max_connections, metrics_port)
+    handle = _listen(_App(table, int(max_body_mb * 2**20), verbose, shared_memory), host, port, max_connections,
+                     metrics_port)
     threading.Thread(target=table.load_startup, args=(models,), name="ngcx-load", daemon=True).start()
     return handle
 
@@ -956,6 +1000,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load-model", action="append", default=None, metavar="NAME",
                    help="a repository: load only these models at start (repeatable; default: all); the others "
                         "load through POST /v2/repository/models/NAME/load")
+    p.add_argument("--shared-memory", default="local", choices=POLICIES,
+                   help="Triton's system shared memory extension: local = clients on this host (loopback) only "
+                        "(default), any = every peer (e.g. a container sharing /dev/shm), off = disabled")
     p.add_argument("--verbose", action="store_true", help="log every request to stderr")
     p.add_argument("--handler", default=None, metavar="MODULE:CLASS",
                    help="serve a Python handler class (load(context), predict(inputs)) from --app-dir")
@@ -1136,7 +1183,7 @@ def run(args: argparse.Namespace) -> int:
     handle = start_loading(loader, args.host, args.port, name=name, max_batch=args.max_batch,
                            max_queue_delay_ms=args.max_queue_delay_ms, max_body_mb=args.max_body_mb,
                            verbose=args.verbose, max_connections=args.max_connections,
-                           metrics_port=args.metrics_port, log=_log)
+                           metrics_port=args.metrics_port, log=_log, shared_memory=args.shared_memory)
     print(f"serve: listening at {handle.url} (live; ready once '{name}' is loaded and warmed up)"
           f"{_metrics_note(handle)}", flush=True)
     while handle.loading and not stop.is_set():
@@ -1172,7 +1219,8 @@ def _run_repository(args: argparse.Namespace, root: Path, stop: threading.Event)
     handle = start_repository(root, args.host, args.port, models=args.load_model, backend=args.backend,
                               max_batch=args.max_batch, max_queue_delay_ms=args.max_queue_delay_ms,
                               max_body_mb=args.max_body_mb, verbose=args.verbose,
-                              max_connections=args.max_connections, metrics_port=args.metrics_port, log=_log)
+                              max_connections=args.max_connections, metrics_port=args.metrics_port, log=_log,
+                              shared_memory=args.shared_memory)
     print(f"serve: listening at {handle.url} (live; ready once the models of {root} are loaded and warmed up)"
           f"{_metrics_note(handle)}", flush=True)
     while handle.loading and not stop.is_set():
