@@ -24,6 +24,9 @@ the wire (aws_wire.py): it forwards every request to moto unchanged and adds, ar
 - Addresses: privateIpAddress / ipAddress / publicIp (and the DNS names spelling them) become the
   machine's own address, which the test process and the other machines can reach. Until a machine
   exists, an instance has no address elements at all (moto's would lead nowhere).
+- Credentials: with `access_keys`, every request must carry a valid SigV4 signature by one of them
+  (EC2 answers 401 AuthFailure, ECR/SSM UnrecognizedClientException / InvalidSignatureException, STS
+  403 InvalidClientTokenId / SignatureDoesNotMatch); moto alone accepts any credentials.
 - SSM: moto serves the ECS-optimized AMI parameters as Python dict reprs; they become JSON, as AWS
   serves them. ECR: moto's authorization token expired in 2015; expiresAt becomes now + 12 h.
 
@@ -50,7 +53,7 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
@@ -62,6 +65,7 @@ from .aws_wire import (
     Upstream,
     WireRequest,
     WireResponse,
+    check_signature,
     child,
     child_text,
     error_response,
@@ -143,8 +147,12 @@ class Ec2Emulator:
 
     def __init__(self, hosts: HostBackend, *, region: str = "us-east-1",
                  zones: Iterable[str] = ("us-east-1a", "us-east-1b", "us-east-1c"),
-                 boot_seconds: float = 0.5, start_seconds: float = 0.5) -> None:
+                 boot_seconds: float = 0.5, start_seconds: float = 0.5,
+                 access_keys: Mapping[str, str] | None = None) -> None:
+        """access_keys: key id -> secret; when given, every request must carry a valid SigV4 signature
+        by one of them (moto alone accepts anything), so a wrong credential fails as on AWS."""
         self.hosts = hosts
+        self.access_keys = dict(access_keys) if access_keys is not None else None
         self.region = region
         self.zones = tuple(zones)
         self.boot_seconds, self.start_seconds = boot_seconds, start_seconds
@@ -332,6 +340,11 @@ class Ec2Emulator:
         with self._lock:
             self.calls.append((request.action, dict(request.params) if request.protocol != "json"
                                else request.document))
+        if self.access_keys is not None:
+            try:
+                check_signature(request, self.access_keys)
+            except AwsError as error:
+                return error_response(request, error)
         fault = self._take_fault(request.action)
         if fault is not None and not fault.after_effect:
             return self._fault_answer(request, fault)

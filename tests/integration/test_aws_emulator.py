@@ -413,6 +413,34 @@ def test_answers_moto_gets_right_reach_the_client_byte_for_byte(paper):
     assert answers[0] == answers[1] and b"<vpcSet>" in answers[0][2]
 
 
+def test_with_access_keys_a_wrong_credential_fails_as_on_aws_and_changes_nothing():
+    secret = "right-secret-" + secrets.token_hex(8)
+    with Ec2Emulator(PaperHosts(), access_keys={"AKIARIGHTKEY00000000": secret}) as emulator:
+        def as_user(service: str, key: str, secret_key: str, token: str | None = None):
+            return boto3.client(service, endpoint_url=emulator.endpoint, region_name=REGION,
+                                aws_access_key_id=key, aws_secret_access_key=secret_key, aws_session_token=token,
+                                config=Config(retries={"total_max_attempts": 1}))
+
+        good = as_user("ec2", "AKIARIGHTKEY00000000", secret, token="a-session-token")
+        ami = json.loads(as_user("ssm", "AKIARIGHTKEY00000000", secret).get_parameter(
+            Name=GPU_AMI_PARAMETER)["Parameter"]["Value"])["image_id"]
+        wrong_secret = as_user("ec2", "AKIARIGHTKEY00000000", "wrong-secret")
+        unknown_key = as_user("ec2", "AKIAUNKNOWNKEY000000", secret)
+        for ec2 in (wrong_secret, unknown_key):
+            code, status, message = error_of(lambda ec2=ec2: launch(ec2, ami))
+            assert (code, status) == ("AuthFailure", 401) and secret not in message
+        assert error_of(lambda: as_user("ssm", "AKIARIGHTKEY00000000", "wrong").get_parameter(
+            Name=GPU_AMI_PARAMETER))[0] == "InvalidSignatureException"
+        assert error_of(lambda: as_user("ecr", "AKIAUNKNOWNKEY000000", secret).get_authorization_token())[0] == \
+            "UnrecognizedClientException"
+        assert error_of(lambda: as_user("sts", "AKIAUNKNOWNKEY000000", secret).get_caller_identity())[:2] == \
+            ("InvalidClientTokenId", 403)
+        assert emulator.performed("RunInstances") == 0 and emulator.instances() == []
+        launch(good, ami)
+        assert len(emulator.instances()) == 1
+        assert emulator.proxy_errors == []
+
+
 def test_one_emulator_at_a_time_because_moto_keeps_one_state_per_process(paper):
     with pytest.raises(RuntimeError, match="already running"):
         Ec2Emulator(PaperHosts()).start()
