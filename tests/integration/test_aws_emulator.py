@@ -162,7 +162,7 @@ def no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def paper() -> Iterator[tuple[Ec2Emulator, PaperHosts]]:
     hosts = PaperHosts(create_delay=0.2)
-    with Ec2Emulator(hosts, boot_seconds=0.3, start_seconds=0.3) as emulator:
+    with Ec2Emulator(hosts, boot_seconds=0.6, start_seconds=0.6) as emulator:
         yield emulator, hosts
         assert emulator.proxy_errors == [] and emulator.host_errors == []
     assert hosts.closed
