@@ -1,4 +1,4 @@
-"""`python -m bench SUITE… [--repeat N] [--out DIR]`: measure ngcx against what a user would do instead.
+"""`python -m bench SUITE… [--repeat N | --quick] [--out DIR]`: measure ngcx against what a user would do instead.
 
 Writes DIR/<suite>.json (default bench/results/) and DIR/<suite>.png per suite, then BENCHMARKS.md
 (at the repo root for the default DIR, else inside DIR) from every suite's latest JSON. `all` runs
@@ -29,12 +29,18 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     p.add_argument("suites", nargs="+", metavar="SUITE", help=f"{', '.join(SUITES)} or all")
     p.add_argument("--repeat", type=int, default=3, help=f"repetitions per figure (default 3, at least {MIN_REPEAT})")
+    p.add_argument("--quick", action="store_true",
+                   help="one repetition per figure: a smoke run of slow suites (build); not min/median/max")
     p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default bench/results)")
     args = p.parse_args(argv)
     unknown = [s for s in args.suites if s != "all" and s not in SUITES]
     if unknown:
         p.error(f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(SUITES)} or all")
-    if args.repeat < MIN_REPEAT:
+    if args.quick:
+        if "--repeat" in argv or any(a.startswith("--repeat=") for a in argv):
+            p.error("--quick means one repetition: leave out --repeat")
+        args.repeat = 1
+    elif args.repeat < MIN_REPEAT:
         p.error(f"--repeat must be at least {MIN_REPEAT}: min / median / max need that many")
     args.suites = list(SUITES) if "all" in args.suites else list(dict.fromkeys(args.suites))
     return args
@@ -43,7 +49,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def command_line(suite: str, args: argparse.Namespace) -> str:
     """The exact command that reproduces one suite's result, as BENCHMARKS.md shows it."""
     out = "" if args.out.resolve() == RESULTS.resolve() else f" --out {shlex.quote(str(args.out))}"
-    return f".venv/bin/python -m bench {suite} --repeat {args.repeat}{out}"
+    reps = "--quick" if args.quick else f"--repeat {args.repeat}"
+    return f".venv/bin/python -m bench {suite} {reps}{out}"
 
 
 def run_suite(name: str, args: argparse.Namespace) -> SuiteResult:

@@ -71,6 +71,7 @@ class Ratio:
     wall: float
     cpu: float | None = None
     better: str = "lower"          # lower ratio is better for ngcx when the unit is time
+    unit: str = "s"                # the unit of both figures (s, bytes, inf/s ...): how the report reads it
 
     @property
     def ngcx_wins(self) -> bool:
@@ -188,7 +189,7 @@ def ratio(name: str, num: Measurement, den: Measurement) -> Ratio:
     """num / den on medians (wall and CPU)."""
     cpu = round(num.cpu.median / den.cpu.median, 3) if num.cpu and den.cpu and den.cpu.median else None
     return Ratio(name=name, numerator=num.name, denominator=den.name,
-                 wall=round(num.wall.median / den.wall.median, 3), cpu=cpu, better=num.better)
+                 wall=round(num.wall.median / den.wall.median, 3), cpu=cpu, better=num.better, unit=num.unit)
 
 
 # ----------------------------------------------------------------------------- peers

@@ -46,18 +46,24 @@ def ca_bundle() -> str:
     return "/etc/ssl/certs/ca-certificates.crt"
 
 
-def build_naive(dockerfile: Path, tag: str) -> float:
-    """Build with BuildKit from an empty context (the Dockerfile copies nothing); seconds taken."""
+def build_naive(dockerfile: Path, tag: str, ref: str) -> float:
+    """Build with BuildKit in the build context ngcx renders for `ref` (ngcx-runtime/, tests/: the
+    app the naive Dockerfile copies in); seconds taken."""
     from ngcx.engine import docker_cli  # the CLI that drives BuildKit without buildx
 
     cli = docker_cli()
     if cli is None:
         sys.exit("no docker CLI able to build with BuildKit (see `ngcx doctor`)")
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory() as ctx:
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx = Path(tmp) / "context"
+        ngcx = Path(sys.executable).parent / "ngcx"
+        subprocess.run([str(ngcx), "render", ref, "--base", "offline", "--context", str(ctx)],
+                       check=True, capture_output=True, text=True)
+        (ctx / "Dockerfile").unlink()  # not part of the app: the naive COPY . must not see ngcx's file
+        started = time.monotonic()
         proc = subprocess.run(
             [cli, "build", "--progress", "plain", "--secret", f"id=ca,src={ca_bundle()}",
-             "-f", str(dockerfile), "-t", tag, ctx],
+             "-f", str(dockerfile), "-t", tag, str(ctx)],
             env={**os.environ, "DOCKER_BUILDKIT": "1"}, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"naive build of {dockerfile.name} failed:\n{proc.stderr[-2000:]}")
@@ -82,7 +88,7 @@ def measure(names: list[str], keep: bool) -> list[dict]:
             continue
         naive_tag = f"ngcx-naive/{name}:{ref.split(':')[1]}"
         print(f"building {naive_tag} from {dockerfile.relative_to(ROOT)} ...", file=sys.stderr, flush=True)
-        seconds = build_naive(dockerfile, naive_tag)
+        seconds = build_naive(dockerfile, naive_tag, ref)
         rows.append({"ref": ref, "ngcx": ours, "naive": image_size(naive_tag),
                      "note": f"naive build {seconds:.0f}s"})
         if not keep:

@@ -19,8 +19,11 @@ Render: hpccm --recipe THIS_FILE
 '''
 
 
-def hpccm_recipe(ref: str) -> str:
-    """The hpccm recipe text (Python) for one catalog release, mirroring ngcx's runtime variant."""
+def hpccm_recipe(ref: str, base: str | None = None) -> str:
+    """The hpccm recipe text (Python) for one catalog release, mirroring ngcx's runtime variant.
+
+    `base` replaces the catalog's base image, as `ngcx render --base` does (the build suite builds
+    both FROM the local ngcx/base:bookworm: nothing can be pulled here)."""
     from ngcx.catalog import load_catalog
     from ngcx.render import BASE_APT, load_recipe, resolve_base
 
@@ -33,7 +36,7 @@ def hpccm_recipe(ref: str) -> str:
            "NGCX_CUDA": rel.cuda, "NGCX_VARIANT": "runtime"}
     lines = [
         HEADER.format(ref=rel.ref),
-        f"Stage0 += baseimage(image={resolve_base(rel, None)!r}, _distro='ubuntu22')",
+        f"Stage0 += baseimage(image={resolve_base(rel, base)!r}, _distro='ubuntu22')",
         f"Stage0 += apt_get(ospackages={sorted(set(BASE_APT) | set(recipe.apt))!r})",
         f"Stage0 += shell(commands=['python3 -m venv {venv}', 'mkdir -p /etc/ngcx'])",
         f"Stage0 += environment(variables={{'VIRTUAL_ENV': '{venv}', 'PATH': '{venv}/bin:$PATH'}})",
@@ -53,9 +56,26 @@ def hpccm_recipe(ref: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_hpccm_recipe(ref: str, folder: Path) -> Path:
+def write_hpccm_recipe(ref: str, folder: Path, base: str | None = None) -> Path:
     """Write the recipe where the report can point to it; returns its path."""
     folder.mkdir(parents=True, exist_ok=True)
-    file = folder / f"hpccm-{ref.replace(':', '-')}.py"
-    file.write_text(hpccm_recipe(ref))
+    suffix = f"-{base.replace('/', '-').replace(':', '-')}" if base else ""
+    file = folder / f"hpccm-{ref.replace(':', '-')}{suffix}.py"
+    file.write_text(hpccm_recipe(ref, base))
     return file
+
+
+def adapt_for_build(dockerfile: str) -> str:
+    """hpccm's Dockerfile given the same wheel source as ngcx's: the CA as a BuildKit secret on every RUN.
+
+    Why: this machine's proxy re-signs TLS, so pip needs the CA; ngcx's Dockerfile mounts it as a
+    secret (never in a layer) and the naive one does too. Only mounts are added: hpccm's layers,
+    their order and their commands stay as hpccm wrote them."""
+    out = []
+    for line in dockerfile.splitlines():
+        if line.startswith("RUN "):
+            line = "RUN --mount=type=secret,id=ca,required=false " + line[4:]
+        out.append(line)
+        if line.startswith("FROM "):
+            out.append("ARG PIP_CERT=/run/secrets/ca")
+    return "\n".join(out) + "\n"

@@ -28,12 +28,26 @@ Run everything that applies on this machine (after the README's set-up):
 """
 
 
+QUICK = " **Quick run: one repetition, so min = median = max; not a result to compare.**"
+
+
 def _fmt(x: float | None, unit: str) -> str:
     if x is None:
         return "-"
     if unit == "s":
         return f"{x:.3f}"
     return f"{x:,.1f}"
+
+
+def _with_unit(x: float, unit: str) -> str:
+    """A value with its unit, for tables that mix units (build: seconds, bytes, layers)."""
+    if unit == "s":
+        return f"{x:.1f} s" if x >= 10 else f"{x:.2f} s"
+    if unit == "bytes":
+        return f"{x / 1e9:.2f} GB" if x >= 1e9 else f"{x / 1e6:,.1f} MB"
+    if unit == "layers":
+        return f"{x:.0f}"
+    return f"{x:,.1f} {unit}"
 
 
 def _gpu_reference(ref: dict[str, Any] | None) -> list[str]:
@@ -46,11 +60,21 @@ def _gpu_reference(ref: dict[str, Any] | None) -> list[str]:
     return out
 
 
+READINGS = {  # (unit, better) -> (ngcx wins, ngcx loses)
+    ("s", "lower"): ("ngcx as fast or faster", "ngcx slower"),
+    ("bytes", "lower"): ("ngcx as small or smaller", "ngcx larger"),
+    ("bytes", "higher"): ("ngcx shares as much or more", "ngcx shares less"),
+}
+
+
 def _reading(r: dict[str, Any]) -> str:
-    """What a ratio means for ngcx: for times below 1 is faster; for throughputs it is a plain ratio."""
-    if r["better"] != "lower":
+    """What a ratio means for ngcx: for times below 1 is faster, for shared bytes above 1 is more;
+    a throughput ratio (int8 / fp32) is not ngcx against a peer and is named as such."""
+    pair = READINGS.get((r.get("unit", "s"), r["better"]))
+    if pair is None:
         return "throughput ratio"
-    return "ngcx as fast or faster" if r["wall"] <= 1.0 else "ngcx slower"
+    wins = r["wall"] <= 1.0 if r["better"] == "lower" else r["wall"] >= 1.0
+    return pair[0] if wins else pair[1]
 
 
 def _suite_section(doc: dict[str, Any], results: Path, here: Path) -> list[str]:
@@ -64,7 +88,8 @@ def _suite_section(doc: dict[str, Any], results: Path, here: Path) -> list[str]:
     out.append(f"Ran {doc['started']} for {doc['duration_s']:.0f} s, {doc['repeat']} repetitions, "
                f"{mach.get('cores')} cores, load average {mach.get('load_average_before')} before, "
                f"{mach.get('load_average_after')} after; git {mach.get('git_revision')}"
-               f"{' (uncommitted changes)' if mach.get('git_dirty') else ''}, Python {mach.get('python')}.")
+               f"{' (uncommitted changes)' if mach.get('git_dirty') else ''}, Python {mach.get('python')}."
+               f"{QUICK if doc['repeat'] < 3 else ''}")
     out.append("")
     if doc["ratios"]:
         out += ["| ratio (medians) | wall | CPU | reading |", "|---|---|---|---|"]
@@ -75,7 +100,9 @@ def _suite_section(doc: dict[str, Any], results: Path, here: Path) -> list[str]:
     unit = doc["measurements"][0]["unit"] if doc["measurements"] else "s"
     head = "wall s" if unit == "s" else unit
     commands = {m["command"] for m in doc["measurements"]}
-    if len(commands) == 1:  # one command measured many ways (runtime): say it once
+    if len({m["unit"] for m in doc["measurements"]}) > 1:  # build: times, sizes and counts in one table
+        out += _mixed_table(doc["measurements"])
+    elif len(commands) == 1:  # one command measured many ways (runtime): say it once
         out += [f"Each row from: `{commands.pop()}`", ""]
         out += [f"| measurement | {head} min | median | max | note |", "|---|---|---|---|---|"]
         for m in doc["measurements"]:
@@ -98,6 +125,16 @@ def _suite_section(doc: dict[str, Any], results: Path, here: Path) -> list[str]:
     chart = results / f"{name}.png"
     if chart.is_file():
         out += [f"![{name}]({os.path.relpath(chart, here)})", ""]
+    return out
+
+
+def _mixed_table(measurements: list[dict[str, Any]]) -> list[str]:
+    """One row per figure, each value with its own unit; the command once per figure group."""
+    out = ["| measurement | min | median | max | built from | note |", "|---|---|---|---|---|---|"]
+    for m in measurements:
+        w, u = m["wall"], m["unit"]
+        out.append(f"| {m['name']} | {_with_unit(w['min'], u)} | **{_with_unit(w['median'], u)}** | "
+                   f"{_with_unit(w['max'], u)} | `{m['command']}` | {m['note']} |")
     return out
 
 

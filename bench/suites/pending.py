@@ -12,8 +12,6 @@ from pathlib import Path
 from bench.core import SuiteResult, SuiteSkipped
 
 REASONS = {
-    "build": "not yet measured by this entry point; see bench/image_sizes.py (image size vs bench/naive/) "
-             "for the earlier figures",
     "project": "not yet measured by this entry point; see bench/project_rebuild.py and bench/project_test.py",
     "push": "not yet measured by this entry point; no earlier script (push/pull bytes and time, gzip vs zstd)",
     "deploy": "not yet measured by this entry point; no earlier script (deploy -> first inference per phase)",

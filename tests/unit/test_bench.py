@@ -18,7 +18,7 @@ if str(ROOT) not in sys.path:  # bench/ is a top-level folder of the repo, not a
     sys.path.insert(0, str(ROOT))
 
 from bench import __main__ as entry  # noqa: E402
-from bench import report  # noqa: E402
+from bench import peers, report  # noqa: E402
 from bench.core import (  # noqa: E402
     Measurement,
     Ratio,
@@ -30,7 +30,7 @@ from bench.core import (  # noqa: E402
     time_interleaved,
     time_once,
 )
-from bench.suites import SUITES, pending  # noqa: E402
+from bench.suites import SUITES, build, pending  # noqa: E402
 
 # ----------------------------------------------------------------------------- figures
 
@@ -184,3 +184,137 @@ def test_report_says_when_ngcx_wins_and_names_throughputs_as_such(tmp_path: Path
     assert "| int8 / fp32 | **2.00** | - | throughput ratio |" in md
     assert "Each row from: `bench x`" in md                      # one command measured many ways: said once
     assert "| int8 | 3,000.0 | **3,100.0** | 3,200.0 |  |" in md
+
+
+# ----------------------------------------------------------------------------- the build suite's logic
+
+# `docker history` of ngcx/cuda:24.05-runtime as the engine (20.10, BuildKit) reported it: newest first.
+HISTORY = [("CMD [\"info\"]", 0), ("ENTRYPOINT [\"ngcx-runtime\"]", 0), ("EXPOSE map[8000/tcp:{}]", 0),
+           ("WORKDIR /workspace", 0), ("LABEL org.opencontainers.image.title=ngcx/cuda", 0),
+           ("ENV NVIDIA_VISIBLE_DEVICES=all", 0), ("ARG NGCX_REVISION=unknown", 0), ("ARG NGCX_CREATED=unknown", 0),
+           ("COPY tests/ /opt/ngcx/tests/ # buildkit", 4164), ("RUN |2 APT_MIRROR= /bin/bash -c pip", 72175883),
+           ("COPY ngcx-runtime/ /opt/ngcx/src/ngcx-runtime/ # buildkit", 283061),
+           ("RUN |2 APT_MIRROR= /bin/bash -c pip install", 1827762632),
+           ("RUN |2 /bin/bash -c python3 -m venv", 21624450),
+           ("ENV VIRTUAL_ENV=/opt/ngcx/venv", 0), ("RUN |2 /bin/bash -c apt-get", 51867881),
+           ("ARG DEBIAN_FRONTEND=noninteractive", 0), ("ARG APT_MIRROR=", 0), ("SHELL [/bin/bash -o pipefail -c]", 0),
+           ("", 74821928)]
+
+
+def _history() -> list[dict]:
+    return [{"CreatedBy": c, "Size": s} for c, s in HISTORY]
+
+
+def test_layer_sizes_map_history_onto_layers_including_an_empty_workdir_layer() -> None:
+    sizes = build.layer_sizes(_history(), n_layers=8)
+    assert sizes == [74821928, 51867881, 21624450, 1827762632, 283061, 72175883, 4164, 0]
+    assert build.layer_sizes(_history(), n_layers=9) is None      # a history that does not map: no guess
+
+
+def test_shared_bytes_count_only_the_common_bottom_run_of_layers() -> None:
+    sizes = [100, 50, 1000, 7]
+    assert build.shared_bytes(["a", "b", "c", "d"], sizes, ["a", "b", "x", "d"]) == 150   # "d" sits on "x"
+    assert build.shared_bytes(["a", "b"], [100, 50], ["a", "b", "c"]) == 150
+    assert build.shared_bytes(["a"], [100], ["z"]) == 0
+    assert build.common_layers(["a", "b", "c"], ["a", "b", "x"]) == 2
+
+
+def test_chain_ids_follow_the_oci_definition() -> None:
+    import hashlib
+
+    a, b = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    assert build.chain_ids([a, b]) == [a, "sha256:" + hashlib.sha256(f"{a} {b}".encode()).hexdigest()]
+
+
+def test_patch_bump_changes_the_pin_everywhere_and_differs_every_round() -> None:
+    text = f"RUN pip install {build.PIN} x==1\nRUN printf '{build.PIN}' > constraints.txt\n"
+    first, second = build.patch_bump(text, 0), build.patch_bump(text, 1)
+    assert build.PIN not in first and first.count(build.PATCHED + " ") == 1 and first.count(build.PATCHED) == 2
+    assert second.count(build.PATCHED + ".0") == 2 and second != first  # same requirement to pip, new cache key
+    with pytest.raises(ValueError, match="nothing to bump"):
+        build.patch_bump("FROM scratch\n", 0)
+
+
+def test_first_difference_names_where_two_dockerfiles_part() -> None:
+    a = "# cuda\nFROM base\nRUN apt-get install \\\n    python3\n"
+    b = "# pytorch\nFROM base\nRUN apt-get install \\\n    gcc \\\n    python3\n"
+    assert build.first_difference(a, b) == "gcc \\"
+    assert build.first_difference(a, a) is None
+
+
+def test_hpccm_dockerfile_gets_the_ca_secret_and_nothing_else() -> None:
+    src = "FROM ngcx/base:bookworm\n\nRUN apt-get update -y && \\\n    apt-get install -y python3\n\nENV A=1\n"
+    out = peers.adapt_for_build(src)
+    assert out.splitlines() == ["FROM ngcx/base:bookworm", "ARG PIP_CERT=/run/secrets/ca", "",
+                                "RUN --mount=type=secret,id=ca,required=false apt-get update -y && \\",
+                                "    apt-get install -y python3", "", "ENV A=1"]
+
+
+def test_only_this_runs_unused_cache_records_are_removed() -> None:
+    """The bench removes the ~2 GB layers each cold build leaves in the build cache: only records it
+    made (new, from its RUN commands or stacked on them), and never one an image or a build uses."""
+    dockerfile = "FROM b\nRUN --mount=type=secret,id=ca \\\n    pip install   torch\nCOPY . /app\n"
+    markers = build.run_markers(dockerfile)
+    assert markers == {"pip install torch"}
+    rec = [
+        {"ID": "old", "Type": "regular", "Description": "mount / from exec /bin/sh -c pip install torch"},
+        {"ID": "run", "Type": "regular", "Description": "mount / from exec /bin/sh -c pip install    torch"},
+        {"ID": "copy", "Type": "regular", "Description": "fileop target", "Parent": "run"},
+        {"ID": "tagged", "Type": "regular", "Description": "fileop target", "Parent": "copy", "Shared": True},
+        {"ID": "building", "Type": "regular", "Description": "mount / from exec /bin/sh -c pip install torch",
+         "InUse": True},
+        {"ID": "pipcache", "Type": "exec.cachemount", "Description": "cached mount /root/.cache/pip from exec "
+                                                                     "/bin/sh -c pip install torch"},
+        {"ID": "other", "Type": "regular", "Description": "mount / from exec /bin/sh -c npm ci"},
+    ]
+    assert build.removable_records(rec, before={"old"}, markers=markers) == ["copy", "run"]
+
+
+def test_report_mixes_units_in_one_table_and_reads_sizes_and_sharing(tmp_path: Path) -> None:
+    def fig(name: str, unit: str, value: float, better: str = "lower") -> Measurement:
+        return Measurement(name, name.split(":")[0], unit, better, Stats.of([value]), command="docker build x")
+
+    cold_n, cold_h = fig("ngcx: cold build", "s", 40.0), fig("hpccm: cold build", "s", 38.0)
+    size_n, size_v = fig("ngcx: image size", "bytes", 2.05e9), fig("naive: image size", "bytes", 2.48e9)
+    share_n, share_v = (fig("ngcx: bytes shared", "bytes", 74.8e6, "higher"),
+                        fig("naive: bytes shared", "bytes", 576.7e6, "higher"))
+    layers = fig("ngcx: layers", "layers", 8)
+    doc = _doc("build", measurements=[cold_n, cold_h, size_n, size_v, share_n, share_v, layers],
+               ratios=[ratio("cold", cold_n, cold_h), ratio("size", size_n, size_v), ratio("shared", share_n, share_v)])
+    _write(tmp_path, doc)
+    md = report.write(tmp_path, tmp_path / "B.md", ["build"]).read_text()
+    assert "| cold | **1.05** | - | ngcx slower |" in md
+    assert "| size | **0.83** | - | ngcx as small or smaller |" in md
+    assert "| shared | **0.13** | - | ngcx shares less |" in md
+    assert "| ngcx: cold build | 40.0 s | **40.0 s** | 40.0 s | `docker build x` |" in md
+    assert "| naive: image size | 2.48 GB | **2.48 GB** | 2.48 GB |" in md
+    assert "| ngcx: bytes shared | 74.8 MB | **74.8 MB** |" in md and "| ngcx: layers | 8 | **8** | 8 |" in md
+
+
+def test_build_notes_explain_a_loss_with_this_runs_figures() -> None:
+    def figs(tool: str, cold: float, edit: float, bump: float, size: float, shared: float) -> list[Measurement]:
+        rows = [("cold build", "s", cold), ("rebuild after editing one app file", "s", edit),
+                ("rebuild after a patch bump", "s", bump), ("image size", "bytes", size),
+                (f"bytes shared with its {build.SECOND}", "bytes", shared)]
+        return [Measurement(f"{tool}: {n}", tool, u, "lower", Stats.of([v])) for n, u, v in rows]
+
+    ms = figs("ngcx", 45, 9, 40, 2.05e9, 74.8e6) + figs("hpccm", 38, 10, 35, 2.05e9, 74.8e6) + \
+        figs("naive", 110, 100, 90, 2.48e9, 576.7e6)
+    images = {"ngcx": {"diff_ids": ["a", "b", "c", "d"], "layer_sizes": [74.8e6, 51.9e6, 21.6e6, 1.83e9]}}
+    seconds = {"ngcx": {"diff_ids": ["a", "x"]}}
+    text = "\n".join(build.notes(ms, images, seconds, parting="gcc \\"))
+    assert "App edit: ngcx 9.0 s, hpccm 10.0 s, naive 100.0 s." in text
+    assert "Cold build: ngcx 45.0 s vs hpccm 38.0 s" in text              # ngcx loses here: explained
+    assert "share their bottom 1 layer(s) only" in text and "`gcc \\`" in text and "(1.98 GB)" in text
+    winning = [m for m in ms if m.name != "ngcx: cold build"] + figs("ngcx", 30, 0, 0, 0, 0)[:1]
+    assert "Cold build:" not in "\n".join(build.notes(winning, images, seconds, parting="x"))
+
+
+def test_quick_is_one_repetition_and_says_so(tmp_path: Path, capsys) -> None:
+    args = entry.parse(["build", "--quick", "--out", str(tmp_path)])
+    assert args.repeat == 1 and entry.command_line("build", args).endswith(f"build --quick --out {tmp_path}")
+    with pytest.raises(SystemExit):
+        entry.parse(["build", "--quick", "--repeat", "5"])
+    assert "--quick means one repetition" in capsys.readouterr().err
+    _write(tmp_path, _doc("build", repeat=1, measurements=[_m("x", [1.0])]))
+    assert "Quick run: one repetition" in report.write(tmp_path, tmp_path / "B.md", ["build"]).read_text()

@@ -1,0 +1,495 @@
+"""build: ngcx's Dockerfile vs hpccm's equivalent vs a naive one, for cuda:24.05, on the same engine.
+
+All three are built the same way (`DOCKER_BUILDKIT=1 docker build`, the CA as a BuildKit secret)
+from the same build context (`ngcx render cuda:24.05 --base offline --context`: ngcx-runtime/ and
+the image's tests/), FROM the same local base (ngcx/base:bookworm) and the same wheel source:
+  ngcx   the Dockerfile `ngcx render` writes (what `ngcx build` builds)
+  hpccm  `hpccm --recipe` on bench/peers.py's recipe for the same release, given the CA secret
+  naive  bench/naive/cuda.Dockerfile: one stage, the app copied before one big pip install
+Figures: cold build (no layer cache), rebuild after editing one app file (a module of
+ngcx-runtime), rebuild after a patch change of one pin (nvidia-cuda-runtime-cu12 12.4.127 ->
+12.4.99), image size, layer count, and the bytes each tool's cuda:24.05 image shares with its
+pytorch:24.11 image (same CUDA stack). Repetitions are interleaved tool by tool.
+
+Everything this suite tags is `ngcx-bench/*`, and it removes only the images it built.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.core import ROOT, Measurement, Ratio, Stats, SuiteResult, SuiteSkipped, ensure_package, ratio, script
+from bench.peers import adapt_for_build, write_hpccm_recipe
+
+REF = "cuda:24.05"
+SECOND = "pytorch:24.11"          # the framework image on the same CUDA stack (12.4, cuDNN 9.1.0.70, NCCL 2.21.5)
+BASE = "ngcx/base:bookworm"
+TOOLS = ("ngcx", "hpccm", "naive")
+TAG_PREFIX = "ngcx-bench/"
+APP_FILE = "ngcx-runtime/ngcx_runtime/info.py"
+PIN, PATCHED = "nvidia-cuda-runtime-cu12==12.4.127", "nvidia-cuda-runtime-cu12==12.4.99"
+NAIVE = ROOT / "bench" / "naive"
+EMPTY_INSTRUCTIONS = re.compile(
+    r"^(/bin/sh -c #\(nop\) )?\s*(ENV|LABEL|ARG|CMD|ENTRYPOINT|EXPOSE|SHELL|USER|VOLUME|STOPSIGNAL|HEALTHCHECK|"
+    r"ONBUILD|MAINTAINER)\b")
+
+
+# ----------------------------------------------------------------------------- pure helpers (unit-tested)
+
+
+def patch_bump(dockerfile: str, round_: int) -> str:
+    """The Dockerfile with PIN changed to PATCHED, as a catalog edit would render it.
+
+    Why the `.0` suffixes: a repeated measurement must rebuild each time, but the second build of
+    the same text would hit the layer cache. `==12.4.99.0` is the same requirement to pip (PEP 440
+    pads release segments with zeros) in a different line, so round k rebuilds exactly what the
+    first bump did."""
+    if PIN not in dockerfile:
+        raise ValueError(f"{PIN} is not in this Dockerfile: nothing to bump")
+    return dockerfile.replace(PIN, PATCHED + ".0" * round_)
+
+
+def layer_sizes(history: list[dict[str, Any]], n_layers: int) -> list[int] | None:
+    """Bytes of each layer, bottom first, from the engine's image history (newest entry first).
+
+    Why history: the engine reports a size per history entry and no size per layer. An entry that
+    made no layer (ENV, LABEL, ...) has size 0 and an instruction name that says so; the others map
+    one to one onto RootFS.Layers. None when the count does not match (a history we cannot map
+    is not guessed at)."""
+    sizes = []
+    for entry in reversed(history):
+        created_by = (entry.get("CreatedBy") or "").strip()
+        if entry.get("Size", 0) > 0 or not EMPTY_INSTRUCTIONS.match(created_by):
+            sizes.append(int(entry.get("Size", 0)))
+    return sizes if len(sizes) == n_layers else None
+
+
+def chain_ids(diff_ids: list[str]) -> list[str]:
+    """The engine's id of each layer with everything under it (OCI ChainID), bottom first."""
+    import hashlib
+
+    out: list[str] = []
+    for diff_id in diff_ids:
+        out.append(diff_id if not out else "sha256:" + hashlib.sha256(f"{out[-1]} {diff_id}".encode()).hexdigest())
+    return out
+
+
+def shared_bytes(layers_a: list[str], sizes_a: list[int], layers_b: list[str]) -> int:
+    """Bytes of A's layers that B reuses: the common bottom run of layer digests (a layer is only the
+    same stored or pulled layer when everything under it is the same too)."""
+    shared = 0
+    for digest_a, digest_b, size in zip(layers_a, layers_b, sizes_a, strict=False):
+        if digest_a != digest_b:
+            break
+        shared += size
+    return shared
+
+
+def run_markers(dockerfile: str) -> set[str]:
+    """The start of each RUN's command (flags and line continuations removed): how the engine's
+    build-cache records name the layers these Dockerfiles made (`... exec /bin/sh -c <command>`)."""
+    joined = re.sub(r"\\\n", " ", dockerfile)
+    out = set()
+    for line in joined.splitlines():
+        if not line.startswith("RUN "):
+            continue
+        words = line[4:].split()
+        while words and words[0].startswith("--"):
+            words.pop(0)
+        if words:
+            out.add(" ".join(words)[:24])
+    return out
+
+
+def removable_records(records: list[dict[str, Any]], before: set[str], markers: set[str]) -> list[str]:
+    """Build-cache records this run made that no image and no running build uses: new since the run
+    began, a layer made by one of its RUN commands or stacked on one, not shared, not in use."""
+    new = {r["ID"]: r for r in records if r["ID"] not in before}
+    mine: set[str] = set()
+    grew = True
+    while grew:
+        grew = False
+        for rid, r in new.items():
+            if rid in mine:
+                continue
+            described = " ".join((r.get("Description") or "").split())
+            if any(f"-c {m}" in described for m in markers) or r.get("Parent") in mine:
+                mine.add(rid)
+                grew = True
+    return sorted(rid for rid in mine
+                  if new[rid].get("Type") == "regular" and not new[rid].get("Shared") and not new[rid].get("InUse"))
+
+
+def edit_app_file(context: Path, round_: int) -> None:
+    """A one-line code edit in the app (a new comment in one ngcx-runtime module)."""
+    with (context / APP_FILE).open("a") as f:
+        f.write(f"# bench edit {round_}\n")
+
+
+# ----------------------------------------------------------------------------- the engine
+
+
+@dataclass
+class Engine:
+    """The docker CLI that drives BuildKit, the CA secret, and what this run made, so that it can remove
+    exactly that: its images (tagged ngcx-bench/*) and the build-cache records only they used.
+
+    Why the records too: with the engine's BuildKit, a layer stays on disk in the build cache after
+    its image is removed, and every cold build or pin bump writes ~2 GB of new layers. Nine of each
+    would fill this shared disk, so each one is removed as soon as it is measured."""
+
+    cli: str
+    ca: str
+    before: set[str] = field(default_factory=set)      # build-cache record ids present before this run
+    markers: set[str] = field(default_factory=set)     # the RUN commands of the Dockerfiles built
+    made: set[str] = field(default_factory=set)
+    tags: set[str] = field(default_factory=set)
+
+    def build(self, dockerfile: Path, context: Path, tag: str, no_cache: bool = False) -> float:
+        """Build and tag; wall seconds (the work happens in the engine, so there is no client CPU to speak of)."""
+        if not tag.startswith(TAG_PREFIX):
+            raise ValueError(f"bench images are tagged {TAG_PREFIX}*, not {tag}")
+        check_disk(self.root())
+        self.markers.update(run_markers(dockerfile.read_text()))
+        old = self._image_id(tag)
+        cmd = [self.cli, "build", "--progress", "plain", "--secret", f"id=ca,src={self.ca}",
+               "-f", str(dockerfile), "-t", tag, *(["--no-cache"] if no_cache else []), str(context)]
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "DOCKER_BUILDKIT": "1"},
+                              timeout=3600)
+        wall = time.perf_counter() - start
+        if proc.returncode != 0:
+            raise RuntimeError(f"build of {dockerfile.name} failed: {proc.stderr.strip()[-800:]}")
+        self.tags.add(tag)
+        self.made.add(self.inspect(tag)["Id"])
+        if old and old != self._image_id(tag):
+            self._remove_if_untagged(old)
+        return wall
+
+    def discard(self, tag: str) -> None:
+        """Remove one of this run's images and the build-cache records nothing else uses any more."""
+        image = self._image_id(tag)
+        subprocess.run([self.cli, "rmi", tag], capture_output=True)
+        self.tags.discard(tag)
+        if image:
+            self._remove_if_untagged(image)
+        self.prune_records()
+
+    def cleanup(self) -> None:
+        """Remove this run's tags, the images it made that no tag names any more (never -f, never an
+        image another helper or test tagged), then the cache records only they used."""
+        for image_tag in sorted(self.tags):
+            subprocess.run([self.cli, "rmi", image_tag], capture_output=True)
+        self.tags.clear()
+        for image in sorted(self.made):
+            self._remove_if_untagged(image)
+        self.prune_records()
+
+    def prune_records(self) -> None:
+        import docker
+
+        client = docker.from_env()
+        try:
+            for _ in range(12):  # leaf first: a record's parent is only free once its children are gone
+                ids = removable_records(client.df().get("BuildCache") or [], self.before, self.markers)
+                if not ids:
+                    return
+                for record in ids:
+                    client.api.prune_builds(filters={"id": [record]})
+        finally:
+            client.close()
+
+    def snapshot(self) -> None:
+        import docker
+
+        client = docker.from_env()
+        try:
+            self.before = {r["ID"] for r in client.df().get("BuildCache") or []}
+        finally:
+            client.close()
+
+    def root(self) -> str:
+        return subprocess.run([self.cli, "info", "--format", "{{.DockerRootDir}}"], capture_output=True,
+                              text=True).stdout.strip() or "/var/lib/docker"
+
+    def _image_id(self, ref: str) -> str | None:
+        proc = subprocess.run([self.cli, "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True,
+                              text=True)
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    def _remove_if_untagged(self, image: str) -> None:
+        if image not in self.made:
+            return
+        proc = subprocess.run([self.cli, "image", "inspect", "--format", "{{len .RepoTags}}", image],
+                              capture_output=True, text=True)
+        if proc.returncode == 0 and proc.stdout.strip() == "0":
+            subprocess.run([self.cli, "rmi", image], capture_output=True)
+
+    def inspect(self, tag: str) -> dict[str, Any]:
+        import json
+
+        out = subprocess.run([self.cli, "image", "inspect", tag], capture_output=True, text=True, check=True).stdout
+        return json.loads(out)[0]
+
+    def history(self, tag: str) -> list[dict[str, Any]]:
+        import docker
+
+        client = docker.from_env()
+        try:
+            return client.api.history(tag)
+        finally:
+            client.close()
+
+    def layerdb_sizes(self, info: dict[str, Any]) -> list[int] | None:
+        """Per-layer sizes from the engine's own layer store, where this process can read it (a local
+        engine, as root): the fallback when the history does not map onto the layers."""
+        store = Path(self.root()) / "image" / info["GraphDriver"]["Name"] / "layerdb" / "sha256"
+        try:
+            return [int((store / c.removeprefix("sha256:") / "size").read_text())
+                    for c in chain_ids(info["RootFS"]["Layers"])]
+        except (OSError, ValueError):
+            return None
+
+
+MIN_FREE_GB = 12
+
+
+def check_disk(root: str) -> None:
+    """Refuse to build with less than MIN_FREE_GB free where the engine keeps its layers: the disk is
+    shared with other work, and a pytorch image is ~6 GB."""
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        return  # a remote engine: its disk is not ours to see
+    if free < MIN_FREE_GB * 1e9:
+        raise SuiteSkipped(f"only {free / 1e9:.0f} GB free under {root}: the build suite needs {MIN_FREE_GB} GB")
+
+
+def _engine() -> Engine:
+    from ngcx.build import CA_ENV_VARS
+    from ngcx.engine import docker_cli
+
+    cli = docker_cli()
+    if cli is None:
+        raise SuiteSkipped("no docker CLI able to build with BuildKit (see `ngcx doctor`)")
+    info = subprocess.run([cli, "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True)
+    if info.returncode != 0:
+        raise SuiteSkipped(f"no Docker engine: {info.stderr.strip()[-200:]}")
+    if subprocess.run([cli, "image", "inspect", BASE], capture_output=True).returncode != 0:
+        raise SuiteSkipped(f"base image {BASE} is not here: run `ngcx base bootstrap` (README set-up)")
+    ca = next((os.environ[v] for v in CA_ENV_VARS if os.environ.get(v) and Path(os.environ[v]).is_file()),
+              "/etc/ssl/certs/ca-certificates.crt")
+    return Engine(cli=cli, ca=ca)
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def prepare(ref: str, work: Path, out: Path) -> tuple[Path, dict[str, Path]]:
+    """The shared build context and each tool's Dockerfile for `ref` (Dockerfiles kept outside the
+    context, so the naive `COPY .` never sees another tool's file change)."""
+    name = ref.replace(":", "-")
+    context, files = work / f"{name}-context", work / f"{name}-dockerfiles"
+    files.mkdir(parents=True)
+    subprocess.run([script("ngcx"), "render", ref, "--base", "offline", "--context", str(context)],
+                   check=True, capture_output=True, text=True)
+    ngcx_file = files / "ngcx.Dockerfile"
+    shutil.move(context / "Dockerfile", ngcx_file)
+    recipe = write_hpccm_recipe(ref, out / "peers", base="offline")
+    rendered = subprocess.run([script("hpccm"), "--recipe", str(recipe)], capture_output=True, text=True, check=True)
+    (files / "hpccm.Dockerfile").write_text(adapt_for_build(rendered.stdout))
+    naive = NAIVE / f"{ref.split(':')[0]}.Dockerfile"
+    if not naive.read_text().startswith(f"# ngcx-release: {ref} "):
+        raise SuiteSkipped(f"{naive.relative_to(ROOT)} does not mirror {ref}")
+    shutil.copy(naive, files / "naive.Dockerfile")
+    return context, {tool: files / f"{tool}.Dockerfile" for tool in TOOLS}
+
+
+def tag(tool: str, ref: str, what: str = "") -> str:
+    return f"{TAG_PREFIX}{tool}-{ref.split(':')[0]}:{ref.split(':')[1]}{'-' + what if what else ''}"
+
+
+# ----------------------------------------------------------------------------- the suite
+
+
+def run(result: SuiteResult, work: Path, out: Path) -> None:
+    """Fill result with the build figures, the ngcx / hpccm and ngcx / naive ratios, and why ngcx loses where
+    it does."""
+    ensure_package("hpccm", "hpccm")
+    engine = _engine()
+    check_disk(engine.root())
+    engine.snapshot()
+    try:
+        _measure(result, engine, work, out)
+    finally:
+        engine.cleanup()
+
+
+def _measure(result: SuiteResult, engine: Engine, work: Path, out: Path) -> None:
+    context, files = prepare(REF, work, out)
+    print(f"bench build: warm-up builds of {REF} ...", file=sys.stderr)
+    for tool in TOOLS:                                   # fills the layer cache the rebuilds start from
+        engine.build(files[tool], context, tag(tool, REF))
+    times: dict[str, dict[str, list[float]]] = {k: {t: [] for t in TOOLS} for k in ("cold", "edit", "bump")}
+    for round_ in range(1, result.repeat + 1):
+        print(f"bench build: round {round_}/{result.repeat}", file=sys.stderr)
+        for tool in TOOLS:
+            times["cold"][tool].append(engine.build(files[tool], context, tag(tool, REF, "cold"), no_cache=True))
+            engine.discard(tag(tool, REF, "cold"))
+        edit_app_file(context, round_)
+        for tool in TOOLS:
+            times["edit"][tool].append(engine.build(files[tool], context, tag(tool, REF)))
+        for tool in TOOLS:
+            bumped = files[tool].with_name(f"{tool}-bump{round_}.Dockerfile")
+            bumped.write_text(patch_bump(files[tool].read_text(), round_ - 1))
+            times["bump"][tool].append(engine.build(bumped, context, tag(tool, REF, "bump")))
+            engine.discard(tag(tool, REF, "bump"))
+    images = {tool: _image(engine, tag(tool, REF)) for tool in TOOLS}
+    print(f"bench build: {SECOND} with each tool (shared bytes) ...", file=sys.stderr)
+    context2, files2 = prepare(SECOND, work, out)
+    seconds = {}
+    for tool in TOOLS:  # one at a time: a pytorch image is ~6 GB
+        seconds[tool] = _image(engine, tag(tool, SECOND), build=(files2[tool], context2))
+        engine.discard(tag(tool, SECOND))
+    result.measurements = _figures(times, images, seconds, files)
+    result.ratios = _ratios(result.measurements)
+    result.notes = notes(result.measurements, images, seconds,
+                         parting=first_difference(files["ngcx"].read_text(), files2["ngcx"].read_text()))
+    result.extra.update(
+        ref=REF, second=SECOND, base=BASE, app_file=APP_FILE, bump=f"{PIN} -> {PATCHED}",
+        hpccm_recipe=os.path.relpath(out / "peers" / f"hpccm-{REF.replace(':', '-')}-offline.py", ROOT),
+        naive_dockerfile=os.path.relpath(NAIVE / f"{REF.split(':')[0]}.Dockerfile", ROOT),
+        images={tool: {k: v for k, v in images[tool].items() if k != "diff_ids"} for tool in TOOLS},
+        second_images={tool: {k: v for k, v in seconds[tool].items() if k != "diff_ids"} for tool in TOOLS},
+        docker_server=subprocess.run([engine.cli, "version", "--format", "{{.Server.Version}}"],
+                                     capture_output=True, text=True).stdout.strip())
+
+
+def _image(engine: Engine, image_tag: str, build: tuple[Path, Path] | None = None) -> dict[str, Any]:
+    """Size, layers and per-layer sizes of an image (built first when `build` = (Dockerfile, context))."""
+    if build:
+        engine.build(build[0], build[1], image_tag)
+    info = engine.inspect(image_tag)
+    diff_ids = info["RootFS"]["Layers"]
+    sizes = layer_sizes(engine.history(image_tag), len(diff_ids)) or engine.layerdb_sizes(info)
+    return {"tag": image_tag, "size": info["Size"], "layers": len(diff_ids), "diff_ids": diff_ids,
+            "layer_sizes": sizes}
+
+
+def _figures(times: dict[str, dict[str, list[float]]], images: dict[str, dict[str, Any]],
+             seconds: dict[str, dict[str, Any]], files: dict[str, Path]) -> list[Measurement]:
+    what = {"cold": ("cold build", "no layer cache (--no-cache)"),
+            "edit": ("rebuild after editing one app file", f"one comment line added to {APP_FILE}"),
+            "bump": ("rebuild after a patch bump", f"{PIN} -> {PATCHED}")}
+    ms = []
+    for key, (label, note) in what.items():
+        for tool in TOOLS:
+            ms.append(Measurement(name=f"{tool}: {label}", tool=tool, unit="s", better="lower",
+                                  wall=Stats.of(times[key][tool]), command=_shown(files[tool]), note=note))
+    for tool in TOOLS:
+        ms.append(Measurement(name=f"{tool}: image size", tool=tool, unit="bytes", better="lower",
+                              wall=Stats.of([images[tool]["size"]]), command=_shown(files[tool]),
+                              note="docker image inspect .Size (uncompressed)"))
+    for tool in TOOLS:
+        ms.append(Measurement(name=f"{tool}: layers", tool=tool, unit="layers", better="lower",
+                              wall=Stats.of([images[tool]["layers"]]), command=_shown(files[tool])))
+    for tool in TOOLS:
+        sizes = images[tool]["layer_sizes"]
+        if sizes is None:
+            continue  # history that does not map onto layers: no figure rather than a guess
+        shared = shared_bytes(images[tool]["diff_ids"], sizes, seconds[tool]["diff_ids"])
+        ms.append(Measurement(name=f"{tool}: bytes shared with its {SECOND}", tool=tool, unit="bytes",
+                              better="higher", wall=Stats.of([shared]), command=_shown(files[tool]),
+                              note=f"common bottom layers of {REF} and {SECOND} "
+                                   f"({seconds[tool]['size'] / 1e9:.2f} GB)"))
+    return ms
+
+
+def _shown(dockerfile: Path) -> str:
+    return f"docker build -f {dockerfile.name} CONTEXT"
+
+
+def _ratios(ms: list[Measurement]) -> list[Ratio]:
+    by = {m.name: m for m in ms}
+    out = []
+    for label in ("rebuild after editing one app file", "cold build", "rebuild after a patch bump", "image size",
+                  f"bytes shared with its {SECOND}"):
+        for peer in ("hpccm", "naive"):
+            num, den = by.get(f"ngcx: {label}"), by.get(f"{peer}: {label}")
+            if num and den and den.wall.median:
+                out.append(ratio(f"{label}: ngcx / {peer}", num, den))
+    return out
+
+
+def first_difference(a: str, b: str) -> str | None:
+    """The first instruction line of Dockerfile `b` that differs from `a` (comments skipped), or None."""
+    def lines(text: str) -> list[str]:
+        return [ln.rstrip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+
+    for line_a, line_b in zip(lines(a), lines(b), strict=False):
+        if line_a != line_b:
+            return line_b.strip()
+    return None
+
+
+def common_layers(a: list[str], b: list[str]) -> int:
+    """How many bottom layers two images share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def notes(ms: list[Measurement], images: dict[str, dict[str, Any]], seconds: dict[str, dict[str, Any]],
+          parting: str | None = None) -> list[str]:
+    """Why ngcx wins or loses each figure, from this run's numbers, and what would fix a loss."""
+    by = {m.name: m.wall.median for m in ms}
+    out = [f"Same context, base ({BASE}), wheel source (PyPI through this machine's proxy, CA as a BuildKit "
+           f"secret) and engine for all three; a figure is the median of the rounds, tools interleaved."]
+    edit = {t: by[f"{t}: rebuild after editing one app file"] for t in TOOLS}
+    out.append(f"App edit: ngcx {edit['ngcx']:.1f} s, hpccm {edit['hpccm']:.1f} s, naive {edit['naive']:.1f} s. "
+               "ngcx and hpccm copy the app after the heavy wheels, so only the ngcx-runtime install and the "
+               "layers after it rebuild; the naive file copies the app before its one pip install, so every "
+               "edit reinstalls the whole CUDA stack.")
+    cold = {t: by[f"{t}: cold build"] for t in TOOLS}
+    if cold["ngcx"] > min(cold["hpccm"], cold["naive"]):
+        out.append(f"Cold build: ngcx {cold['ngcx']:.1f} s vs hpccm {cold['hpccm']:.1f} s and naive "
+                   f"{cold['naive']:.1f} s. ngcx's CUDA layer does more work in the same RUN: it strips headers "
+                   "and static libraries (the size row) and runs ldconfig over the wheels' lib folders, and it "
+                   "installs into a venv; that work is what makes its image smaller.")
+    bump = {t: by[f"{t}: rebuild after a patch bump"] for t in TOOLS}
+    out.append(f"Patch bump (one CUDA wheel's pin): ngcx {bump['ngcx']:.1f} s, hpccm {bump['hpccm']:.1f} s, naive "
+               f"{bump['naive']:.1f} s: every tool reinstalls its whole CUDA wheel layer and all after it, since all "
+               "the stack's pins share one pip install (one layer per wheel would rebuild only the bumped one, at "
+               "the cost of more layers).")
+    key = f"bytes shared with its {SECOND}"
+    if all(f"{t}: {key}" in by for t in TOOLS):
+        shared = {t: by[f"{t}: {key}"] for t in TOOLS}
+        if shared["ngcx"] < max(shared["hpccm"], shared["naive"]):
+            sizes = images["ngcx"]["layer_sizes"] or []
+            stack = sum(sizes[:4])
+            n = common_layers(images["ngcx"]["diff_ids"], seconds["ngcx"]["diff_ids"])
+            out.append(
+                f"Shared with {SECOND}: ngcx {shared['ngcx'] / 1e6:,.0f} MB, hpccm {shared['hpccm'] / 1e6:,.0f} MB, "
+                f"naive {shared['naive'] / 1e6:,.0f} MB. ngcx's two images share their bottom {n} layer(s) only: "
+                f"the first line where ngcx's {SECOND} Dockerfile differs from its {REF} one is "
+                f"`{(parting or '?')[:90]}`, in the OS-package layer that comes before the CUDA wheels (the "
+                "framework recipe adds its build packages there). Fix (recipes/, not done here): install "
+                "image-specific OS packages after the CUDA layer, or one apt set per CUDA stack; the base, apt, "
+                f"venv and CUDA layers of {REF} ({stack / 1e9:.2f} GB) would then be shared by every image on "
+                "the stack, stored and pulled once.")
+    size = {t: by[f"{t}: image size"] for t in TOOLS}
+    out.append(f"Size: ngcx {size['ngcx'] / 1e9:.2f} GB, hpccm {size['hpccm'] / 1e9:.2f} GB, naive "
+               f"{size['naive'] / 1e9:.2f} GB (no headers or static libraries, apt without recommends, no pip "
+               "cache in a layer).")
+    return out
