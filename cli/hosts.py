@@ -4,22 +4,24 @@ Why bake: a fresh GPU VM that installs its NVIDIA driver at boot is unusable for
 then reboots (cloud-apis.md §7); SkyPilot's baked images cut GPU provisioning by a third to two
 thirds (§11.4). Done once per region: a builder instance runs recipes/deploy/bake.sh.j2 (driver,
 Docker, NVIDIA Container Toolkit, persistence mode, and a pull of the images named with --pull so
-their shared CUDA layers are on the disk), is stopped, captured with CreateImage (tagged
-ngcx:host-image), and deleted. `ngcx deploy` then finds the newest such image by its tag.
+their shared CUDA layers are on the disk), is stopped, captured as an image tagged ngcx:host-image,
+and deleted. `ngcx deploy` then boots from the newest such image. The steps are the same on every
+VM cloud; the cloud object (cli/deploy/vm.py's Cloud, plus create_image / image_available /
+host_images) supplies the calls.
 """
 
 from __future__ import annotations
 
-import base64
 import sys
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from ngcx.errors import UserError
 
 BAKE_TIMEOUT_S = 1800.0
+BAKE_CLOUDS = ("aliyun",)
 
 
 def register(app: typer.Typer) -> None:
@@ -29,25 +31,29 @@ def register(app: typer.Typer) -> None:
     app.add_typer(group, name="hosts")
 
 
+def _cloud(cloud: str, region: str | None) -> Any:
+    if cloud not in BAKE_CLOUDS:
+        raise UserError(f"hosts bake supports --cloud {', '.join(BAKE_CLOUDS)}, not {cloud!r}")
+    from ngcx.deploy import target
+
+    module = target(cloud)
+    from ngcx.deploy.aliyun_api import credentials
+
+    return module.cloud_for(region or credentials().region or module.DEFAULT_REGION)
+
+
 def bake_cmd(
     cloud: Annotated[str, typer.Option("--cloud", help="aliyun")] = "aliyun",
     region: Annotated[str | None, typer.Option("--region", help="Region (default: the profile's).")] = None,
     pull: Annotated[list[str] | None, typer.Option("--pull", help="Image refs to pre-pull (repeatable); default: "
                                                                   "the refs of this machine's pushes.")] = None,
     instance_type: Annotated[str | None, typer.Option("--instance-type", help="Builder type (default: the cheapest "
-                                                                              "GPU type in the table).")] = None,
+                                                                              "one-GPU type with stock).")] = None,
 ) -> None:
     """Make (once per region) the host image `ngcx deploy` boots from; prints its image id."""
-    if cloud != "aliyun":
-        raise UserError(f"hosts bake supports --cloud aliyun, not {cloud!r}")
-    from ngcx.deploy.aliyun import DEFAULT_REGION
-    from ngcx.deploy.aliyun_api import Api, credentials
-
-    region = region or credentials().region or DEFAULT_REGION
-    api = Api(region)
+    target_cloud = _cloud(cloud, region)
     refs = pull if pull is not None else _pushed_refs()
-    image_id = bake(api, region, refs, instance_type)
-    print(image_id)
+    print(bake(target_cloud, refs, instance_type))
 
 
 def _pushed_refs() -> list[str]:
@@ -64,94 +70,74 @@ def _pushed_refs() -> list[str]:
     return list(seen.values())[:8]
 
 
-def bake(api, region: str, refs: list[str], instance_type: str | None) -> str:
-    """Builder instance -> bake script -> stop -> CreateImage -> delete builder; the new image id."""
-    from ngcx.deploy import aliyun, hostscript, store
-    from ngcx.deploy.aliyun_api import tag_params
+def bake(cloud: Any, refs: list[str], instance_type: str | None) -> str:
+    """Builder instance -> bake script -> stop -> image -> delete builder; the new image id."""
+    from ngcx.deploy import hostscript, store, vm
 
-    vswitches, group = aliyun.network(api, "0.0.0.0/0")
-    itype, zones = _builder_type(api, instance_type, set(vswitches))
+    cloud.prepare_network("0.0.0.0/0")
+    itype, zones = _builder_type(cloud, cloud.name, instance_type)
     owner = store.owner_id()
     token = f"ngcx-bake-{owner}-{int(time.time())}"
-    script = hostscript.render_bake(refs)
     t0 = time.monotonic()
-    answer = api.ecs("RunInstances", {
-        "RegionId": region, "ImageId": aliyun.FALLBACK_IMAGE, "InstanceType": itype, "ZoneId": zones[0],
-        "VSwitchId": vswitches[zones[0]], "SecurityGroupId": group, "Amount": 1, "InstanceName": "ngcx-bake",
-        "UserData": base64.b64encode(script.encode()).decode(), "SystemDisk.Category": "cloud_essd",
-        "SystemDisk.Size": 100, **tag_params({aliyun.TAG_OWNER: owner, "ngcx:role": "bake"})}, token=token, write=True)
-    builder = answer["InstanceIdSets"]["InstanceIdSet"][0]
+    builder = cloud.create(vm.CreateSpec(itype, zones[0], cloud.fallback_image(), hostscript.render_bake(refs), token,
+                                         {vm.TAG_OWNER: owner, vm.TAG_ROLE: "bake"}, "ngcx-bake"))
     _say(f"builder {builder} ({itype}, {zones[0]}) is baking")
     try:
-        aliyun.wait_state(api, builder, "running", aliyun.BOOT_TIMEOUT_S)
-        _wait_baked(api, builder)
-        api.ecs("StopInstance", {"InstanceId": builder, "StoppedMode": "KeepCharging"}, write=True)
-        aliyun.wait_state(api, builder, "stopped", 600)
+        vm.wait_state(cloud, builder, "running", vm.BOOT_TIMEOUT_S)
+        _wait_baked(cloud, builder)
+        cloud.stop(builder)
+        vm.wait_state(cloud, builder, "stopped", 600)
         name = f"ngcx-host-{time.strftime('%Y%m%d-%H%M%S')}"
-        image_id = api.ecs("CreateImage", {"InstanceId": builder, "ImageName": name,
-                                           **tag_params({aliyun.TAG_HOST_IMAGE: "1", aliyun.TAG_OWNER: owner})},
-                           token=f"{token}-image", write=True)["ImageId"]
-        _wait_image(api, image_id)
+        image_id = cloud.create_image(builder, name, {vm.TAG_HOST_IMAGE: "1", vm.TAG_OWNER: owner}, f"{token}-image")
+        _wait(lambda: cloud.image_available(image_id), f"image {image_id} is not available")
     finally:
-        api.ecs("DeleteInstance", {"InstanceId": builder, "Force": True}, write=True)
-    _say(f"host image {image_id} ({name}) ready in {time.monotonic() - t0:.0f} s; deploys in {region} boot from it")
+        cloud.delete(builder)
+    _say(f"host image {image_id} ({name}) ready in {time.monotonic() - t0:.0f} s; deploys in {cloud.region} "
+         "boot from it")
     return image_id
 
 
-def _builder_type(api, wanted: str | None, zones_with_switch: set[str]) -> tuple[str, list[str]]:
+def _builder_type(cloud: Any, cloud_name: str, wanted: str | None) -> tuple[str, list[str]]:
     """The builder's type (--instance-type, else the cheapest one-GPU type with stock) and its zones."""
-    from ngcx.deploy import aliyun, offers
+    from ngcx.deploy import offers
 
     if wanted:
         names = [wanted]
     else:
-        types, _meta = offers.load_table("aliyun")
+        types, _meta = offers.load_table(cloud_name)
         names = [t.name for t in sorted((t for t in types if t.gpu_count == 1),
                                         key=lambda t: (t.price_per_hour is None, t.price_per_hour or 0, t.name))]
     for name in names:
-        zones = [z for z in aliyun._zones_with_stock(api, name, None) if z in zones_with_switch]
+        zones = cloud.zones_for(name, None)
         if zones:
             return name, zones
     raise UserError(f"no stock for a builder ({', '.join(names[:3])}{', …' if len(names) > 3 else ''}) in "
-                    f"{api.region}", hint="pass --instance-type with a type the region sells now")
+                    f"{cloud.region}", hint="pass --instance-type with a type the region sells now")
 
 
-def _wait_baked(api, instance_id: str) -> None:
-    from ngcx.deploy import aliyun
-
-    deadline = time.monotonic() + BAKE_TIMEOUT_S
-    while time.monotonic() < deadline:
-        code, out = aliyun.run_command(api, instance_id, "cat /var/lib/ngcx/baked 2>/dev/null || "
-                                                         "{ cat /var/lib/ngcx/bake-failed 2>/dev/null && exit 3; }; "
-                                                         "test -f /var/lib/ngcx/baked", 60)
-        if code == 0:
-            return
+def _wait_baked(cloud: Any, instance_id: str) -> None:
+    def done() -> bool:
+        code, out = cloud.run_command(instance_id, "test -f /var/lib/ngcx/baked && exit 0; "
+                                                   "cat /var/lib/ngcx/bake-failed 2>/dev/null && exit 3; exit 1", 60)
         if code == 3:
             raise UserError(f"baking failed on {instance_id}: {out.strip()[-300:]}")
-        time.sleep(5)
-    raise UserError(f"baking on {instance_id} did not finish in {BAKE_TIMEOUT_S:.0f} s")
+        return code == 0
+    _wait(done, f"baking on {instance_id} did not finish", pause=5)
 
 
-def _wait_image(api, image_id: str) -> None:
+def _wait(ready: Any, what: str, pause: float = 2.0) -> None:
     deadline = time.monotonic() + BAKE_TIMEOUT_S
-    while time.monotonic() < deadline:
-        images = api.ecs("DescribeImages", {"ImageId": image_id, "ImageOwnerAlias": "self"}).get(
-            "Images", {}).get("Image", [])
-        if images and images[0].get("Status") == "Available":
-            return
-        time.sleep(2)
-    raise UserError(f"image {image_id} is not Available after {BAKE_TIMEOUT_S:.0f} s")
+    while not ready():
+        if time.monotonic() > deadline:
+            raise UserError(f"{what} after {BAKE_TIMEOUT_S:.0f} s")
+        time.sleep(pause)
 
 
-def ls_cmd(region: Annotated[str | None, typer.Option("--region")] = None) -> None:
-    """The baked host images in a region."""
-    from ngcx.deploy.aliyun import DEFAULT_REGION, TAG_HOST_IMAGE
-    from ngcx.deploy.aliyun_api import Api, credentials, tag_params
-
-    api = Api(region or credentials().region or DEFAULT_REGION)
-    params = {"ImageOwnerAlias": "self", "PageSize": 100, **tag_params({TAG_HOST_IMAGE: "1"})}
-    for image in api.ecs("DescribeImages", params).get("Images", {}).get("Image", []):
-        print("  ".join(str(image.get(k, "")) for k in ("ImageId", "ImageName", "Status", "CreationTime")))
+def ls_cmd(cloud: Annotated[str, typer.Option("--cloud", help="aliyun")] = "aliyun",
+           region: Annotated[str | None, typer.Option("--region")] = None) -> None:
+    """The baked host images in a region, newest last."""
+    for image_id, name, created in _cloud(cloud, region).host_images():
+        print(f"{image_id}  {name}  {created}")
 
 
 def _say(line: str) -> None:

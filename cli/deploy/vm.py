@@ -1,0 +1,327 @@
+"""Deploys onto cloud VMs, whatever the cloud: the running host, else a stopped one, else a new one.
+
+Why one module for every VM cloud: the paths (cold-start.md §7), the record transitions, the
+failover and the per-phase split are the same on Alibaba Cloud ECS and AWS EC2; only the API
+calls differ. A cloud module (aliyun.py, aws.py) supplies a `Cloud` object with the primitives
+below and re-exports this module's verbs, so the router sees the same contract for both.
+
+- A running host of the same spec serving the same image gets the new container through the
+  cloud's command channel (Cloud Assistant / SSM Run Command): nothing boots, nothing is pulled.
+- A stopped host (its GPU released, its disk and pulled layers kept) is started; when the zone has
+  no capacity to give the GPU back, the deploy creates a new host instead.
+- Otherwise create: candidates in rank order x zones with capacity, one ClientToken per attempt,
+  written into the record BEFORE the call, so a retry or a re-run never doubles an instance.
+The host script (recipes/deploy/host.sh.j2) stamps when it started, pulled and started the
+container; those stamps split the wait into pull / start / ready.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ngcx.deploy import store
+from ngcx.deploy.common import (
+    BOOTING,
+    CREATING,
+    PATH_FRESH,
+    PATH_RUNNING,
+    PATH_STOPPED,
+    READY,
+    REPLACED,
+    SERVE_PORT,
+    STARTING,
+    STOPPED,
+    CapacityError,
+    DeployConfig,
+    DeployRecord,
+    HostStatus,
+)
+from ngcx.errors import UserError
+
+BOOT_TIMEOUT_S = 900.0
+COMMAND_TIMEOUT_S = 900.0
+TAG_OWNER, TAG_DEPLOYMENT, TAG_HOST_IMAGE, TAG_ROLE = "ngcx:owner", "ngcx:deployment", "ngcx:host-image", "ngcx:role"
+
+
+class Cloud(Protocol):
+    """The primitives a VM cloud supplies (one region)."""
+
+    name: str
+    region: str
+
+    def describe(self, ids: list[str]) -> dict[str, HostStatus]: ...
+    def start(self, instance_id: str) -> None: ...            # CapacityError when the GPU cannot come back
+    def stop(self, instance_id: str) -> None: ...             # keep the disk, stop paying for the GPU
+    def delete(self, instance_id: str) -> None: ...           # gone already is fine
+    def zones_for(self, instance_type: str, zone: str | None) -> list[str]: ...
+    def prepare_network(self, allow_from: str) -> None: ...   # subnets per zone, a security group for port 8000
+    def create(self, spec: CreateSpec) -> str: ...            # CapacityError on no stock in that zone
+    def run_command(self, instance_id: str, script: str, timeout: float) -> tuple[int, str]: ...
+    def tagged(self, tags: dict[str, str]) -> list[str]: ...  # instance ids carrying all these tags
+
+
+@dataclass(frozen=True)
+class CreateSpec:
+    instance_type: str
+    zone: str
+    image_id: str
+    user_data: str
+    token: str
+    tags: dict[str, str]
+    name: str
+    spot: bool = False
+    max_price: float | None = None
+
+
+@dataclass
+class Plan:
+    cloud: Any                          # a Cloud
+    candidates: list[Any]               # offers.Candidate, best first
+    host_image: str
+    pull_ref: str
+    registry: str
+    login: Any                          # () -> Credentials | None: a fresh short-lived login per host job
+    notes: list[str] = field(default_factory=list)
+
+
+def say(line: str) -> None:
+    print(f"ngcx: {line}", file=sys.stderr)
+
+
+def run(config: DeployConfig, record: DeployRecord, plan: Plan) -> DeployRecord:
+    """Reuse a running host, else start a stopped one, else create; the container is started either way."""
+    for note in plan.notes:
+        say(note)
+    t0 = time.time()
+    names = {c.itype.name for c in plan.candidates}
+    for old, status in reusable_hosts(plan, names, config, record.id):
+        if status.state == "running":
+            return _swap(config, record, plan, old, status, {"api": 0.0, "boot": 0.0}, PATH_RUNNING)
+        try:
+            plan.cloud.start(old.instance_id)
+        except CapacityError as exc:
+            say(f"stopped host {old.instance_id} cannot start again ({exc.code}: its GPU was released); "
+                "creating a new host")
+            store.update(old.id, detail=f"restart failed for capacity ({exc.code}) at {time.ctime()}")
+            continue
+        t_api = time.time()
+        status = wait_state(plan.cloud, old.instance_id or "", "running", BOOT_TIMEOUT_S)
+        _wait_docker(plan.cloud, old.instance_id or "")
+        phases = {"api": round(t_api - t0, 3), "boot": round(time.time() - t_api, 3)}
+        return _swap(config, record, plan, old, status, phases, PATH_STOPPED)
+    return _create(config, record, plan, t0)
+
+
+def reusable_hosts(plan: Plan, names: set[str], config: DeployConfig, new_id: int) -> list[tuple[DeployRecord, Any]]:
+    """(record, status) of hosts of the same spec this store owns: running ones first, then stopped.
+
+    A running host is reused only by a deploy of the same image (a redeploy swaps its container);
+    one serving another model is never taken over. A stopped host is the warm pool: any image may
+    take it (its record becomes `replaced`), keeping the layers the two images share.
+    """
+    olds = [r for r in store.records(cloud=plan.cloud.name) if r.id != new_id and r.instance_id
+            and r.region == plan.cloud.region and r.instance_type in names
+            and (config.zone is None or r.zone == config.zone)
+            and (r.status == STOPPED or (r.status == READY and r.image == config.image))]
+    if not olds:
+        return []
+    found = plan.cloud.describe([r.instance_id for r in olds])
+    pairs = [(r, found[r.instance_id]) for r in olds if r.instance_id in found]
+    return sorted((p for p in pairs if p[1].state in ("running", "stopped")),
+                  key=lambda p: (p[1].state != "running", -p[0].id))
+
+
+def _swap(config: DeployConfig, record: DeployRecord, plan: Plan, old: DeployRecord, status: HostStatus,
+          phases: dict[str, float], path: str) -> DeployRecord:
+    """Hand the host over from `old` to `record` and run the host script on it through the command channel."""
+    store.update(old.id, status=REPLACED, pid=None, detail=f"host handed to deployment {record.id}")
+    record = store.update(record.id, status=STARTING, instance_id=old.instance_id, instance_type=old.instance_type,
+                          zone=old.zone, host=status.address, endpoint=endpoint(status.address), path=path,
+                          region=plan.cloud.region, phases=phases)
+    code, output = plan.cloud.run_command(record.instance_id, host_script(config, record, plan, "command"),
+                                          COMMAND_TIMEOUT_S)
+    if code != 0:
+        raise UserError(f"the host script failed on {record.instance_id}: {last_lines(output)}")
+    return store.update(record.id, spec=dict(record.spec, marks=_marks(output)))
+
+
+def _create(config: DeployConfig, record: DeployRecord, plan: Plan, t0: float) -> DeployRecord:
+    """Create over candidates x zones with capacity; the first accepted wins."""
+    plan.cloud.prepare_network(config.allow_from)
+    tried: list[str] = []
+    attempt = 0
+    for cand in plan.candidates:
+        for zone in plan.cloud.zones_for(cand.itype.name, config.zone):
+            attempt += 1
+            token = f"ngcx-{store.owner_id()}-{record.id}-{attempt}"
+            record = store.update(record.id, status=CREATING, client_token=token, zone=zone,
+                                  instance_type=cand.itype.name, region=plan.cloud.region, path=PATH_FRESH)
+            spec = CreateSpec(cand.itype.name, zone, plan.host_image, host_script(config, record, plan, "user-data"),
+                              token, {TAG_OWNER: store.owner_id(), TAG_DEPLOYMENT: str(record.id)},
+                              f"ngcx-deploy-{record.id}", config.spot, config.max_price)
+            try:
+                instance_id = plan.cloud.create(spec)
+            except CapacityError as exc:
+                tried.append(f"{cand.itype.name} in {zone}: {exc.code}")
+                say(f"{cand.itype.name} in {zone}: {exc.code}; trying the next")
+                continue
+            record = store.update(record.id, status=BOOTING, instance_id=instance_id)
+            t_api = time.time()
+            status = wait_state(plan.cloud, instance_id, "running", BOOT_TIMEOUT_S)
+            phases = {"api": round(t_api - t0, 3), "boot": round(time.time() - t_api, 3)}
+            return store.update(record.id, status=STARTING, host=status.address, endpoint=endpoint(status.address),
+                                phases=phases)
+    raise UserError(f"no capacity for any fitting instance type in {plan.cloud.name} {plan.cloud.region}: "
+                    f"{'; '.join(tried) or 'no zone offers one'}", hint="try another --region or --gpu, or later")
+
+
+def wait_state(cloud: Any, instance_id: str, state: str, timeout: float) -> HostStatus:
+    """Poll until `state` (bounded, backing off to 2 s); 'gone' when the instance disappears."""
+    deadline, pause = time.monotonic() + timeout, 0.25
+    while True:
+        status = cloud.describe([instance_id]).get(instance_id, HostStatus("gone"))
+        if status.state in (state, "gone"):
+            return status
+        if time.monotonic() > deadline:
+            raise UserError(f"instance {instance_id} is still {status.state} after {timeout:.0f} s (wanted {state})",
+                            hint="check it in the console; `ngcx deployments gc` finds it if it lingers")
+        time.sleep(pause)
+        pause = min(2.0, pause * 1.5)
+
+
+def _wait_docker(cloud: Any, instance_id: str) -> None:
+    """After a start the host's dockerd needs a moment; bounded here, before the host script runs."""
+    code, out = cloud.run_command(instance_id, "i=0; until docker info >/dev/null 2>&1; do i=$((i+1)); "
+                                               "[ $i -gt 600 ] && exit 1; sleep 0.2; done", 150)
+    if code != 0:
+        raise UserError(f"dockerd on {instance_id} did not come up after the start: {last_lines(out)}")
+
+
+def host_script(config: DeployConfig, record: DeployRecord, plan: Plan, mode: str) -> str:
+    from ngcx.deploy import hostscript
+
+    job = hostscript.HostJob(record.id, plan.pull_ref, plan.registry, config.labels.get("ai.ngcx.min-driver", "0"),
+                             config.gpu_mode, plan.login(), tuple(config.cmd), tuple(sorted(config.env.items())))
+    return hostscript.render(job, mode)
+
+
+def _marks(output: str) -> dict[str, float]:
+    for line in reversed(output.splitlines()):
+        if "started deployment" in line and "{" in line:
+            return json.loads(line[line.index("{"):])
+    return {}
+
+
+def report_phases_with(cloud: Any, record: DeployRecord, t_ready: float) -> dict[str, float]:
+    """Split the time after boot into pull / start / ready with the host script's own timestamps."""
+    marks = record.spec.get("marks") or _fetch_marks(cloud, record)
+    phases = dict(record.phases)
+    if marks:
+        phases["pull"] = round(max(0.0, marks["pulled"] - marks["script"]), 3)
+        phases["start"] = round(max(0.0, marks["started"] - marks["pulled"]), 3)
+        phases["ready"] = round(max(0.0, t_ready - marks["started"]), 3)
+    return phases
+
+
+def _fetch_marks(cloud: Any, record: DeployRecord) -> dict[str, float]:
+    try:
+        code, out = cloud.run_command(record.instance_id or "", "cat /var/lib/ngcx/phases.json", 60)
+        return json.loads(out.strip().splitlines()[-1]) if code == 0 and out.strip() else {}
+    except (UserError, ValueError, IndexError):
+        return {}
+
+
+def endpoint(address: str | None) -> str | None:
+    return f"http://{address}:{SERVE_PORT}" if address else None
+
+
+def last_lines(text: str, n: int = 400) -> str:
+    return " | ".join(line for line in text.splitlines() if line.strip())[-n:]
+
+
+FAILURE_PROBE = ("cat /var/lib/ngcx/failed 2>/dev/null && exit 3; "
+                 "s=$(docker inspect -f '{{.State.Status}} {{.State.ExitCode}}' ngcx-serve 2>/dev/null) || exit 0; "
+                 "case \"$s\" in exited*|dead*) echo \"the container exited (${s#* }): "
+                 "$(docker logs --tail 6 ngcx-serve 2>&1 | tr '\\n' '|')\"; exit 4;; esac")
+
+
+def container_failure_with(cloud: Any, record: DeployRecord) -> str | None:
+    """The host script's failure, or the container's exit with its last lines; None while all is well."""
+    if not record.instance_id:
+        return None
+    try:
+        code, out = cloud.run_command(record.instance_id, FAILURE_PROBE, 60)
+    except UserError:
+        return None
+    if code == 3:
+        return f"the host script failed: {last_lines(out)}"
+    return last_lines(out, 600) if code == 4 else None
+
+
+def cleanup_failed_with(cloud: Any, record: DeployRecord) -> str:
+    """A host this deploy created is deleted (billed); a reused host keeps running without the container."""
+    if record.path == PATH_FRESH:
+        ids = [record.instance_id] if record.instance_id else cloud.tagged({TAG_DEPLOYMENT: str(record.id),
+                                                                           TAG_OWNER: store.owner_id()})
+        for instance_id in ids:
+            cloud.delete(instance_id)
+        return f"instance {', '.join(ids)} deleted" if ids else "no instance was created"
+    if record.instance_id:
+        cloud.run_command(record.instance_id, "docker rm -f ngcx-serve >/dev/null 2>&1; true", 60)
+        return f"host {record.instance_id} kept, its container removed"
+    return ""
+
+
+def start_with(cloud: Any, record: DeployRecord) -> DeployRecord:
+    """Start the stopped host; its container comes back by itself (--restart unless-stopped)."""
+    try:
+        cloud.start(record.instance_id or "")
+    except CapacityError as exc:
+        raise UserError(f"host {record.instance_id} cannot start: {exc.code} (its GPU was released while stopped and "
+                        "the zone has none now)", hint="deploy again to create a new host, or try later") from None
+    status = wait_state(cloud, record.instance_id or "", "running", BOOT_TIMEOUT_S)
+    return store.update(record.id, status=STARTING, host=status.address, endpoint=endpoint(status.address))
+
+
+def stop_with(cloud: Any, record: DeployRecord) -> DeployRecord:
+    cloud.stop(record.instance_id or "")
+    wait_state(cloud, record.instance_id or "", "stopped", 600)
+    return record
+
+
+def terminate_with(cloud: Any, record: DeployRecord) -> DeployRecord:
+    if record.instance_id:
+        cloud.delete(record.instance_id)
+    return store.mark_destroyed(record.id)
+
+
+def logs_with(cloud: Any, record: DeployRecord, tail: int) -> str:
+    if not record.instance_id:
+        return ""
+    _code, out = cloud.run_command(record.instance_id, f"docker logs --tail {int(tail)} ngcx-serve 2>&1 || "
+                                                       f"tail -n {int(tail)} /var/log/cloud-init-output.log", 60)
+    return out
+
+
+def orphans_in(clouds: list[Any]) -> list[dict[str, str]]:
+    """Instances tagged with this store's owner id that no live record owns, in the given regions."""
+    found = []
+    for cloud in clouds:
+        owned = store.owned_instance_ids(cloud.name)
+        ids = [i for i in cloud.tagged({TAG_OWNER: store.owner_id()}) if i not in owned]
+        statuses = cloud.describe(ids)
+        for instance_id in ids:
+            status = statuses.get(instance_id, HostStatus("gone"))
+            if status.state != "gone":
+                found.append({"id": instance_id, "region": cloud.region, "status": status.state,
+                              "type": status.instance_type or ""})
+    return found
+
+
+def record_regions(cloud_name: str, default: str) -> list[str]:
+    """The regions this store has used on a cloud, plus the default: where gc looks."""
+    return sorted({r.region for r in store.records(cloud=cloud_name, include_gone=True) if r.region} | {default})
