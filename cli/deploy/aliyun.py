@@ -195,6 +195,14 @@ def cloud_for(region: str) -> Ecs:
     return Ecs(Api(region))
 
 
+def has_credentials() -> bool:
+    """Whether Alibaba Cloud credentials are configured here (variables or the aliyun CLI's profile file)."""
+    import os
+    from pathlib import Path
+
+    return bool(os.environ.get("ALIBABA_CLOUD_ACCESS_KEY_ID")) or (Path.home() / ".aliyun" / "config.json").is_file()
+
+
 def region_of(config: DeployConfig) -> str:
     from ngcx.deploy.aliyun_api import credentials
 
@@ -214,9 +222,11 @@ def prepare(config: DeployConfig) -> vm.Plan:
     """Read-only checks: credentials work, an instance type fits, the image is in a registry."""
     from ngcx import acr
 
-    if not config.pull_ref or not config.registry:
+    picked = config.pick_push(lambda host: acr.region_of(host) is not None)
+    if picked is None:
         raise UserError(f"{config.image} has not been pushed to a registry the host can pull from",
                         hint="push it first (ngcx push IMAGE --registry acr://REGION/NAMESPACE) or pass --registry")
+    config_pull, config_registry = picked
     cloud = cloud_for(region_of(config))
     cloud.api.ecs("DescribeRegions")  # proves the credentials before anything is written
     choice = choose(config)
@@ -229,11 +239,11 @@ def prepare(config: DeployConfig) -> vm.Plan:
     notes = [] if baked else [f"no baked ngcx host image in {cloud.region}: a fresh host installs its driver and "
                               "Docker at boot (5-10 min); make one once: "
                               f"ngcx hosts bake --cloud aliyun --region {cloud.region}"]
-    acr_region = acr.region_of(config.registry)
-    pull_ref, registry = config.pull_ref, config.registry
+    acr_region = acr.region_of(config_registry)
+    pull_ref, registry = config_pull, config_registry
     if acr_region:  # hosts pull in-region through the VPC endpoint, with a fresh 1-hour token per host job
         registry = acr.vpc_endpoint(acr_region)
-        pull_ref = registry + pull_ref[len(config.registry):]
+        pull_ref = registry + pull_ref[len(config_registry):]
     login = (lambda: acr.temporary_login(acr_region)) if acr_region else (lambda: None)
     return vm.Plan(cloud, choice.candidates, host_image, pull_ref, registry, login, notes)
 

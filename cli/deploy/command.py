@@ -21,6 +21,7 @@ from ngcx.options import CatalogOpt, JsonOpt, ProjectFileOpt, VariantOpt
 class Cloud(StrEnum):
     local = "local"
     aliyun = "aliyun"
+    any = "any"       # every cloud with credentials, best candidate first, failing over on capacity
 
 
 class Workload(StrEnum):
@@ -87,12 +88,13 @@ def deploy_cmd(
     if dry_run:
         return _dry_run(config)
     if cloud != Cloud.local:
-        config.pull_ref, config.registry = _pull_ref(image, registry)
+        config.pushes = _pushes(image, registry)
+        config.pull_ref, config.registry = config.pick_push(lambda _host: True) or (None, None)
     _warn_interrupted()
     from ngcx.deploy.common import format_phases
-    from ngcx.deploy.flow import deploy
+    from ngcx.deploy.flow import deploy, deploy_any
 
-    record = deploy(config)
+    record = deploy_any(config, _clouds_with_credentials()) if cloud == Cloud.any else deploy(config)
     if as_json:
         from ngcx.output import emit_json
 
@@ -141,22 +143,33 @@ def resolve(ref: str | None, project_file: Path | None, variant: str | None,
     return tag, dict(engine_client().images.get(tag).labels or {})
 
 
-def _pull_ref(image: str, registry: str | None) -> tuple[str, str]:
-    """REGISTRY/REPO@DIGEST the host pulls: pushed now (--registry) or the image's last verified push."""
+def _pushes(image: str, registry: str | None) -> list[tuple[str, str]]:
+    """(REGISTRY/REPO, digest) of the image's verified pushes, newest first (pushed now with --registry);
+    each cloud then pulls from its own registry when the image is there (DeployConfig.pick_push)."""
     if registry:
         from ngcx.push import push_image
 
-        remote, digest = push_image(image, registry)
+        done = [push_image(image, registry)]
     else:
         from ngcx import state
 
-        pushes = state.list_pushes(image)
-        if not pushes:
+        done = [(p.remote_ref, p.digest) for p in state.list_pushes(image)]
+        if not done:
             raise UserError(f"{image} has never been pushed, and a cloud host pulls from a registry",
                             hint="pass --registry acr://REGION/NAMESPACE (or HOST[:PORT]/NS) to push it first")
-        remote, digest = pushes[0].remote_ref, pushes[0].digest
-    repository = remote.rsplit(":", 1)[0] if ":" in remote.rsplit("/", 1)[-1] else remote
-    return f"{repository}@{digest}", repository.split("/", 1)[0]
+    return [(remote.rsplit(":", 1)[0] if ":" in remote.rsplit("/", 1)[-1] else remote, digest)
+            for remote, digest in done]
+
+
+def _clouds_with_credentials() -> list[str]:
+    """The clouds `--cloud any` may use: those whose credentials are configured (no API call made)."""
+    from ngcx.deploy import CLOUDS, target
+
+    usable = [name for name in CLOUDS if target(name).has_credentials()]
+    if not usable:
+        raise UserError("--cloud any: no cloud has credentials here",
+                        hint="set ALIBABA_CLOUD_ACCESS_KEY_* or AWS credentials (a profile or AWS_ACCESS_KEY_ID)")
+    return usable
 
 
 def _cidr(text: str) -> str:
@@ -174,13 +187,14 @@ def _dry_run(config: Any) -> None:
         print(f"would serve {config.image} on this host's Docker engine (gpu mode {config.gpu_mode}), "
               f"port {config.port or 'a free one'} on 127.0.0.1")
         return
-    from ngcx.deploy import offers
-    from ngcx.deploy.aliyun import choose
+    from ngcx.deploy import CLOUDS, offers
+    from ngcx.deploy.flow import choices_across
 
-    choice = choose(config)
-    for line in offers.explain(choice):
+    choices = choices_across(config, list(CLOUDS) if config.cloud == "any" else [config.cloud])
+    lines = offers.explain_merged(choices) if len(choices) > 1 else offers.explain(choices[0])
+    for line in lines:
         print(line)
-    if not choice.candidates:
+    if not any(choice.candidates for choice in choices):
         raise UserError(f"no {config.cloud} instance type fits {config.image}", hint="see the reasons above")
 
 

@@ -50,7 +50,7 @@ class DeployConfig:
 
     cloud: str
     image: str                       # local image tag (what was built here)
-    pull_ref: str | None             # REGISTRY/REPO@sha256:… the host pulls (None: local image)
+    pull_ref: str | None             # REGISTRY/REPO@sha256:… of the image's newest push (None: local image)
     registry: str | None             # registry host the pull_ref names
     labels: dict[str, str]           # the image's labels: compute capabilities, driver floor, pins
     model: str | None                # the served model's name, when known (readiness of that model)
@@ -66,6 +66,16 @@ class DeployConfig:
     allow_from: str = "0.0.0.0/0"    # cloud: who may reach the endpoint (security group source CIDR)
     ready_timeout: float = 600.0
     env: dict[str, str] = field(default_factory=dict)
+    pushes: list[tuple[str, str]] = field(default_factory=list)  # (REGISTRY/REPO, digest), newest first
+
+    def pick_push(self, owns: Any) -> tuple[str, str] | None:
+        """(REPO@DIGEST, registry host) of the newest push to a registry `owns(host)` claims (the cloud's own,
+        pulled in-region), else of the newest push at all; None when the image was never pushed."""
+        ranked = sorted(self.pushes, key=lambda p: not owns(p[0].split("/", 1)[0]))
+        if not ranked:
+            return (self.pull_ref, self.registry) if self.pull_ref and self.registry else None
+        repository, digest = ranked[0]
+        return f"{repository}@{digest}", repository.split("/", 1)[0]
 
     def spec(self) -> dict[str, Any]:
         """What makes two hosts interchangeable (stored as JSON; no secrets in it)."""
@@ -130,6 +140,10 @@ class CapacityError(Exception):
     def __init__(self, code: str, where: str) -> None:
         self.code, self.where = code, where
         super().__init__(f"{code} ({where})")
+
+
+class NoCapacity(UserError):
+    """No fitting instance type had capacity in any zone of this cloud: `--cloud any` tries the next cloud."""
 
 
 class NotReady(UserError):

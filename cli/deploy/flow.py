@@ -8,12 +8,13 @@ when /v2/health/ready answers through the printed endpoint, and ends with where 
 
 from __future__ import annotations
 
+import sys
 import time
 from types import ModuleType
 from typing import Any
 
 from ngcx.deploy import store, target
-from ngcx.deploy.common import FAILED, READY, STOPPED, DeployConfig, DeployRecord, NotReady
+from ngcx.deploy.common import FAILED, READY, STOPPED, DeployConfig, DeployRecord, NoCapacity, NotReady
 from ngcx.errors import UserError
 
 POLL_S = 0.1          # readiness poll interval: a local deploy's whole budget is ~3 s
@@ -39,6 +40,41 @@ def _phases(module: ModuleType, record: DeployRecord, ready_s: float) -> dict[st
     if hasattr(module, "report_phases"):
         return module.report_phases(record, time.time())
     return dict(record.phases, ready=round(ready_s, 3))
+
+
+def deploy_any(config: DeployConfig, clouds: list[str]) -> DeployRecord:
+    """`--cloud any`: the clouds in the order of their best candidate (offers.merged_order), the next one
+    when a cloud has no capacity for any fitting type; each attempt is a record of its own."""
+    from dataclasses import replace
+
+    from ngcx.deploy import offers
+
+    order = offers.merged_order(choices_across(config, clouds))
+    misses = []
+    for name in order:
+        try:
+            return deploy(replace(config, cloud=name))
+        except NoCapacity as exc:
+            misses.append(exc.message)
+            print(f"ngcx: {name}: {exc.message}; trying the next cloud", file=sys.stderr)
+    raise NoCapacity(f"no cloud had capacity: {' | '.join(misses) or 'no candidate in any cloud'}",
+                     hint="try other --gpu / --max-price, or later")
+
+
+def choices_across(config: DeployConfig, clouds: list[str]) -> list[Any]:
+    """Each cloud's ranked choice; a cloud whose table lacks the --gpu model is left out, not an error,
+    unless no cloud has it (then that cloud's one-line error, naming the models it knows, stands)."""
+    from dataclasses import replace
+
+    choices, errors = [], []
+    for name in clouds:
+        try:
+            choices.append(target(name).choose(replace(config, cloud=name)))
+        except UserError as exc:
+            errors.append(exc)
+    if not choices and errors:
+        raise errors[0]
+    return choices
 
 
 def _fail(module: ModuleType, record: DeployRecord, plan: Any, exc: BaseException) -> None:

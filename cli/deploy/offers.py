@@ -472,3 +472,48 @@ def _price(t: InstanceType, spot: bool, currency: str) -> str:
 def _num(x: float) -> str:
     """12.0 -> '12', 19.5 -> '19.5': figures read as the datasheets print them."""
     return f"{x:g}"
+
+
+# ----------------------------------------------------------------------------- across clouds
+
+
+def merged(choices: list[Choice]) -> list[tuple[str, Candidate]]:
+    """Every cloud's candidates in one ranking (`--cloud any`): the same key as within a cloud (per-GPU
+    figures for the workload, fewer GPUs, price), so an A100 on one cloud ranks above a T4 on another.
+    Prices are compared as written; the tables share one currency (USD) — checked here."""
+    currencies = {c.currency for c in choices if c.candidates}
+    if len(currencies) > 1:
+        raise UserError(f"the instance tables price in different currencies ({', '.join(sorted(currencies))})",
+                        hint="write every clouds/<cloud>.yaml in one currency")
+    pairs = [(choice.cloud, cand) for choice in choices for cand in choice.candidates]
+    return sorted(pairs, key=lambda p: _rank_key(p[1].itype, choices[0].workload,
+                                                 next(c.spot for c in choices if c.cloud == p[0])))
+
+
+def merged_order(choices: list[Choice]) -> list[str]:
+    """The clouds in the order of their best candidate in the merged ranking (clouds without one last out)."""
+    order: list[str] = []
+    for cloud, _cand in merged(choices):
+        if cloud not in order:
+            order.append(cloud)
+    return order
+
+
+def explain_merged(choices: list[Choice]) -> list[str]:
+    """`--cloud any --dry-run`: the merged ranking (cloud named on each line), then each cloud's rejections."""
+    ranking = merged(choices)
+    first = next((c for c in choices if c.candidates), choices[0])
+    lines = [f"any: {len(ranking)} candidate(s) across {', '.join(c.cloud for c in choices)} for a "
+             f"{first.workload} workload; prices {first.currency}/h, list prices as of "
+             f"{', '.join(f'{c.cloud} {c.prices_as_of}' for c in choices)}, not live"]
+    width = max((len(c.itype.name) for _, c in ranking), default=0)
+    for rank, (cloud, c) in enumerate(ranking, 1):
+        t = c.itype
+        lines.append(f"  {rank:>2}. {cloud:<6} {t.name:<{width}}  {t.gpu_label()}, {_num(t.tensor_tflops)} tensor / "
+                     f"{_num(t.fp32_tflops)} FP32 TFLOP/s, {_num(t.memory_bandwidth_gbs)} GB/s, "
+                     f"{_price(t, first.spot, first.currency)}")
+    for choice in choices:
+        if choice.rejected:
+            lines.append(f"{choice.cloud} rejected ({len(choice.rejected)}):")
+            lines += _rejected_lines(choice.rejected)
+    return lines

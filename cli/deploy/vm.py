@@ -39,6 +39,7 @@ from ngcx.deploy.common import (
     DeployConfig,
     DeployRecord,
     HostStatus,
+    NoCapacity,
 )
 from ngcx.errors import UserError
 
@@ -175,7 +176,7 @@ def _create(config: DeployConfig, record: DeployRecord, plan: Plan, t0: float) -
             phases = {"api": round(t_api - t0, 3), "boot": round(time.time() - t_api, 3)}
             return store.update(record.id, status=STARTING, host=status.address, endpoint=endpoint(status.address),
                                 phases=phases)
-    raise UserError(f"no capacity for any fitting instance type in {plan.cloud.name} {plan.cloud.region}: "
+    raise NoCapacity(f"no capacity for any fitting instance type in {plan.cloud.name} {plan.cloud.region}: "
                     f"{'; '.join(tried) or 'no zone offers one'}", hint="try another --region or --gpu, or later")
 
 

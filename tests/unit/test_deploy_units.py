@@ -159,3 +159,44 @@ def test_a_missing_cloud_sdk_names_the_extra_to_install(no_env, monkeypatch):
     with pytest.raises(UserError) as err:
         Api("cn-hangzhou", AliyunCredentials("A", SECRET, "test"))
     assert "pip install 'ngcx[aliyun]'" in err.value.line() and SECRET not in err.value.line()
+
+
+CAPS = ["7.0", "7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0"]
+
+
+def test_any_cloud_ranks_every_clouds_candidates_on_one_scale():
+    from ngcx.deploy import offers
+
+    choices = [offers.choose(c, compute_capabilities=CAPS, driver_floor=None, gpu="A100", workload="transformer")
+               for c in ("aliyun", "aws")]
+    ranking = offers.merged(choices)
+    # A100 80 GB (aliyun gn7e, 2039 GB/s) outranks A100 40 GB (both clouds, 1555 GB/s) for a transformer
+    assert ranking[0][0] == "aliyun" and ranking[0][1].itype.gpu_memory_gib == 80
+    assert {cloud for cloud, _ in ranking} == {"aliyun", "aws"}
+    assert offers.merged_order(choices) == ["aliyun", "aws"]
+    lines = offers.explain_merged(choices)
+    assert lines[0].startswith("any: ") and " aws " in "\n".join(lines) and " aliyun " in "\n".join(lines)
+
+
+def test_a_gpu_model_one_cloud_lacks_leaves_that_cloud_out_of_any():
+    from ngcx.deploy.flow import choices_across
+
+    config = DeployConfig(cloud="any", image="x", pull_ref=None, registry=None, model=None, gpu="A10G",
+                          labels={"ai.ngcx.compute-capabilities": ",".join(CAPS)})
+    [only] = choices_across(config, ["aliyun", "aws"])          # aliyun has no A10G: left out, not an error
+    assert only.cloud == "aws" and only.candidates
+    config.gpu = "Z9000"
+    with pytest.raises(UserError, match="Z9000"):
+        choices_across(config, ["aliyun", "aws"])
+
+
+def test_each_cloud_pulls_from_its_own_registry_when_the_image_is_there():
+    config = DeployConfig(cloud="aliyun", image="x", pull_ref=None, registry=None, labels={}, model=None,
+                          pushes=[("localhost:5000/ecr/app", "sha256:" + "a" * 64),
+                                  ("registry.cn-hangzhou.aliyuncs.com/team/app", "sha256:" + "b" * 64)])
+    ref, host = config.pick_push(lambda h: h.endswith(".aliyuncs.com"))
+    assert host == "registry.cn-hangzhou.aliyuncs.com" and ref.endswith("@sha256:" + "b" * 64)
+    ref, host = config.pick_push(lambda h: False)              # none of its own: the newest push
+    assert host == "localhost:5000"
+    assert DeployConfig(cloud="aliyun", image="x", pull_ref=None, registry=None, labels={},
+                        model=None).pick_push(lambda h: True) is None
