@@ -21,7 +21,7 @@ import typer
 from ngcx.errors import UserError
 
 BAKE_TIMEOUT_S = 1800.0
-BAKE_CLOUDS = ("aliyun",)
+BAKE_CLOUDS = ("aliyun", "aws")
 
 
 def register(app: typer.Typer) -> None:
@@ -37,13 +37,17 @@ def _cloud(cloud: str, region: str | None) -> Any:
     from ngcx.deploy import target
 
     module = target(cloud)
+    if region:
+        return module.cloud_for(region)
+    if cloud == "aws":   # AWS_REGION, AWS_DEFAULT_REGION or the profile's region, as the AWS CLI
+        return module.cloud_for(module.default_region())
     from ngcx.deploy.aliyun_api import credentials
 
-    return module.cloud_for(region or credentials().region or module.DEFAULT_REGION)
+    return module.cloud_for(credentials().region or module.DEFAULT_REGION)
 
 
 def bake_cmd(
-    cloud: Annotated[str, typer.Option("--cloud", help="aliyun")] = "aliyun",
+    cloud: Annotated[str, typer.Option("--cloud", help="aliyun or aws")] = "aliyun",
     region: Annotated[str | None, typer.Option("--region", help="Region (default: the profile's).")] = None,
     pull: Annotated[list[str] | None, typer.Option("--pull", help="Image refs to pre-pull (repeatable); default: "
                                                                   "the refs of this machine's pushes.")] = None,
@@ -52,22 +56,30 @@ def bake_cmd(
 ) -> None:
     """Make (once per region) the host image `ngcx deploy` boots from; prints its image id."""
     target_cloud = _cloud(cloud, region)
-    refs = pull if pull is not None else _pushed_refs()
+    refs = pull if pull is not None else _pushed_refs(cloud)
     print(bake(target_cloud, refs, instance_type))
 
 
-def _pushed_refs() -> list[str]:
-    """REPO@DIGEST of this machine's latest pushes, as hosts pull them (ACR through its VPC endpoint)."""
-    from ngcx import acr, state
+def _pushed_refs(cloud: str = "aliyun") -> list[str]:
+    """REPO@DIGEST of this machine's latest pushes, as `cloud`'s hosts pull them (ACR / ECR through the VPC)."""
+    from ngcx import state
 
     seen: dict[str, str] = {}
     for push in state.list_pushes():
         repository = push.remote_ref.rsplit(":", 1)[0]
         host = repository.split("/", 1)[0]
-        region = acr.region_of(host)
-        pulled = acr.vpc_endpoint(region) + repository[len(host):] if region else repository
-        seen.setdefault(repository, f"{pulled}@{push.digest}")
+        seen.setdefault(repository, f"{_hosts_pull_from(cloud, host)}{repository[len(host):]}@{push.digest}")
     return list(seen.values())[:8]
+
+
+def _hosts_pull_from(cloud: str, host: str) -> str:
+    """The address `cloud`'s hosts reach registry `host` at: its own registry through the VPC endpoint."""
+    from ngcx import acr, ecr
+
+    if cloud == "aws":
+        return ecr.vpc_endpoint(host) if ecr.region_of(host) else host
+    region = acr.region_of(host)
+    return acr.vpc_endpoint(region) if region else host
 
 
 def bake(cloud: Any, refs: list[str], instance_type: str | None) -> str:
@@ -133,7 +145,7 @@ def _wait(ready: Any, what: str, pause: float = 2.0) -> None:
         time.sleep(pause)
 
 
-def ls_cmd(cloud: Annotated[str, typer.Option("--cloud", help="aliyun")] = "aliyun",
+def ls_cmd(cloud: Annotated[str, typer.Option("--cloud", help="aliyun or aws")] = "aliyun",
            region: Annotated[str | None, typer.Option("--region")] = None) -> None:
     """The baked host images in a region, newest last."""
     for image_id, name, created in _cloud(cloud, region).host_images():

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import typer
 
-from ngcx.credentials import Credentials
 from ngcx.errors import UserError
 
 
@@ -22,8 +21,12 @@ def register(app: typer.Typer) -> None:
 def push_command(
     ref: str = typer.Argument(..., help="Catalog IMAGE[:RELEASE] (e.g. pytorch:25.08), or a local image "
                                          "reference such as ngcx/base:bookworm."),
-    registry: str = typer.Option(..., "--registry", "-r", help="HOST[:PORT][/NAMESPACE] to push to."),
+    registry: str = typer.Option(..., "--registry", "-r", help="HOST[:PORT][/NAMESPACE], acr://REGION/NAMESPACE "
+                                                                "or ecr://REGION[/REPO] to push to."),
     variant: str = typer.Option("runtime", "--variant", help="runtime or devel (catalog images)."),
+    ecr_tag_mutability: str | None = typer.Option(
+        None, "--ecr-tag-mutability", envvar="NGCX_ECR_TAG_MUTABILITY",
+        help="ecr:// only, for a repository it creates: MUTABLE (default; deploys pull by digest) or IMMUTABLE."),
 ) -> None:
     """Push a built image to REGISTRY and verify the registry serves the same digest."""
     from ngcx import naming
@@ -34,38 +37,52 @@ def push_command(
         raise UserError(f"unknown --variant {variant!r}", hint=f"use one of: {', '.join(naming.VARIANTS)}")
     target(registry)  # a malformed --registry is one line before the engine is asked anything
     local_ref, name, tag = resolve_local(engine_client(), ref, variant)
-    remote, digest = push_image(local_ref, registry, name=name, tag=tag)
+    remote, digest = push_image(local_ref, registry, name=name, tag=tag, ecr_tag_mutability=ecr_tag_mutability)
     print(f"{remote}@{digest}")
 
 
-def target(registry: str) -> tuple[str, str, Credentials | None, str | None]:
-    """(host, namespace, temporary login or None, ACR region or None) for HOST[:PORT][/NS] or acr://REGION/NS.
+def target(registry: str) -> tuple[str, str, str | None, str | None]:
+    """(host, namespace, cloud registry "acr" | "ecr" | None, its region) for HOST[:PORT][/NS], acr://REGION/NS
+    or ecr://REGION[/REPO].
 
-    An acr:// target resolves to the region's registry endpoint (ngcx.acr) and logs in with a 1-hour
-    token from the SDK; nothing is stored in the docker config.
+    A cloud target resolves to the region's registry endpoint (ngcx.acr, ngcx.ecr) and push_image logs
+    in with a short-lived token from the SDK (ACR 1 h, ECR 12 h); nothing is stored in the docker config.
     """
-    from ngcx import acr
+    from ngcx import acr, ecr
     from ngcx.registry_api import split_registry
 
     parsed = acr.parse(registry)
-    if parsed is None:
-        host, namespace = split_registry(registry)
-        return host, namespace, None, None
-    region, namespace = parsed
-    return acr.endpoint(region), namespace, None, region
+    if parsed is not None:
+        region, namespace = parsed
+        return acr.endpoint(region), namespace, "acr", region
+    parsed = ecr.parse(registry)
+    if parsed is not None:
+        region, namespace = parsed
+        return ecr.endpoint(region), namespace, "ecr", region
+    host, namespace = split_registry(registry)
+    return host, namespace, None, None
 
 
-def push_image(local_ref: str, registry: str, *, name: str | None = None, tag: str | None = None) -> tuple[str, str]:
-    """Push `local_ref` to `registry` (also acr://), verify the digest, record it; (remote ref, digest)."""
-    from ngcx import acr, state
+def push_image(local_ref: str, registry: str, *, name: str | None = None, tag: str | None = None,
+               ecr_tag_mutability: str | None = None) -> tuple[str, str]:
+    """Push `local_ref` to `registry` (also acr://, ecr://), verify the digest, record it; (remote ref, digest).
+
+    ecr://: the repository is created when missing (tag mutability: ecr_tag_mutability, else
+    $NGCX_ECR_TAG_MUTABILITY, else MUTABLE; see ngcx.ecr).
+    """
+    from ngcx import acr, ecr, state
     from ngcx.engine import engine_client
     from ngcx.host import _direct
 
-    host, namespace, _creds, region = target(registry)
+    host, namespace, service, region = target(registry)
     if name is None or tag is None:
         _ref, name, tag = _direct(local_ref)
     repository = f"{host}/{namespace}/{name}" if namespace else f"{host}/{name}"
-    creds = acr.temporary_login(region) if region else check_access(host)
+    if service == "ecr" and region:
+        ecr.ensure_repository(region, repository.split("/", 1)[1], ecr_tag_mutability)
+        creds = ecr.push_login(region)
+    else:
+        creds = acr.temporary_login(region) if service == "acr" and region else check_access(host)
     state.check()  # a locked, full or unwritable store fails before the upload, not after it
     digest = push_and_verify(engine_client(), local_ref, repository, tag, host, creds)
     state.record_push(tag=local_ref, remote_ref=f"{repository}:{tag}", digest=digest)

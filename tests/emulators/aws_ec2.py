@@ -28,7 +28,15 @@ the wire (aws_wire.py): it forwards every request to moto unchanged and adds, ar
   (EC2 answers 401 AuthFailure, ECR/SSM UnrecognizedClientException / InvalidSignatureException, STS
   403 InvalidClientTokenId / SignatureDoesNotMatch); moto alone accepts any credentials.
 - SSM: moto serves the ECS-optimized AMI parameters as Python dict reprs; they become JSON, as AWS
-  serves them. ECR: moto's authorization token expired in 2015; expiresAt becomes now + 12 h.
+  serves them. Run Command (moto records SendCommand and reports Success at once, running nothing):
+  SendCommand of AWS-RunShellScript runs `commands` (joined by newlines) on the machine through
+  hosts.run_command, bounded by the executionTimeout parameter; GetCommandInvocation answers from that
+  run in AWS's shape (Pending / InProgress / Success / Failed / TimedOut, ResponseCode -1 until done,
+  StandardOutputContent = the first 24,000 characters). As on AWS, the first GetCommandInvocation of a
+  command answers InvocationDoesNotExist (the agent has not picked it up yet), and SendCommand to an
+  instance that is not running, has no machine yet, or was launched without an IamInstanceProfile (its
+  agent could not register) answers 400 InvalidInstanceId.
+- ECR: moto's authorization token expired in 2015; expiresAt becomes now + 12 h.
 
 What the product must do to run against it (documented for the deploy tests): point boto3 at
 `.endpoint` (AWS_ENDPOINT_URL or AWS_ENDPOINT_URL_EC2/_ECR/_SSM), any access key, region = `region`;
@@ -54,8 +62,9 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Self
+from urllib.parse import urlencode
 
 from moto.server import ThreadedMotoServer
 
@@ -71,6 +80,7 @@ from .aws_wire import (
     error_response,
     items,
     local,
+    new_request_id,
     parse_xml,
     path,
     walk_with_parents,
@@ -108,6 +118,7 @@ class Instance:
     masked: tuple[str, str] | None = None  # (moto's state, the state shown instead) while a transition runs
     private_ip: str = ""
     on_host: bool = False                  # hosts.create returned: there is a machine to stop/delete
+    profile: str = ""                      # IamInstanceProfile it was launched with (SSM needs one)
     generation: int = 0                    # bumped by every transition; a worker of an older one stands down
     host_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # orders backend calls
 
@@ -118,6 +129,29 @@ class Image:
     source_instance: str
     state: str = "pending"
     done: threading.Event = field(default_factory=threading.Event, repr=False)
+
+
+@dataclass
+class Invocation:
+    """One SSM Run Command invocation (a command on one instance), run on the machine."""
+
+    command_id: str
+    instance_id: str
+    comment: str
+    status: str = "Pending"
+    code: int = -1
+    output: str = ""
+    error: str = ""
+    started: float = 0.0
+    ended: float = 0.0
+    polled: bool = False
+
+
+SSM_OUTPUT_LIMIT = 24_000   # GetCommandInvocation: the first 24,000 characters of stdout (and of stderr)
+
+
+def _iso(stamp: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(stamp)) + f".{int(stamp % 1 * 1000):03d}Z" if stamp else ""
 
 
 @dataclass
@@ -167,6 +201,7 @@ class Ec2Emulator:
         self._capacity: dict[tuple[str, str], bool] = {}
         self._restart_failures: set[str] = set()
         self._faults: dict[str, list[Fault]] = {}
+        self._invocations: dict[tuple[str, str], Invocation] = {}
         self._holds: dict[str, threading.Event] = {}
         self._performed: Counter[str] = Counter()
         self._closing = threading.Event()
@@ -190,6 +225,8 @@ class Ec2Emulator:
             ("json", "GetParameters"): self._ssm_parameters,
             ("json", "GetParametersByPath"): self._ssm_parameters,
             ("json", "GetAuthorizationToken"): self._ecr_token,
+            ("json", "SendCommand"): self._ssm_send_command,
+            ("json", "GetCommandInvocation"): self._ssm_command_invocation,
         }
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -209,6 +246,11 @@ class Ec2Emulator:
             self._moto.start()
             self._upstream = Upstream(*self._moto.get_host_and_port())
             self._upstream.reset()
+            # AWS's managed policies exist in every account (AmazonSSMManagedInstanceCore for SSM hosts); moto
+            # (in this process) has them only when its config says so, read when an account's IAM first appears
+            from moto.core.config import default_user_config
+
+            default_user_config.setdefault("iam", {})["load_aws_managed_policies"] = True
             self._proxy = ProxyServer(self._handle, self.region).start()
             self._proxy_errors = self._proxy.errors
         except BaseException:
@@ -415,7 +457,8 @@ class Ec2Emulator:
                 inst = Instance(child_text(item, "instanceId"), region,
                                 child_text(path(item, "placement"), "availabilityZone"),
                                 child_text(item, "instanceType"), child_text(item, "imageId"), token, user_data,
-                                masked=("running", "pending"))
+                                masked=("running", "pending"), profile=params.get("IamInstanceProfile.Name") or
+                                params.get("IamInstanceProfile.Arn", ""))
                 with self._lock:
                     self._instances[inst.id] = inst
                 launched.append(inst)
@@ -690,11 +733,20 @@ class Ec2Emulator:
         return changed
 
     def _create_image(self, request: WireRequest) -> WireResponse:
-        answer = self._forward(request)
+        name = request.params.get("Name", "")
+        taken = parse_xml(self._need_upstream().ec2(request.region, "DescribeImages", {
+            "Owner.1": "self", "Filter.1.Name": "name", "Filter.1.Value.1": name}).body)
+        for item in items(taken, "imagesSet"):   # EC2 keeps image names unique per account and region; moto does not
+            raise AwsError(400, "InvalidAMIName.Duplicate",
+                           f"AMI name {name} is already in use by AMI {child_text(item, 'imageId')}")
+        forwarded, snapshot_tags = _without_snapshot_tags(request)
+        answer = self._forward(forwarded)
         root = parse_xml(answer.body) if answer.ok else None
         image_id = child_text(root, "imageId") if root is not None else ""
         if not image_id:
             return answer
+        if snapshot_tags:
+            self._tag_snapshots(request.region, image_id, snapshot_tags)
         source = request.params.get("InstanceId", "")
         with self._lock:
             inst = self._instances.get(source)
@@ -702,6 +754,18 @@ class Ec2Emulator:
             self._images[image_id] = image
         self._spawn(self._snapshot, inst, image)
         return answer
+
+    def _tag_snapshots(self, region: str, image_id: str, tags: list[tuple[str, str]]) -> None:
+        """What moto cannot do in CreateImage (TagSpecifications for `snapshot`): tag the image's snapshots."""
+        upstream = self._need_upstream()
+        root = parse_xml(upstream.ec2(region, "DescribeImages", {"ImageId.1": image_id}).body)
+        snapshots = [child_text(path(m, "ebs"), "snapshotId") for i in items(root, "imagesSet")
+                     for m in items(i, "blockDeviceMapping") if path(m, "ebs") is not None]
+        params = {f"ResourceId.{n}": s for n, s in enumerate((s for s in snapshots if s), start=1)}
+        if params:
+            for n, (key, value) in enumerate(tags, start=1):
+                params[f"Tag.{n}.Key"], params[f"Tag.{n}.Value"] = key, value
+            upstream.ec2(region, "CreateTags", params)
 
     def _snapshot(self, inst: Instance | None, image: Image) -> None:
         try:
@@ -804,3 +868,100 @@ class Ec2Emulator:
             if isinstance(expires, int | float) and expires < now:
                 data["expiresAt"], changed = now + ECR_TOKEN_SECONDS, True
         return answer.with_body(json.dumps(document).encode()) if changed else answer
+
+    # --- SSM Run Command: the commands run on the machine ----------------------------------------------
+
+    def _ssm_send_command(self, request: WireRequest) -> WireResponse:
+        """moto records the command (and its id); the harness runs it on each instance's machine."""
+        document = request.document if isinstance(request.document, dict) else {}
+        if document.get("DocumentName") != "AWS-RunShellScript":
+            return self._forward(request)
+        ids = [str(i) for i in document.get("InstanceIds") or []]
+        instances = [self._online(request.region, instance_id) for instance_id in ids]
+        parameters = document.get("Parameters") or {}
+        script = "\n".join(str(line) for line in parameters.get("commands") or [])
+        try:
+            timeout = int((parameters.get("executionTimeout") or ["3600"])[0])
+        except (TypeError, ValueError):
+            raise AwsError(400, "InvalidParameters", "executionTimeout must be a number of seconds") from None
+        answer = self._forward(request)
+        if not answer.ok:
+            return answer
+        body = json.loads(answer.body)
+        command = body.get("Command") or {}
+        command.update(Status="Pending", StatusDetails="Pending", TargetCount=len(instances), CompletedCount=0)
+        for inst in instances:
+            invocation = Invocation(str(command.get("CommandId")), inst.id, str(document.get("Comment") or ""))
+            with self._lock:
+                self._invocations[(invocation.command_id, inst.id)] = invocation
+            self._spawn(self._execute, invocation, script, timeout)
+        return answer.with_body(json.dumps(body).encode())
+
+    def _online(self, region: str, instance_id: str) -> Instance:
+        """An instance whose SSM agent would be registered: running, its machine up, an instance profile."""
+        with self._lock:
+            inst = self._instances.get(instance_id)
+            ready = inst is not None and inst.region == region and inst.on_host and inst.masked is None
+        if ready and inst is not None and inst.profile:
+            root = parse_xml(self._need_upstream().ec2(region, "DescribeInstances", {"InstanceId.1": instance_id}).body)
+            states = [child_text(path(i, "instanceState"), "name")
+                      for r in items(root, "reservationSet") for i in items(r, "instancesSet")]
+            if states == ["running"]:
+                return inst
+        raise AwsError(400, "InvalidInstanceId", f"Instances [[{instance_id}]] not in a valid state for account "
+                                                 "123456789012")
+
+    def _execute(self, invocation: Invocation, script: str, timeout: int) -> None:
+        with self._lock:
+            invocation.status, invocation.started = "InProgress", time.time()
+        try:
+            result = self.hosts.run_command(invocation.instance_id, script, timeout)
+        except Exception as exc:  # the agent reports a failed invocation
+            self._host_failed(invocation.instance_id, "run_command", exc)
+            with self._lock:
+                invocation.status, invocation.error, invocation.ended = "Failed", str(exc)[:500], time.time()
+            return
+        with self._lock:
+            invocation.code, invocation.output, invocation.ended = result.exit_code, result.output, time.time()
+            invocation.status = ("Success" if result.exit_code == 0 else
+                                 "TimedOut" if result.exit_code == 124 else "Failed")
+
+    def _ssm_command_invocation(self, request: WireRequest) -> WireResponse:
+        document = request.document if isinstance(request.document, dict) else {}
+        key = (str(document.get("CommandId") or ""), str(document.get("InstanceId") or ""))
+        with self._lock:
+            invocation = self._invocations.get(key)
+            first = invocation is not None and not invocation.polled
+            if invocation is not None:
+                invocation.polled = True
+            view = dict(vars(invocation)) if invocation is not None else {}
+        if invocation is None or first:
+            raise AwsError(400, "InvocationDoesNotExist", "")
+        done = view["status"] not in ("Pending", "InProgress")
+        details = "ExecutionTimedOut" if view["status"] == "TimedOut" else view["status"]
+        elapsed = (view["ended"] or time.time()) - view["started"] if view["started"] else 0.0
+        body = {"CommandId": key[0], "InstanceId": key[1], "Comment": view["comment"],
+                "DocumentName": "AWS-RunShellScript", "DocumentVersion": "$DEFAULT", "PluginName": "aws:runShellScript",
+                "ResponseCode": view["code"] if done and view["code"] >= 0 else -1,
+                "ExecutionStartDateTime": _iso(view["started"]), "ExecutionElapsedTime": f"PT{elapsed:.3f}S",
+                "ExecutionEndDateTime": _iso(view["ended"]), "Status": view["status"], "StatusDetails": details,
+                "StandardOutputContent": view["output"][:SSM_OUTPUT_LIMIT], "StandardOutputUrl": "",
+                "StandardErrorContent": view["error"][:SSM_OUTPUT_LIMIT], "StandardErrorUrl": "",
+                "CloudWatchOutputConfig": {"CloudWatchLogGroupName": "", "CloudWatchOutputEnabled": False}}
+        headers = (("Content-Type", "application/x-amz-json-1.1"), ("x-amzn-RequestId", new_request_id()))
+        return WireResponse(200, headers, json.dumps(body).encode())
+
+
+def _without_snapshot_tags(request: WireRequest) -> tuple[WireRequest, list[tuple[str, str]]]:
+    """CreateImage's TagSpecification.N for ResourceType=snapshot (moto raises NotImplementedError on them),
+    taken out of the request moto gets; the harness applies them itself."""
+    params = request.params
+    numbers = {key.split(".")[1] for key, value in params.items()
+               if key.startswith("TagSpecification.") and key.endswith(".ResourceType") and value == "snapshot"}
+    if not numbers:
+        return request, []
+    prefixes = tuple(f"TagSpecification.{n}." for n in numbers)
+    tags = [(params[key], params.get(key[:-len("Key")] + "Value", "")) for key in sorted(params)
+            if key.startswith(prefixes) and key.endswith(".Key")]
+    kept = {key: value for key, value in params.items() if not key.startswith(prefixes)}
+    return replace(request, body=urlencode(kept).encode(), params=kept), tags

@@ -1,0 +1,542 @@
+"""The AWS EC2 target: EC2's primitives behind the VM contract of cli/deploy/vm.py.
+
+What is EC2-specific lives here: RunInstances with ngcx's ClientToken (the record holds it before
+the call; aws_api retries with the same token) in a zone that sells the type
+(DescribeInstanceTypeOfferings) and has a default subnet, ngcx's tags on the instance AND its EBS
+volumes; stops keep the EBS disk with the pulled layers (the GPU is released: a start can fail with
+InsufficientInstanceCapacity, and vm.py then creates a new host); SSM Run Command as the command
+channel (the host needs an instance profile with AmazonSSMManagedInstanceCore, made once as
+`ngcx-host`, and a running SSM agent, which the user-data starts when the AMI lacks it); the host
+image is the newest baked one (tag ngcx:host-image) or the ECS GPU-optimized AMI from its public
+SSM parameter; ECR logins are a fresh 12-hour token per host job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ngcx.deploy import vm
+from ngcx.deploy.common import SERVE_PORT, Capabilities, CapacityError, DeployConfig, DeployRecord, HostStatus
+from ngcx.errors import UserError
+
+CAPABILITIES = Capabilities(stop_start_host=True, choose_instance=True, bake=True, list_orphans=True)
+NAME = "aws"
+DEFAULT_REGION = "us-east-1"
+GPU_AMI_PARAMETER = "/aws/service/ecs/optimized-ami/amazon-linux-2/gpu/recommended"
+INSTANCE_PROFILE = "ngcx-host"   # role + instance profile for SSM; NGCX_AWS_INSTANCE_PROFILE names your own instead
+SSM_POLICY = "AmazonSSMManagedInstanceCore"
+ROOT_GIB = 100
+FAILURE_CHECK_S = 5.0            # flow.py asks this often whether the container died (one SSM command each)
+VISIBLE_AFTER_S = 60.0           # EC2 is eventually consistent: a new instance may be unknown to Describe* a while
+AGENT_WAIT_S = 180.0             # an SSM agent registers some seconds after boot or start
+PROFILE_PROPAGATION_S = 60.0     # a new instance profile is refused by RunInstances for a few seconds
+TAG_OWNER, TAG_DEPLOYMENT, TAG_HOST_IMAGE = vm.TAG_OWNER, vm.TAG_DEPLOYMENT, vm.TAG_HOST_IMAGE
+STATE_MAP = {"pending": "pending", "running": "running", "stopping": "stopping", "stopped": "stopped",
+             "shutting-down": "gone", "terminated": "gone"}
+LIVE_STATES = ["pending", "running", "stopping", "stopped"]
+SSM_DONE = {"Success", "Failed", "TimedOut", "Cancelled", "DeliveryTimedOut", "Undeliverable", "Terminated",
+            "InvalidPlatform", "AccessDenied"}
+# Inserted after the user-data's first line: the SSM agent must run for Run Command to reach the host.
+# ECS-optimized AMIs are built from the minimal Amazon Linux, which lacks it; DLAMIs and baked ngcx images have it.
+SSM_AGENT = """\
+if ! systemctl is-active -q amazon-ssm-agent 2>/dev/null && ! systemctl is-active -q \
+snap.amazon-ssm-agent.amazon-ssm-agent 2>/dev/null && ! pgrep -x amazon-ssm-agent >/dev/null 2>&1; then
+  { yum install -y -q amazon-ssm-agent || snap install amazon-ssm-agent --classic; } >/dev/null 2>&1 \
+    && systemctl enable --now amazon-ssm-agent >/dev/null 2>&1
+fi
+"""
+
+
+@dataclass(frozen=True)
+class Subnet:
+    id: str
+    public: bool        # MapPublicIpOnLaunch: otherwise the launch asks for a public address itself
+
+
+@dataclass
+class Ec2:
+    """vm.Cloud for one AWS region (plus create_image, image_available, host_images, fallback_image)."""
+
+    api: Any
+    name: str = NAME
+    subnets: dict[str, Subnet] | None = None
+    security_group: str | None = None
+    instance_profile: str | None = None
+    _launched: dict[str, float] = field(default_factory=dict)
+    _zones: list[str] | None = None
+    _fallback: str | None = None
+
+    @property
+    def region(self) -> str:
+        return self.api.region
+
+    # ------------------------------------------------------------ state
+
+    def describe(self, ids: list[str]) -> dict[str, HostStatus]:
+        """By filter, not InstanceIds: one unknown id would fail the whole call (InvalidInstanceID.NotFound)."""
+        found: dict[str, HostStatus] = {}
+        for start in range(0, len(ids), 199):
+            reservations = self.api.pages("ec2", "describe_instances", "Reservations",
+                                          Filters=[{"Name": "instance-id", "Values": ids[start:start + 199]}])
+            found.update({i["InstanceId"]: _status(i) for r in reservations for i in r.get("Instances", [])})
+        now = time.monotonic()
+        for instance_id in ids:    # launched by this process moments ago: not visible yet is not gone
+            if instance_id not in found and now - self._launched.get(instance_id, -VISIBLE_AFTER_S) < VISIBLE_AFTER_S:
+                found[instance_id] = HostStatus("pending")
+        return found
+
+    def tagged(self, tags: dict[str, str]) -> list[str]:
+        filters = [{"Name": f"tag:{k}", "Values": [v]} for k, v in sorted(tags.items())]
+        reservations = self.api.pages("ec2", "describe_instances", "Reservations",
+                                      Filters=[*filters, {"Name": "instance-state-name", "Values": LIVE_STATES}])
+        return [i["InstanceId"] for r in reservations for i in r.get("Instances", [])]
+
+    def start(self, instance_id: str) -> None:
+        self.api.call("ec2", "start_instances", capacity=True, where=instance_id, InstanceIds=[instance_id])
+
+    def stop(self, instance_id: str) -> None:
+        """The EBS disk (pulled layers) stays; the instance and its GPU stop billing."""
+        self.api.call("ec2", "stop_instances", InstanceIds=[instance_id])
+
+    def delete(self, instance_id: str) -> None:
+        from ngcx.deploy.aws_api import AwsError
+
+        try:
+            self.api.call("ec2", "terminate_instances", InstanceIds=[instance_id])
+        except AwsError as exc:
+            if exc.code != "InvalidInstanceID.NotFound":
+                raise
+
+    # ------------------------------------------------------------ placement and network
+
+    def check(self) -> None:
+        """A read that proves the credentials (and that EC2 answers) before anything is written."""
+        self._available_zones()
+
+    def _available_zones(self) -> list[str]:
+        if self._zones is None:
+            answer = self.api.call("ec2", "describe_availability_zones",
+                                   Filters=[{"Name": "state", "Values": ["available"]}])
+            self._zones = sorted(z["ZoneName"] for z in answer.get("AvailabilityZones", [])
+                                 if z.get("ZoneType", "availability-zone") == "availability-zone")
+        return self._zones
+
+    def zones_for(self, instance_type: str, zone: str | None) -> list[str]:
+        """Zones that sell `instance_type` (DescribeInstanceTypeOfferings), are available, and have a default subnet."""
+        offerings = self.api.pages("ec2", "describe_instance_type_offerings", "InstanceTypeOfferings",
+                                   LocationType="availability-zone",
+                                   Filters=[{"Name": "instance-type", "Values": [instance_type]}])
+        offered = {o["Location"] for o in offerings}
+        zones = [z for z in self._available_zones() if z in offered and zone in (None, z)]
+        return [z for z in zones if self.subnets is None or z in self.subnets]
+
+    def prepare_network(self, allow_from: str) -> None:
+        """Default subnets per zone, ngcx's security group (port 8000 from allow_from), the SSM instance profile."""
+        if self.security_group and self.subnets is not None:
+            return
+        vpcs = self.api.call("ec2", "describe_vpcs", Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
+        if not vpcs:
+            raise UserError(f"no default VPC in {self.region}",
+                            hint=f"create one: aws ec2 create-default-vpc --region {self.region}")
+        vpc = vpcs[0]["VpcId"]
+        subnets = self.api.pages("ec2", "describe_subnets", "Subnets", Filters=[
+            {"Name": "vpc-id", "Values": [vpc]}, {"Name": "default-for-az", "Values": ["true"]}])
+        self.subnets = {s["AvailabilityZone"]: Subnet(s["SubnetId"], bool(s.get("MapPublicIpOnLaunch")))
+                        for s in subnets}
+        self.security_group = self._security_group(vpc, allow_from)
+        self.instance_profile = self._instance_profile()
+
+    def _security_group(self, vpc: str, allow_from: str) -> str:
+        from ngcx.deploy import store
+        from ngcx.deploy.aws_api import AwsError
+
+        owner = store.owner_id()
+        groups = self.api.call("ec2", "describe_security_groups", Filters=[
+            {"Name": "vpc-id", "Values": [vpc]}, {"Name": f"tag:{TAG_OWNER}", "Values": [owner]}])["SecurityGroups"]
+        name = f"ngcx-serve-{owner}"
+        if groups:
+            group_id, permissions = groups[0]["GroupId"], groups[0].get("IpPermissions", [])
+        else:
+            try:
+                group_id = self.api.call("ec2", "create_security_group", idempotent=False, GroupName=name, VpcId=vpc,
+                                         Description="ngcx deploy: KServe v2 HTTP", TagSpecifications=[{
+                                             "ResourceType": "security-group",
+                                             "Tags": _tags({TAG_OWNER: owner, "Name": name})}])["GroupId"]
+            except AwsError as exc:   # a concurrent deploy made it first
+                if exc.code != "InvalidGroup.Duplicate":
+                    raise
+                group_id = self.api.call("ec2", "describe_security_groups", Filters=[
+                    {"Name": "vpc-id", "Values": [vpc]}, {"Name": "group-name", "Values": [name]}]
+                )["SecurityGroups"][0]["GroupId"]
+            permissions = []
+        if not _allows(permissions, allow_from):
+            ranges = ({"Ipv6Ranges": [{"CidrIpv6": allow_from, "Description": "ngcx deploy"}]} if ":" in allow_from
+                      else {"IpRanges": [{"CidrIp": allow_from, "Description": "ngcx deploy"}]})
+            try:
+                self.api.call("ec2", "authorize_security_group_ingress", GroupId=group_id, IpPermissions=[
+                    {"IpProtocol": "tcp", "FromPort": SERVE_PORT, "ToPort": SERVE_PORT, **ranges}])
+            except AwsError as exc:
+                if exc.code != "InvalidPermission.Duplicate":
+                    raise
+            if allow_from in ("0.0.0.0/0", "::/0"):
+                vm.say(f"port {SERVE_PORT} of ngcx hosts is open to {allow_from}; restrict it with --allow-from CIDR")
+        return group_id
+
+    def _instance_profile(self) -> str:
+        """NGCX_AWS_INSTANCE_PROFILE, else `ngcx-host` (made once: role for EC2 + AmazonSSMManagedInstanceCore)."""
+        from ngcx.deploy.aws_api import AwsError
+
+        own = os.environ.get("NGCX_AWS_INSTANCE_PROFILE")
+        if own:
+            return own
+        try:
+            profile = self.api.call("iam", "get_instance_profile", InstanceProfileName=INSTANCE_PROFILE)
+            if profile["InstanceProfile"].get("Roles"):
+                return INSTANCE_PROFILE
+        except AwsError as exc:
+            if exc.code != "NoSuchEntity":
+                raise
+        vm.say(f"creating the IAM role and instance profile {INSTANCE_PROFILE} (SSM Run Command reaches hosts with it)")
+        trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                          "Principal": {"Service": "ec2.amazonaws.com"}}]}
+        steps = [("create_role", {"RoleName": INSTANCE_PROFILE, "AssumeRolePolicyDocument": json.dumps(trust),
+                                  "Description": "ngcx deploy hosts: SSM Run Command"}),
+                 ("attach_role_policy", {"RoleName": INSTANCE_PROFILE,
+                                         "PolicyArn": f"arn:{self.api.partition()}:iam::aws:policy/{SSM_POLICY}"}),
+                 ("create_instance_profile", {"InstanceProfileName": INSTANCE_PROFILE}),
+                 ("add_role_to_instance_profile", {"InstanceProfileName": INSTANCE_PROFILE,
+                                                   "RoleName": INSTANCE_PROFILE})]
+        for operation, params in steps:
+            try:
+                self.api.call("iam", operation, **params)
+            except AwsError as exc:    # made by an earlier, interrupted run: fine
+                if exc.code not in ("EntityAlreadyExists", "LimitExceeded"):
+                    raise
+        return INSTANCE_PROFILE
+
+    # ------------------------------------------------------------ create
+
+    def create(self, spec: vm.CreateSpec) -> str:
+        """RunInstances with spec.token; CapacityError when the zone has no stock for the type."""
+        from ngcx.deploy.aws_api import AwsError
+
+        subnet = (self.subnets or {}).get(spec.zone)
+        if subnet is None:
+            raise CapacityError("NoDefaultSubnetInZone", spec.zone)
+        params = self._launch_params(spec, subnet)
+        deadline = time.monotonic() + PROFILE_PROPAGATION_S
+        while True:
+            try:
+                answer = self.api.call("ec2", "run_instances", capacity=True, where=spec.zone, **params)
+                break
+            except AwsError as exc:   # IAM is eventually consistent: a fresh profile is "invalid" for seconds
+                if "iaminstanceprofile" not in str(exc).lower() or time.monotonic() > deadline:
+                    raise
+                time.sleep(3)
+        instance_id = answer["Instances"][0]["InstanceId"]
+        self._launched[instance_id] = time.monotonic()
+        return instance_id
+
+    def _launch_params(self, spec: vm.CreateSpec, subnet: Subnet) -> dict[str, Any]:
+        tags = _tags({**spec.tags, "Name": spec.name})
+        params: dict[str, Any] = {
+            "ImageId": spec.image_id, "InstanceType": spec.instance_type, "MinCount": 1, "MaxCount": 1,
+            "ClientToken": spec.token, "UserData": with_ssm_agent(spec.user_data),   # boto3 base64-encodes it
+            "TagSpecifications": [{"ResourceType": kind, "Tags": tags} for kind in ("instance", "volume")],
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+            **self._root_disk(spec.image_id), **_market(spec)}
+        if self.instance_profile:
+            params["IamInstanceProfile"] = {"Name": self.instance_profile}
+        groups = [self.security_group] if self.security_group else []
+        if subnet.public:
+            params.update(SubnetId=subnet.id, SecurityGroupIds=groups)
+        else:   # the subnet does not map public addresses: ask for one on the primary interface
+            params["NetworkInterfaces"] = [{"DeviceIndex": 0, "SubnetId": subnet.id, "Groups": groups,
+                                            "AssociatePublicIpAddress": True, "DeleteOnTermination": True}]
+        return params
+
+    def _root_disk(self, image_id: str) -> dict[str, Any]:
+        """A 100 GiB gp3 root (images are large; the AMI's default is often 30 GiB), deleted with the instance."""
+        images = self.api.call("ec2", "describe_images", ImageIds=[image_id]).get("Images", [])
+        root = images[0].get("RootDeviceName") if images else None
+        if not root:
+            return {}
+        size = next((m.get("Ebs", {}).get("VolumeSize") or 0 for m in images[0].get("BlockDeviceMappings", [])
+                     if m.get("DeviceName") == root), 0)
+        return {"BlockDeviceMappings": [{"DeviceName": root, "Ebs": {
+            "VolumeSize": max(ROOT_GIB, int(size)), "VolumeType": "gp3", "DeleteOnTermination": True}}]}
+
+    # ------------------------------------------------------------ the command channel: SSM Run Command
+
+    def run_command(self, instance_id: str, script: str, timeout: float) -> tuple[int, str]:
+        """AWS-RunShellScript on the host; (exit code, stdout + stderr). Not retried after a 5xx (it may have run)."""
+        deadline = time.monotonic() + timeout + 60
+        command_id = self._send_command(instance_id, script, timeout)
+        pause = 0.2
+        while time.monotonic() < deadline:
+            invocation = self._invocation(command_id, instance_id)
+            if invocation and invocation.get("Status") in SSM_DONE:
+                output = "".join(invocation.get(k) or "" for k in ("StandardOutputContent", "StandardErrorContent"))
+                code = int(invocation.get("ResponseCode", -1))
+                if invocation["Status"] != "Success" and code in (-1, 0):
+                    code = 124 if invocation["Status"] == "TimedOut" else 1
+                    output += f"\n(SSM: {invocation['Status']}: {invocation.get('StatusDetails', '')})"
+                return code, output
+            time.sleep(pause)
+            pause = min(1.0, pause * 1.5)
+        raise UserError(f"SSM command {command_id} on {instance_id} did not finish in {timeout:.0f} s")
+
+    def _send_command(self, instance_id: str, script: str, timeout: float) -> str:
+        """SendCommand; an instance whose agent has not registered yet (InvalidInstanceId) is waited for."""
+        from ngcx.deploy.aws_api import AwsError
+
+        deadline, pause = time.monotonic() + AGENT_WAIT_S, 1.0
+        while True:
+            try:
+                answer = self.api.call("ssm", "send_command", idempotent=False, InstanceIds=[instance_id],
+                                       DocumentName="AWS-RunShellScript", Comment="ngcx", TimeoutSeconds=60,
+                                       Parameters={"commands": [script],
+                                                   "executionTimeout": [str(max(1, int(timeout)))]})
+                return answer["Command"]["CommandId"]
+            except AwsError as exc:
+                if exc.code != "InvalidInstanceId":
+                    raise
+                if time.monotonic() > deadline:
+                    raise UserError(f"SSM Run Command cannot reach {instance_id}: {exc.message}",
+                                    hint="the host needs a running SSM agent and an instance profile with "
+                                         f"{SSM_POLICY} (NGCX_AWS_INSTANCE_PROFILE)") from None
+                time.sleep(pause)
+                pause = min(5.0, pause * 1.5)
+
+    def _invocation(self, command_id: str, instance_id: str) -> dict[str, Any] | None:
+        from ngcx.deploy.aws_api import AwsError
+
+        try:
+            return self.api.call("ssm", "get_command_invocation", CommandId=command_id, InstanceId=instance_id)
+        except AwsError as exc:     # the agent has not picked it up yet
+            if exc.code == "InvocationDoesNotExist":
+                return None
+            raise
+
+    # ------------------------------------------------------------ host images (ngcx hosts bake)
+
+    def create_image(self, instance_id: str, name: str, tags: dict[str, str], token: str) -> str:
+        """CreateImage has no ClientToken; the image name is unique per account and region, so a retry whose
+        first answer was lost finds its image by name instead of making a second one (`token` is unused)."""
+        from ngcx.deploy.aws_api import AwsError
+
+        del token
+        kinds = [{"ResourceType": kind, "Tags": _tags({**tags, "Name": name})} for kind in ("image", "snapshot")]
+        try:
+            return self.api.call("ec2", "create_image", InstanceId=instance_id, Name=name,
+                                 Description="ngcx host: NVIDIA driver, Docker, container toolkit, base layers",
+                                 TagSpecifications=kinds)["ImageId"]
+        except AwsError as exc:
+            if exc.code != "InvalidAMIName.Duplicate":
+                raise
+        images = self.api.call("ec2", "describe_images", Owners=["self"],
+                               Filters=[{"Name": "name", "Values": [name]}]).get("Images", [])
+        if not images:
+            raise UserError(f"image name {name} is taken but no image of this account has it")
+        return images[0]["ImageId"]
+
+    def image_available(self, image_id: str) -> bool:
+        images = self.api.call("ec2", "describe_images", ImageIds=[image_id]).get("Images", [])
+        state = images[0].get("State", "") if images else "gone"
+        if state in ("failed", "invalid", "error", "deregistered", "gone"):
+            reason = (images[0].get("StateReason") or {}).get("Message", "") if images else ""
+            raise UserError(f"image {image_id} is {state}{': ' + reason if reason else ''}",
+                            hint="bake again: ngcx hosts bake --cloud aws")
+        return state == "available"
+
+    def host_images(self) -> list[tuple[str, str, str]]:
+        """(image id, name, creation time) of the baked ngcx host images of this account, oldest first."""
+        images = self.api.call("ec2", "describe_images", Owners=["self"], Filters=[
+            {"Name": f"tag:{TAG_HOST_IMAGE}", "Values": ["1"]}, {"Name": "state", "Values": ["available"]}]
+        ).get("Images", [])
+        images.sort(key=lambda i: i.get("CreationDate", ""))
+        return [(i["ImageId"], i.get("Name", ""), i.get("CreationDate", "")) for i in images]
+
+    def fallback_image(self) -> str:
+        """The ECS GPU-optimized AMI (NVIDIA driver, Docker, container runtime) from its public SSM parameter."""
+        from ngcx.deploy.aws_api import AwsError
+
+        if self._fallback is None:
+            try:
+                value = self.api.call("ssm", "get_parameter", Name=GPU_AMI_PARAMETER)["Parameter"]["Value"]
+                self._fallback = str(json.loads(value)["image_id"])
+            except AwsError as exc:
+                raise UserError(f"no ECS GPU AMI in {self.region} ({GPU_AMI_PARAMETER}: {exc.code})",
+                                hint="bake a host image there, or pick another --region") from None
+            except (ValueError, KeyError, TypeError):
+                raise UserError(f"{GPU_AMI_PARAMETER} in {self.region} does not hold the expected JSON "
+                                "with image_id") from None
+        return self._fallback
+
+
+def with_ssm_agent(user_data: str) -> str:
+    """The user-data with the SSM agent check inserted after its first line (the shebang stays first)."""
+    first, newline, rest = user_data.partition("\n")
+    if not first.startswith("#!"):
+        return SSM_AGENT + user_data
+    return f"{first}{newline}{SSM_AGENT}{rest}"
+
+
+def _status(item: dict[str, Any]) -> HostStatus:
+    address = item.get("PublicIpAddress") or item.get("PrivateIpAddress")
+    return HostStatus(STATE_MAP.get((item.get("State") or {}).get("Name", ""), "pending"), address,
+                      item.get("InstanceType"), (item.get("Placement") or {}).get("AvailabilityZone"))
+
+
+def _tags(tags: dict[str, str]) -> list[dict[str, str]]:
+    return [{"Key": key, "Value": value} for key, value in sorted(tags.items())]
+
+
+def _allows(permissions: list[dict[str, Any]], cidr: str) -> bool:
+    for rule in permissions:
+        ports = rule.get("IpProtocol") == "-1" or rule.get("FromPort", 0) <= SERVE_PORT <= rule.get("ToPort", -1)
+        ranges = [r.get("CidrIp") for r in rule.get("IpRanges", [])] + \
+            [r.get("CidrIpv6") for r in rule.get("Ipv6Ranges", [])]
+        if rule.get("IpProtocol") in ("tcp", "-1") and ports and cidr in ranges:
+            return True
+    return False
+
+
+def _market(spec: vm.CreateSpec) -> dict[str, Any]:
+    """Spot: persistent with interruption behaviour `stop`, so `ngcx deployments stop/start` works as on-demand;
+    capped at --max-price when one is given, else up to the on-demand price (EC2's default)."""
+    if not spec.spot:
+        return {}
+    options: dict[str, Any] = {"SpotInstanceType": "persistent", "InstanceInterruptionBehavior": "stop"}
+    if spec.max_price is not None:
+        options["MaxPrice"] = f"{spec.max_price:.4f}"
+    return {"InstanceMarketOptions": {"MarketType": "spot", "SpotOptions": options}}
+
+
+def cloud_for(region: str) -> Ec2:
+    from ngcx.deploy.aws_api import Api
+
+    return Ec2(Api(region))
+
+
+def has_credentials() -> bool:
+    """Whether AWS credentials are configured here, without an API call (`--cloud any` picks clouds with it):
+    the variables, a profile, ~/.aws files, a web identity or container role. An EC2 instance role is only
+    found by a call to the metadata service, so a host relying on one names --cloud aws explicitly."""
+    import importlib.util
+    from pathlib import Path
+
+    if importlib.util.find_spec("boto3") is None:
+        return False
+    names = ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE",
+             "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI")
+    if any(os.environ.get(name) for name in names):
+        return True
+    files = [os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or Path.home() / ".aws" / "credentials",
+             os.environ.get("AWS_CONFIG_FILE") or Path.home() / ".aws" / "config"]
+    return any(Path(f).is_file() for f in files)
+
+
+def default_region() -> str:
+    from ngcx.deploy.aws_api import default_region as configured
+
+    return configured() or DEFAULT_REGION
+
+
+def region_of(config: DeployConfig) -> str:
+    return config.region or default_region()
+
+
+def choose(config: DeployConfig) -> Any:
+    """The ranked instance types for this image (offers.choose over the AWS table)."""
+    from ngcx.deploy import offers
+
+    caps = [c for c in config.labels.get("ai.ngcx.compute-capabilities", "").split(",") if c]
+    return offers.choose(NAME, compute_capabilities=caps, driver_floor=config.labels.get("ai.ngcx.min-driver"),
+                         gpu=config.gpu, workload=config.workload, max_price=config.max_price, spot=config.spot)
+
+
+def prepare(config: DeployConfig) -> vm.Plan:
+    """Read-only checks: an instance type fits, credentials work, the image is in a registry."""
+    from ngcx import ecr
+
+    picked = config.pick_push(lambda host: ecr.region_of(host) is not None)
+    if picked is None:
+        raise UserError(f"{config.image} has not been pushed to a registry the host can pull from",
+                        hint="push it first (ngcx push IMAGE --registry ecr://REGION) or pass --registry")
+    config_pull, config_registry = picked
+    choice = choose(config)
+    if not choice.candidates:
+        reasons = "; ".join(f"{r.itype.name}: {r.reason}" for r in choice.rejected[:4])
+        raise UserError(f"no AWS instance type fits {config.image}: {reasons}",
+                        hint="relax --gpu / --max-price, or see them all with --dry-run")
+    cloud = cloud_for(region_of(config))
+    cloud.check()  # proves the credentials before anything is written
+    baked = cloud.host_images()
+    host_image = baked[-1][0] if baked else cloud.fallback_image()
+    notes = [] if baked else [f"no baked ngcx host image in {cloud.region}: hosts boot the ECS GPU AMI and pull every "
+                              "layer at deploy time; make one once (driver, Docker, toolkit, base layers): "
+                              f"ngcx hosts bake --cloud aws --region {cloud.region}"]
+    ecr_region = ecr.region_of(config_registry)
+    pull_ref, registry = config_pull, config_registry
+    if ecr_region:   # hosts pull through the VPC's name for the registry, with a fresh token per host job
+        registry = ecr.vpc_endpoint(config_registry)
+        pull_ref = registry + pull_ref[len(config_registry):]
+    login = (lambda: ecr.temporary_login(ecr_region)) if ecr_region else (lambda: None)
+    return vm.Plan(cloud, choice.candidates, host_image, pull_ref, registry, login, notes)
+
+
+# ---------------------------------------------------------------- the contract's verbs (vm.py does the work)
+
+def _cloud(record: DeployRecord) -> Ec2:
+    return cloud_for(record.region or DEFAULT_REGION)
+
+
+def run(config: DeployConfig, record: DeployRecord, plan: vm.Plan) -> DeployRecord:
+    return vm.run(config, record, plan)
+
+
+def report_phases(record: DeployRecord, t_ready: float) -> dict[str, float]:
+    return vm.report_phases_with(_cloud(record), record, t_ready)
+
+
+def container_failure(record: DeployRecord) -> str | None:
+    return vm.container_failure_with(_cloud(record), record)
+
+
+def cleanup_failed(record: DeployRecord, plan: vm.Plan) -> str:
+    return vm.cleanup_failed_with(plan.cloud, record)
+
+
+def query(record: DeployRecord) -> HostStatus:
+    if not record.instance_id:
+        return HostStatus("gone")
+    return _cloud(record).describe([record.instance_id]).get(record.instance_id, HostStatus("gone"))
+
+
+def start(record: DeployRecord) -> DeployRecord:
+    return vm.start_with(_cloud(record), record)
+
+
+def stop(record: DeployRecord) -> DeployRecord:
+    return vm.stop_with(_cloud(record), record)
+
+
+def terminate(record: DeployRecord) -> DeployRecord:
+    return vm.terminate_with(_cloud(record), record)
+
+
+def logs(record: DeployRecord, tail: int = 50) -> str:
+    return vm.logs_with(_cloud(record), record, tail)
+
+
+def orphans() -> list[dict[str, str]]:
+    return vm.orphans_in([cloud_for(region) for region in vm.record_regions(NAME, default_region())])
+
+
+def delete_orphan(item: dict[str, str]) -> None:
+    cloud_for(item["region"]).delete(item["id"])
