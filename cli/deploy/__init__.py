@@ -15,7 +15,7 @@ from types import ModuleType
 
 import typer
 
-TARGETS = ("local", "aliyun")
+TARGETS = ("local", "aliyun", "aws")
 CLOUDS = tuple(t for t in TARGETS if t != "local")   # the VM clouds `--cloud any` ranks and fails over across
 VERBS = ("CAPABILITIES", "prepare", "run", "container_failure", "cleanup_failed", "query", "start", "stop",
          "terminate", "logs", "orphans", "delete_orphan")

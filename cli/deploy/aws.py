@@ -535,6 +535,12 @@ def logs(record: DeployRecord, tail: int = 50) -> str:
 
 
 def orphans() -> list[dict[str, str]]:
+    """Tagged instances no record owns. Intent is recorded before any cloud call, so a store without a
+    single aws record has none: gc then makes no call (and needs no credentials or SDK)."""
+    from ngcx.deploy import store
+
+    if not store.records(cloud=NAME, include_gone=True):
+        return []
     return vm.orphans_in([cloud_for(region) for region in vm.record_regions(NAME, default_region())])
 
 

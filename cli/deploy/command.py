@@ -21,6 +21,7 @@ from ngcx.options import CatalogOpt, JsonOpt, ProjectFileOpt, VariantOpt
 class Cloud(StrEnum):
     local = "local"
     aliyun = "aliyun"
+    aws = "aws"
     any = "any"       # every cloud with credentials, best candidate first, failing over on capacity
 
 
