@@ -292,22 +292,22 @@ def test_report_mixes_units_in_one_table_and_reads_sizes_and_sharing(tmp_path: P
 
 
 def test_build_notes_explain_a_loss_with_this_runs_figures() -> None:
-    def figs(tool: str, cold: float, edit: float, bump: float, size: float, shared: float) -> list[Measurement]:
-        rows = [("cold build", "s", cold), ("rebuild after editing one app file", "s", edit),
-                ("rebuild after a patch bump", "s", bump), ("image size", "bytes", size),
-                (f"bytes shared with its {build.SECOND}", "bytes", shared)]
-        return [Measurement(f"{tool}: {n}", tool, u, "lower", Stats.of([v])) for n, u, v in rows]
+    def figs(tool: str, cold: list[float], edit: float, bump: float, size: float, shared: float) -> list[Measurement]:
+        rows = [("cold build", "s", cold), ("rebuild after editing one app file", "s", [edit]),
+                ("rebuild after a patch bump", "s", [bump]), ("image size", "bytes", [size]),
+                (f"bytes shared with its {build.SECOND}", "bytes", [shared]), ("layers", "layers", [8])]
+        return [Measurement(f"{tool}: {n}", tool, u, "lower", Stats.of(v)) for n, u, v in rows]
 
-    ms = figs("ngcx", 45, 9, 40, 2.05e9, 74.8e6) + figs("hpccm", 38, 10, 35, 2.05e9, 74.8e6) + \
-        figs("naive", 110, 100, 90, 2.48e9, 576.7e6)
-    images = {"ngcx": {"diff_ids": ["a", "b", "c", "d"], "layer_sizes": [74.8e6, 51.9e6, 21.6e6, 1.83e9]}}
-    seconds = {"ngcx": {"diff_ids": ["a", "x"]}}
-    text = "\n".join(build.notes(ms, images, seconds, parting="gcc \\"))
+    ms = figs("ngcx", [44, 45, 46], 9, 40, 2.05e9, 74.8e6) + figs("hpccm", [37, 38, 39], 10, 35, 2.05e9, 74.8e6) + \
+        figs("naive", [110], 100, 90, 2.48e9, 576.7e6)
+    text = "\n".join(build.notes(ms, stack_bytes=1.978e9, common=1, parting="gcc \\"))
     assert "App edit: ngcx 9.0 s, hpccm 10.0 s, naive 100.0 s." in text
-    assert "Cold build: ngcx 45.0 s vs hpccm 38.0 s" in text              # ngcx loses here: explained
+    assert "ngcx is slower than hpccm on cold build by 18% (ranges apart); rebuild after a patch bump by 14%" in text
     assert "share their bottom 1 layer(s) only" in text and "`gcc \\`" in text and "(1.98 GB)" in text
-    winning = [m for m in ms if m.name != "ngcx: cold build"] + figs("ngcx", 30, 0, 0, 0, 0)[:1]
-    assert "Cold build:" not in "\n".join(build.notes(winning, images, seconds, parting="x"))
+    close = figs("ngcx", [38, 39, 40], 9, 30, 2.05e9, 74.8e6) + ms[6:]
+    assert "cold build by 3% (ranges overlap)" in "\n".join(build.notes(close, 1.978e9, 1, "x"))
+    ahead = figs("ngcx", [30], 9, 30, 2.05e9, 600e6) + ms[6:]
+    assert "slower than hpccm" not in (t := "\n".join(build.notes(ahead, 1.978e9, 1, "x"))) and "Shared with" not in t
 
 
 def test_quick_is_one_repetition_and_says_so(tmp_path: Path, capsys) -> None:
