@@ -23,6 +23,9 @@ from pathlib import Path
 
 import pytest
 
+# The emulated clouds of the deploy tests (session fixtures shared by tests/e2e/*): see tests/e2e/clouds.py.
+pytest_plugins = ["e2e.clouds"]
+
 LOOPBACK_REGISTRY = "127.0.0.1:5000"
 BASE_IMAGE = "ngcx/base:bookworm"
 

@@ -244,10 +244,14 @@ def last_lines(text: str, n: int = 400) -> str:
     return " | ".join(line for line in text.splitlines() if line.strip())[-n:]
 
 
+# The container runs with --restart unless-stopped (it must come back with the host), so a crash shows
+# as "restarting" or as a restart count, not only as "exited".
 FAILURE_PROBE = ("cat /var/lib/ngcx/failed 2>/dev/null && exit 3; "
-                 "s=$(docker inspect -f '{{.State.Status}} {{.State.ExitCode}}' ngcx-serve 2>/dev/null) || exit 0; "
-                 "case \"$s\" in exited*|dead*) echo \"the container exited (${s#* }): "
-                 "$(docker logs --tail 6 ngcx-serve 2>&1 | tr '\\n' '|')\"; exit 4;; esac")
+                 "s=$(docker inspect -f '{{.State.Status}} {{.State.ExitCode}} {{.RestartCount}}' ngcx-serve "
+                 "2>/dev/null) || exit 0; set -- $s; "
+                 "if [ \"$1\" = exited ] || [ \"$1\" = dead ] || [ \"$1\" = restarting ] || [ \"${3:-0}\" -gt 0 ]; "
+                 "then echo \"the container exited (code $2, restarted ${3:-0} times): "
+                 "$(docker logs --tail 6 ngcx-serve 2>&1 | tr '\\n' '|')\"; exit 4; fi")
 
 
 def container_failure_with(cloud: Any, record: DeployRecord) -> str | None:

@@ -18,14 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from deploy_helpers import built_zero_code, ngcx, one_inference
+from deploy_helpers import ngcx, one_inference
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def project(base_image, tmp_path_factory) -> Path:
-    return built_zero_code(tmp_path_factory)
 
 
 @pytest.fixture

@@ -1,0 +1,122 @@
+"""The clouds the deploy tests run against, built once per session and shared by every e2e module.
+
+Loaded as a plugin by tests/conftest.py (`pytest_plugins`), not as tests/e2e/conftest.py: a second
+top-level `conftest` module would shadow the one the integration tests import helpers from.
+
+Why session-scoped: each cloud's setup does the one cold pull of the test image (the bake), a minute
+or more on this machine; the e2e, the fault suite and the cross-cloud test then boot from it. Each
+cloud is its real SDK against a real local server (the ECS emulator; moto behind tests/emulators/
+aws_ec2.py), with real machines behind the instances (tests/emulators/docker_hosts.py), and a
+`Cloud` object that spells each cloud's faults, so the fault suite is written once for all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e.deploy_helpers import built_zero_code, ngcx
+
+NO_PROXY_ENV = {"HTTP_PROXY": "", "HTTPS_PROXY": "", "http_proxy": "", "https_proxy": ""}  # SDKs ignore NO_PROXY
+
+
+@dataclass
+class Cloud:
+    """One emulated cloud as the tests drive it, with how its faults are spelled."""
+
+    name: str
+    emulator: Any
+    hosts: Any
+    project: Path
+    env: dict[str, str]
+    gpu: str                                  # --gpu for deploys (a model the emulator sells)
+    instance_type: str                        # what that --gpu picks first
+    capacity: tuple[str, int]                 # (code, HTTP status) of "no capacity in this zone"
+    throttle: tuple[str, int]
+    server_error: tuple[str, int]
+    secret_var: str                           # the variable that holds the secret key
+    secret: str
+    set_capacity: Callable[[str, str, bool], None]
+    outputs: list[str] = field(default_factory=list)
+    baked: str = ""
+
+    def ngcx(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        done = ngcx(self.project, *args, env={**self.env, **(env or {})})
+        self.outputs += [done.stdout, done.stderr]
+        return done
+
+    def deploy(self, *extra: str) -> subprocess.CompletedProcess[str]:
+        return self.ngcx("deploy", "--cloud", self.name, "--gpu", self.gpu, "--gpu-mode", "auto", *extra)
+
+    def records(self) -> list[dict]:
+        return json.loads(self.ngcx("deployments", "ls", "--all", "--json").stdout)
+
+    def mine(self, record_id: int) -> list[dict]:
+        """The emulator's live instances tagged with this deployment (a duplicate would show here)."""
+        return [i for i in self.emulator.instances() if i["tags"].get("ngcx:deployment") == str(record_id)
+                and state_of(i) not in ("terminated", "shutting-down")]
+
+
+def state_of(instance: dict) -> str:
+    """'running' / 'stopped' / … whichever emulator described the instance."""
+    return str(instance.get("status") or instance.get("state") or "").lower()
+
+
+def phase_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The line a deploy ends with: where the seconds went."""
+    return next(line for line in done.stderr.splitlines() if " ready (" in line)
+
+
+@pytest.fixture(scope="session")
+def project(base_image, tmp_path_factory) -> Path:
+    """examples/onnx-zero-code exported and built once for every deploy test."""
+    return built_zero_code(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def relay(docker_client, registry) -> Iterator[Any]:
+    """The loopback registry as hosts reach it (their "VPC endpoint"), shared by every cloud."""
+    from emulators.docker_hosts import RegistryRelay, bridge_gateway
+
+    with RegistryRelay(registry, listen_host=bridge_gateway(docker_client)) as bridge:
+        yield bridge
+
+
+def _bake(cloud: Cloud, *args: str) -> str:
+    t0 = time.monotonic()
+    done = cloud.ngcx("hosts", "bake", "--cloud", cloud.name, *args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    print(f"{cloud.name} bake: {time.monotonic() - t0:.1f} s")
+    return done.stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def aliyun(docker_client, registry, relay, project, tmp_path_factory) -> Iterator[Cloud]:
+    """Alibaba Cloud: the ECS emulator, the image pushed to "ACR" and a host image baked."""
+    from emulators.aliyun_ecs import EcsEmulator
+    from emulators.docker_hosts import DockerHosts
+
+    ak, secret = "LTAI5tNgcxE2eTest", "aliyun-secret-never-printed-7f3c"
+    home = tmp_path_factory.mktemp("aliyun-home")
+    hosts = DockerHosts(docker_client, insecure_registries=[relay.address])
+    # boot/start seconds: the API-side delay on top of the machine's own real boot (its dockerd start)
+    with EcsEmulator(hosts, access_keys={ak: secret}, boot_seconds=1.0, start_seconds=1.0) as emulator:
+        env = {"ALIBABA_CLOUD_ACCESS_KEY_ID": ak, "ALIBABA_CLOUD_ACCESS_KEY_SECRET": secret,
+               "NGCX_ALIYUN_ECS_ENDPOINT": emulator.endpoint, "NGCX_ACR_ENDPOINT": registry,
+               "NGCX_ACR_VPC_ENDPOINT": relay.address, "NGCX_ACR_INSTANCE_ID": "cri-e2etest",
+               "NGCX_STATE_DIR": str(home / "state"), "HOME": str(home), "DOCKER_CONFIG": str(home / ".docker"),
+               **NO_PROXY_ENV}
+        cloud = Cloud("aliyun", emulator, hosts, project, env, "A10", "ecs.gn7i-c8g1.2xlarge",
+                      ("OperationDenied.NoStock", 403), ("Throttling", 400), ("ServiceUnavailable", 503),
+                      "ALIBABA_CLOUD_ACCESS_KEY_SECRET", secret, emulator.set_stock)
+        pushed = cloud.ngcx("push", "ngcx-app/onnx-zero-code:latest", "--registry", "acr://cn-hangzhou/e2e")
+        assert pushed.returncode == 0, pushed.stderr[-2000:]
+        assert emulator.issued_tokens, "the push must log in with an ACR temporary token"
+        cloud.baked = _bake(cloud, "--region", "cn-hangzhou")
+        yield cloud

@@ -1,0 +1,119 @@
+"""The faults every cloud must survive, written once and run for each emulated cloud (issue 11 item 4).
+
+What a user notices: throttling and a 5xx whose answer was lost create no second billed instance; no
+capacity in one zone lands in the next; kill -9 between the create call and the record update is found
+by `ngcx deployments gc`; a container that never gets ready shows its last lines and its host is
+deleted; a wrong secret is one line without the secret; and no secret (cloud key, registry token) is
+in any output, state row or host file. A new cloud joins by adding its fixture name to CLOUDS.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from deploy_helpers import one_inference
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+CLOUDS = ["aliyun"]
+
+
+@pytest.fixture(params=CLOUDS)
+def cloud(request):
+    return request.getfixturevalue(request.param)
+
+
+def test_throttling_and_a_lost_5xx_make_no_duplicate_and_no_capacity_moves_zones(cloud):
+    emu = cloud.emulator
+    before = emu.performed("RunInstances")
+    emu.fail_next("RunInstances", *cloud.capacity)                               # the first zone: none left
+    emu.fail_next("RunInstances", *cloud.throttle, times=2)
+    emu.fail_next("RunInstances", *cloud.server_error, after_effect=True)       # created, the answer lost
+    done = cloud.deploy()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"{cloud.capacity[0]}; trying the next" in done.stderr
+    rec = cloud.records()[0]
+    [inst] = cloud.mine(rec["id"])                                              # one instance, not two
+    assert emu.performed("RunInstances") - before == 1
+    assert inst["id"] == rec["instance_id"] and inst["zone"] == rec["zone"]
+    one_inference(cloud.project, done.stdout.strip())
+    assert cloud.ngcx("deployments", "destroy", str(rec["id"]), "--yes").returncode == 0
+
+
+def test_kill_9_between_the_create_call_and_the_record_is_found_by_gc(cloud):
+    emu = cloud.emulator
+    release = threading.Event()
+    emu.hold("RunInstances", release)
+    before = emu.performed("RunInstances")
+    proc = subprocess.Popen([sys.executable, "-m", "ngcx", "deploy", "--cloud", cloud.name, "--gpu", cloud.gpu,
+                             "--gpu-mode", "auto"], cwd=cloud.project, env={**os.environ, **cloud.env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while emu.performed("RunInstances") == before:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)                    # the cloud made it; ngcx never heard back
+        proc.wait(timeout=30)
+    finally:
+        release.set()                                       # later calls answer at once again
+    rec = cloud.records()[0]
+    assert rec["status"] == "creating" and rec["instance_id"] is None and rec["client_token"]
+    [orphan] = cloud.mine(rec["id"])
+
+    listed = cloud.ngcx("deployments", "ls")
+    assert f"deployment {rec['id']} ({cloud.name}) was interrupted while creating" in listed.stderr
+    gc = cloud.ngcx("deployments", "gc", "--yes")
+    assert gc.returncode == 0 and orphan["id"] in gc.stdout, gc.stderr[-2000:]
+    deadline = time.monotonic() + 60
+    while cloud.mine(rec["id"]):
+        assert time.monotonic() < deadline, "gc did not delete the orphan"
+        time.sleep(0.5)
+    assert cloud.records()[0]["status"] == "failed"
+
+
+def test_a_container_that_never_gets_ready_shows_its_last_lines_and_its_host_is_deleted(cloud):
+    done = cloud.deploy("--", "sh", "-c", "echo weights-file-truncated >&2; exit 3")
+    assert done.returncode == 2
+    [line] = [ln for ln in done.stderr.splitlines() if ln.startswith("ngcx: error:")]
+    assert "weights-file-truncated" in line and "exited" in line
+    rec = cloud.records()[0]
+    assert rec["status"] == "failed" and "weights-file-truncated" in rec["detail"] and "deleted" in rec["detail"]
+    assert not cloud.mine(rec["id"])                                     # nothing billed is left
+
+
+def test_a_wrong_secret_is_one_line_without_the_secret(cloud):
+    wrong = "this-is-the-wrong-secret-9d1e"
+    done = cloud.ngcx("deploy", "--cloud", cloud.name, "--gpu", cloud.gpu, env={cloud.secret_var: wrong})
+    assert done.returncode == 2
+    [line] = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert "rejected" in line and wrong not in done.stderr and cloud.secret not in done.stderr
+
+
+def test_no_secret_in_outputs_state_or_on_the_hosts(cloud):
+    done = cloud.deploy()                 # a host that logged in to the registry with a short-lived token
+    assert done.returncode == 0, done.stderr[-3000:]
+    rec = cloud.records()[0]
+    needles = [cloud.secret, *getattr(cloud.emulator, "issued_tokens", [])]
+    assert len(needles) > 1, "the deploy must have logged in with a registry token"
+    console = cloud.hosts.console_output(rec["instance_id"])
+    files = cloud.hosts.run_command(rec["instance_id"], "cat /var/lib/cloud/* /root/.docker/config.json "
+                                    "/var/lib/ngcx/* /var/log/cloud-init-output.log 2>/dev/null; "
+                                    "docker inspect ngcx-serve; true", 30)
+    assert "ngcx-host: started deployment" in console + files.output      # we read the right machine
+    assert not [n for n in needles if n in console or n in files.output]
+    assert cloud.ngcx("deployments", "destroy", str(rec["id"]), "--yes").returncode == 0
+    for text in cloud.outputs:
+        assert not [n for n in needles if n in text]
+    db = Path(cloud.env["NGCX_STATE_DIR"]) / "state.db"
+    blob = b"".join(p.read_bytes() for p in db.parent.glob("state.db*"))
+    assert not [n for n in needles if n.encode() in blob]
+    config = Path(cloud.env["DOCKER_CONFIG"]) / "config.json"
+    assert not config.exists() or not [n for n in needles if n in config.read_text()]
