@@ -2,8 +2,10 @@
 
 Why: one small request cannot fill a GPU; merging what arrives within a short window raises
 throughput at a bounded latency cost (the seeds' MPS + batching lesson, Triton's dynamic
-batcher). One worker thread owns the engine, so engine.infer() is never called concurrently
-(the Engine contract), while HTTP threads keep parsing the next requests.
+batcher). One worker thread owns each engine, so an engine's infer() is never called
+concurrently (the Engine contract), while HTTP threads keep parsing the next requests. A model
+with N instances (--instances, Triton's instance groups) has N engines and N workers: batches
+are formed one at a time by a free instance and run side by side.
 
 Rules: requests merge only when every input has the same dtype and the same non-batch dims
 (the batch key); a batch never exceeds max_batch; the oldest request waits at most
@@ -125,19 +127,43 @@ def batch_key(feeds: dict[str, np.ndarray]) -> tuple:
     return tuple(sorted((n, a.dtype.str, a.shape[1:]) for n, a in feeds.items()))
 
 
+class _Instance:
+    """One engine of a model with its worker thread (and, for engines with infer_async, the finisher
+    thread that waits for launched batches), so N instances run N batches at once."""
+
+    def __init__(self, batcher: Batcher, engine: Engine, index: int):
+        self.engine = engine
+        self.index = index
+        # Engines with infer_async (the PyTorch engine on a GPU) get two batches in flight: the
+        # worker stages and launches batch N+1 while a finisher thread waits for batch N.
+        self.pipelined = callable(getattr(engine, "infer_async", None))
+        self.inflight: queue.Queue = queue.Queue(maxsize=1)
+        self.finisher = threading.Thread(target=batcher._finish_loop, args=(self,), name=f"ngcx-finisher-{index}",
+                                         daemon=True)
+        self.worker = threading.Thread(target=batcher._run, args=(self,), name=f"ngcx-batcher-{index}", daemon=True)
+
+
 class Batcher:
-    """Queue + one worker thread in front of an engine.
+    """Queue + one worker thread per engine instance in front of the model's engines.
+
+    engines: one Engine, or several (Triton's instance group): each has its own worker thread, so
+    while one instance computes a batch the next batch forms and runs on another. Batches are
+    formed one at a time, by an instance that is free, so N instances never split the queue into
+    N half-empty batches.
 
     output_axes: output name -> the axis its batch is on (default 0). preferred: batch sizes that
     run at once when the queued requests add up to one. on_unmerge(reason) is called once if a
     merged batch did not split and merging was turned off.
     """
 
-    def __init__(self, engine: Engine, max_batch: int, max_queue_delay_ms: float, stats: Stats,
+    def __init__(self, engines: Engine | list[Engine], max_batch: int, max_queue_delay_ms: float, stats: Stats,
                  batchable: bool = True, name: str | None = None, *, output_axes: dict[str, int] | None = None,
                  preferred: tuple[int, ...] = (), on_unmerge: Callable[[str], None] | None = None):
-        self.engine = engine
-        self.name = name or engine.name
+        engines = list(engines) if isinstance(engines, list | tuple) else [engines]
+        if not engines:
+            raise ValueError("a batcher needs at least one engine")
+        self.engine = engines[0]
+        self.name = name or self.engine.name
         self.max_batch = max_batch
         self.delay_s = max(0.0, max_queue_delay_ms) / 1000.0
         self.stats = stats
@@ -148,18 +174,15 @@ class Batcher:
         self.closed_reason = "the server is shutting down; retry against another replica"
         self._queue: deque[_Pending] = deque()
         self._gathering = 0             # requests taken off the queue, waiting for company
+        self._collecting = False        # an instance is forming a batch; the others wait for it
         self._cond = threading.Condition()
         self._stopping = False
         self._flush = False
-        # Engines with infer_async (the PyTorch engine on a GPU) get two batches in flight: the
-        # worker stages and launches batch N+1 while a finisher thread waits for batch N.
-        self._async = callable(getattr(engine, "infer_async", None))
-        self._inflight: queue.Queue = queue.Queue(maxsize=1)
-        self._finisher = threading.Thread(target=self._finish_loop, name="ngcx-finisher", daemon=True)
-        if self._async:
-            self._finisher.start()
-        self._worker = threading.Thread(target=self._run, name="ngcx-batcher", daemon=True)
-        self._worker.start()
+        self.instances = [_Instance(self, engine, i) for i, engine in enumerate(engines)]
+        for inst in self.instances:
+            if inst.pipelined:
+                inst.finisher.start()
+            inst.worker.start()
 
     def submit(self, feeds: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:
         """Run one request (possibly merged with others); blocks until its outputs are ready."""
@@ -168,7 +191,8 @@ class Batcher:
             if self._stopping:
                 raise ShuttingDown(self.closed_reason)
             self._queue.append(item)
-            self._cond.notify()
+            # with several instances one may wait for another to finish forming a batch; wake the former too
+            self._cond.notify_all() if len(self.instances) > 1 else self._cond.notify()
         item.done.wait()
         if item.error is not None:
             raise (BadRequest if item.bad_input else EngineFailure)(item.error)
@@ -187,27 +211,36 @@ class Batcher:
         return len(self._queue) + self._gathering
 
     def stop(self, timeout: float = 30.0, reason: str | None = None) -> None:
-        """Run what is queued (without waiting for the delay), then end the worker. Later submits get
+        """Run what is queued (without waiting for the delay), then end the workers. Later submits get
         ShuttingDown(reason)."""
         with self._cond:
             if reason:
                 self.closed_reason = reason
             self._stopping = True
             self._cond.notify_all()
-        self._worker.join(timeout)
-        if self._async:
-            self._inflight.put(None)
-            self._finisher.join(timeout)
+        for inst in self.instances:
+            inst.worker.join(timeout)
+        for inst in self.instances:
+            if inst.pipelined:
+                inst.inflight.put(None)
+                inst.finisher.join(timeout)
 
-    def _run(self) -> None:
+    def _run(self, inst: _Instance) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._stopping:
+                while (not self._queue or self._collecting) and not self._stopping:
+                    self._cond.wait()
+                while self._collecting:             # stopping: let the other instance finish its batch
                     self._cond.wait()
                 if not self._queue:
                     return
-                group = self._collect()
-            self._execute(group)
+                self._collecting = True
+                try:
+                    group = self._collect()
+                finally:
+                    self._collecting = False
+                    self._cond.notify_all()
+            self._execute(group, inst)
 
     def _collect(self) -> list[_Pending]:
         """Take the oldest request plus same-key requests until full or its delay has passed.
@@ -251,22 +284,22 @@ class Batcher:
                 best = i
         return best
 
-    def _execute(self, group: list[_Pending]) -> None:
+    def _execute(self, group: list[_Pending], inst: _Instance) -> None:
         start = time.monotonic()
         try:
             feeds = self._merge(group)
             merged = time.monotonic()
-            if self._async:
-                finish = self.engine.infer_async(feeds)
-                self._inflight.put((group, finish, start, merged))  # blocks while two batches are in flight
+            if inst.pipelined:
+                finish = inst.engine.infer_async(feeds)
+                inst.inflight.put((group, finish, start, merged))  # blocks while two batches are in flight
                 return
-            outputs = self.engine.infer(feeds)
+            outputs = inst.engine.infer(feeds)
         except Exception as exc:  # noqa: BLE001 - any engine failure becomes a 500, never a dead worker
-            self._fail_or_isolate(group, exc, start)
+            self._fail_or_isolate(group, exc, start, inst)
             return
         self._complete(group, outputs, start, merged)
 
-    def _fail_or_isolate(self, group: list[_Pending], exc: Exception, start: float) -> None:
+    def _fail_or_isolate(self, group: list[_Pending], exc: Exception, start: float, inst: _Instance) -> None:
         """A merged batch failed: run its requests one by one, so one client's bad data (or one
         input the engine chokes on) never fails the requests it happened to be merged with."""
         if len(group) == 1:
@@ -274,12 +307,12 @@ class Batcher:
             return
         self._account(group, start, ok=False)
         for item in group:
-            self._execute([item])
+            self._execute([item], inst)
 
-    def _finish_loop(self) -> None:
-        """Wait for launched batches in order and hand their outputs to the waiting requests."""
+    def _finish_loop(self, inst: _Instance) -> None:
+        """Wait for an instance's launched batches in order and hand their outputs to the waiting requests."""
         while True:
-            job = self._inflight.get()
+            job = inst.inflight.get()
             if job is None:
                 return
             group, finish, start, merged = job

@@ -136,11 +136,14 @@ def mismatch(manifest: dict[str, Any], target: dict[str, Any], backend_version: 
     return None
 
 
-def load(path: str | Path, backend: str | None = None, rebuild: bool = True) -> Engine:
+def load(path: str | Path, backend: str | None = None, rebuild: bool = True,
+         device: int | str | None = None) -> Engine:
     """Load a PLAN_DIR (written by optimize) or a raw model (.onnx / .pt2) as an Engine.
 
     A plan built for another GPU or engine version is rebuilt from its source model when that
     file is present with the recorded hash (rebuild=True), otherwise refused with the fix.
+    device places one instance (serve --instances / --gpus): None = the backend's default, an int
+    = that GPU, "cpu" = the CPU.
     """
     from ngcx_runtime import backends
 
@@ -148,17 +151,31 @@ def load(path: str | Path, backend: str | None = None, rebuild: bool = True) -> 
     if not path.exists():
         raise RuntimeUserError(f"{path}: no such model or plan directory")
     if path.is_dir():
-        return _load_plan(path, backend, rebuild)
+        return _load_plan(path, backend, rebuild, device)
     target = host_target()
     mod = backends.choose(path, backend)
-    return mod.load_model(path, gpu=target["kind"] == "gpu", name=_model_name(path))
+    _check_device(device, target)
+    return mod.load_model(path, gpu=target["kind"] == "gpu", name=_model_name(path), **_placed(device))
+
+
+def _placed(device: int | str | None) -> dict[str, Any]:
+    """The device keyword for a backend's load, only when an instance is placed (older call shape otherwise)."""
+    return {} if device is None else {"device": device}
+
+
+def _check_device(device: int | str | None, target: dict[str, Any]) -> None:
+    if isinstance(device, int) and target["kind"] != "gpu":
+        raise RuntimeUserError(f"an instance on GPU {device}: this host has no GPU; drop --gpus (or the "
+                               "instance_group's gpus) to run the instances on the CPU")
+    if device is not None and device != "cpu" and not isinstance(device, int):
+        raise RuntimeUserError(f"instance device {device!r}: give a GPU index or 'cpu'")
 
 
 def _model_name(path: Path) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in path.stem) or "model"
 
 
-def _load_plan(plan_dir: Path, backend: str | None, rebuild: bool) -> Engine:
+def _load_plan(plan_dir: Path, backend: str | None, rebuild: bool, device: int | str | None = None) -> Engine:
     from ngcx_runtime import backends
 
     manifest = read_manifest(plan_dir)
@@ -175,7 +192,9 @@ def _load_plan(plan_dir: Path, backend: str | None, rebuild: bool) -> Engine:
     target = cpu_target() if on_cpu else host_target()
     why = mismatch(manifest, target, mod.version())
     if why is None:
-        return mod.load(plan_dir, manifest, gpu=not on_cpu)
+        if not on_cpu:
+            _check_device(device, target)
+        return mod.load(plan_dir, manifest, gpu=not on_cpu, **_placed(None if on_cpu else device))
     source = manifest.get("source", {})
     src = Path(source.get("path", ""))
     if rebuild and src.is_file() and sha256_file(src) == source.get("sha256"):
@@ -183,7 +202,7 @@ def _load_plan(plan_dir: Path, backend: str | None, rebuild: bool) -> Engine:
 
         print(f"ngcx-runtime: plan {plan_dir} {why}; rebuilding from {src}", file=sys.stderr)
         result = optimize(src, None, options_from_manifest(manifest), backend=manifest["backend"])
-        return _load_plan(result.plan_dir, manifest["backend"], rebuild=False)
+        return _load_plan(result.plan_dir, manifest["backend"], rebuild=False, device=device)
     raise RuntimeUserError(
         f"plan {plan_dir} cannot run here: {why}; plans are tied to GPU architecture and engine version, "
         f"rebuild it on this host with ngcx-runtime optimize {source.get('path', 'MODEL')} -o {plan_dir}"

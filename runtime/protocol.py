@@ -413,6 +413,25 @@ def build_response(model: str, version: str, req: InferRequest, results: dict[st
     return [header, *blobs], len(header)
 
 
+def output_bytes(name: str, arr: np.ndarray) -> tuple[str, list[int], bytes]:
+    """(datatype, shape, raw bytes) of one output, as gRPC's raw_output_contents carry it: little-endian,
+    row-major; BYTES elements length-prefixed as in the binary tensor extension."""
+    if arr.dtype.kind in "OSU":
+        entry, blob = _bytes_output(name, arr, True)
+        return BYTES, entry["shape"], blob or b""
+    datatype = NUMPY_TO_KSERVE.get(arr.dtype.newbyteorder("="))
+    if datatype is None:
+        raise ProtocolError(f"output '{name}' has numpy dtype {arr.dtype}, which KServe v2 cannot carry", status=500)
+    arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+    return datatype, list(arr.shape), arr.tobytes()
+
+
+def shm_output(name: str, arr: np.ndarray, where_to: tuple[Any, int, int], shm: SharedMemoryIO | None) -> dict:
+    """Write one output into its shared memory region; returns its description (name, datatype, shape,
+    parameters) for the response."""
+    return _shm_output(name, arr, where_to, shm)
+
+
 def _shm_output(name: str, arr: np.ndarray, where_to: tuple[Any, int, int], shm: SharedMemoryIO | None) -> dict:
     """Write one output into its shared memory region; the response carries only its description."""
     if shm is None:

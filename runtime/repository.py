@@ -33,7 +33,10 @@ PLATFORM_BACKENDS = {"onnxruntime_onnx": "onnxruntime", "tensorrt_plan": "tensor
                      "pytorch_libtorch": "pytorch", "pytorch_torchscript": "pytorch"}
 BACKENDS = ("onnxruntime", "tensorrt", "pytorch")
 CONFIG_KEYS = ("name", "backend", "platform", "max_batch_size", "dynamic_batching", "version_policy",
-               "default_model_filename")
+               "default_model_filename", "instance_group")
+INSTANCE_KEYS = ("name", "count", "kind", "gpus")
+INSTANCE_KINDS = ("KIND_AUTO", "KIND_GPU", "KIND_CPU")
+MAX_INSTANCES = 64
 BATCHING_KEYS = ("preferred_batch_size", "max_queue_delay_microseconds")
 
 
@@ -69,6 +72,7 @@ class ModelConfig:
     backend: str | None = None
     versions: VersionPolicy = field(default_factory=VersionPolicy)
     default_model_filename: str | None = None
+    devices: tuple[int | str | None, ...] | None = None   # one entry per instance (instance_group); None: not given
     source: str | None = None                    # the file it came from, for messages
 
 
@@ -153,7 +157,44 @@ def parse_config(doc: Any, where: str, expected_name: str | None = None) -> Mode
     return ModelConfig(
         max_batch_size=max_batch, dynamic_batching=batching, preferred_batch_sizes=preferred,
         max_queue_delay_ms=delay_ms, backend=_backend(doc, where), versions=_version_policy(doc, where),
-        default_model_filename=_filename(doc, where), source=where)
+        default_model_filename=_filename(doc, where), devices=instance_devices(doc.get("instance_group"), where),
+        source=where)
+
+
+def instance_devices(raw: Any, where: str) -> tuple[int | str | None, ...] | None:
+    """Triton's instance_group as one device per instance: `count` instances on each GPU listed in
+    `gpus` (KIND_GPU), on the CPU (KIND_CPU), or on the backend's default device (KIND_AUTO, or
+    KIND_GPU without gpus: the first GPU). None when the config has no instance_group."""
+    if raw is None:
+        return None
+    usage = 'instance_group is a list such as [{"count": 2, "kind": "KIND_GPU", "gpus": [0, 1]}]'
+    if not isinstance(raw, list) or not raw:
+        raise RuntimeUserError(f"{where}: {usage}")
+    devices: list[int | str | None] = []
+    for group in raw:
+        if not isinstance(group, dict):
+            raise RuntimeUserError(f"{where}: {usage}")
+        unknown = sorted(str(k) for k in group if k not in INSTANCE_KEYS)
+        if unknown:
+            raise RuntimeUserError(f"{where}: unknown instance_group field(s) {', '.join(unknown)[:120]}; known: "
+                                   f"{', '.join(INSTANCE_KEYS)}")
+        count = _int(group, "count", where, minimum=1) or 1
+        kind = group.get("kind", "KIND_AUTO")
+        if kind not in INSTANCE_KINDS:
+            raise RuntimeUserError(f"{where}: instance_group kind {_short(kind)} is not one of "
+                                   f"{', '.join(INSTANCE_KINDS)}")
+        gpus = group.get("gpus") or []
+        if not isinstance(gpus, list) or not all(isinstance(g, int) and not isinstance(g, bool) and 0 <= g < 1024
+                                                 for g in gpus):
+            raise RuntimeUserError(f"{where}: instance_group gpus must be a list of GPU indices, got {_short(gpus)}")
+        if gpus and kind == "KIND_CPU":
+            raise RuntimeUserError(f"{where}: an instance_group of kind KIND_CPU takes no gpus")
+        placed: list[int | str | None] = (["cpu"] if kind == "KIND_CPU" else list(gpus) if gpus
+                                          else [0] if kind == "KIND_GPU" else [None])
+        devices += [d for d in placed for _ in range(count)]
+    if len(devices) > MAX_INSTANCES:
+        raise RuntimeUserError(f"{where}: instance_group asks for {len(devices)} instances; at most {MAX_INSTANCES}")
+    return tuple(devices)
 
 
 def _short(value: Any) -> str:

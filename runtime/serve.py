@@ -62,8 +62,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from ngcx_runtime import __version__
-from ngcx_runtime.batching import BadRequest, Batcher, EngineFailure, ShuttingDown
+from ngcx_runtime import __version__, inference
+from ngcx_runtime.batching import Batcher
+from ngcx_runtime.cuda_shm import CudaSharedMemory
 from ngcx_runtime.engine import Engine
 from ngcx_runtime.errors import RuntimeUserError
 from ngcx_runtime.framing import Framing, FramingError, read_chunked, request_framing, strict_int
@@ -77,6 +78,7 @@ from ngcx_runtime.served import (
     ServedModel,
     ServeError,
     Settings,
+    instance_devices,
     resolve_max_batch,
 )
 from ngcx_runtime.shm import POLICIES, PeerView, SharedMemory
@@ -88,6 +90,7 @@ SERVER_NAME = "ngcx-runtime"
 MODEL_VERSION = "1"
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "model_repository"]
 SHM_EXTENSION = "system_shared_memory"
+CUDA_SHM_EXTENSION = "cuda_shared_memory"
 DEFAULT_MAX_CONNECTIONS = 512    # open connections (one thread each); more get a 503 at once
 SMALL_WRITE = 64 * 1024          # responses below this go out in one send
 DISCARD_FACTOR = 16              # after a refusal, up to this multiple of the limit is read and dropped
@@ -114,6 +117,27 @@ class _App:
         self.max_connections = DEFAULT_MAX_CONNECTIONS
         self.gpus: GpuGauges | None = None
         self.metrics_server: MetricsServer | None = None
+        self.cuda_shm = CudaSharedMemory(enabled=self.shm.enabled)
+        self.grpc: Any = None                       # grpc_service.GrpcEndpoint with --grpc-port
+        self.control_refusal: str | None = None     # why load/unload is refused (serve --mps)
+
+    def extensions(self) -> list[str]:
+        """Server metadata's extensions: shared memory only where it is enabled (CUDA: where a GPU is)."""
+        out = list(EXTENSIONS)
+        if self.shm.enabled:
+            out.append(SHM_EXTENSION)
+            if self.cuda_shm.available():
+                out.append(CUDA_SHM_EXTENSION)
+        return out
+
+    def shm_view(self, peer: str) -> PeerView | None:
+        """The shared-memory registries as a request from `peer` may use them (None when disabled)."""
+        return PeerView(self.shm, peer, self.cuda_shm) if self.shm.enabled else None
+
+    def check_control(self) -> None:
+        """Repository load/unload, unless this process is one of several serving the same port."""
+        if self.control_refusal:
+            raise ProtocolError(self.control_refusal, 400)
 
     # `serve MODEL`: the one model (None for a repository)
     @property
@@ -147,7 +171,13 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 128
+    reuse_port = False                 # serve --mps: N processes share the port (SO_REUSEPORT)
     app: _App
+
+    def server_bind(self) -> None:
+        if self.reuse_port:
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        super().server_bind()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """One thread per connection, up to --max-connections. Past that a connection gets a 503
@@ -300,17 +330,14 @@ class _Handler(BaseHTTPRequestHandler):
             return self._infer(model)
         if rest and rest[0] == "repository":
             return self._repository(method, rest[1:], path)
-        if rest and rest[0] == "systemsharedmemory":
-            return self._shared_memory(method, rest[1:], path)
+        if rest and rest[0] in ("systemsharedmemory", "cudasharedmemory"):
+            return self._shared_memory(method, rest, path)
         self._drain_body()
-        if rest and rest[0] == "cudasharedmemory":
-            raise ProtocolError("CUDA shared memory is not offered by this server; use system shared memory "
-                                "(/v2/systemsharedmemory)", 400)
         if method not in ("GET", "HEAD"):
             raise ProtocolError(f"method {method} is not allowed on {_peer(path)}", 405)
         if rest == []:
-            extensions = [*EXTENSIONS, SHM_EXTENSION] if app.shm.enabled else EXTENSIONS
-            return self._send_json(200, {"name": SERVER_NAME, "version": __version__, "extensions": extensions})
+            return self._send_json(200, {"name": SERVER_NAME, "version": __version__,
+                                         "extensions": app.extensions()})
         if rest in (["health", "live"], ["health", "ready"]):
             ready = rest[1] == "live" or app.ready
             return self._send_json(200 if ready else 503, {rest[1]: ready})
@@ -376,6 +403,8 @@ class _Handler(BaseHTTPRequestHandler):
             raise ProtocolError(f"method {method} is not allowed on {_peer(path)}; use POST", 405)
         doc = self._small_json()
         table = self.server.app.table
+        if rest != ["index"]:
+            self.server.app.check_control()
         if rest == ["index"]:
             ready = _only_keys(doc, {"ready": bool}, "the index request").get("ready", False)
             return self._send_json(200, table.index(ready_only=bool(ready)))
@@ -395,9 +424,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- the system shared memory extension --
     def _shared_memory(self, method: str, rest: list[str], path: str) -> None:
-        """GET /v2/systemsharedmemory[/region/NAME]/status, POST .../region/NAME/register, POST
-        /v2/systemsharedmemory[/region/NAME]/unregister (Triton's extension; shm.py)."""
-        shm = self.server.app.shm
+        """GET /v2/{system,cuda}sharedmemory[/region/NAME]/status, POST .../region/NAME/register, POST
+        /v2/{system,cuda}sharedmemory[/region/NAME]/unregister (Triton's extensions; shm.py, cuda_shm.py)."""
+        app = self.server.app
+        kind, rest = rest[0], rest[1:]
         region = rest[1] if len(rest) == 3 and rest[0] == "region" else None
         action = rest[-1] if rest else ""
         shape_ok = rest in (["status"], ["unregister"]) or (region is not None and action in
@@ -410,14 +440,17 @@ class _Handler(BaseHTTPRequestHandler):
             self._drain_body()
             raise ProtocolError(f"method {method} is not allowed on {_peer(path)}; use {want}", 405)
         doc = self._small_json() if want == "POST" else (self._drain_body() or {})
-        shm.check_peer(self.client_address[0])
+        app.shm.check_peer(self.client_address[0])
+        registry: Any = app.shm if kind == "systemsharedmemory" else app.cuda_shm
         if action == "status":
-            return self._send_json(200, shm.status(region))
-        if action == "register":
-            shm.register(region or "", doc)
+            return self._send_json(200, registry.status(region))
+        if action == "register" and kind == "systemsharedmemory":
+            registry.register(region or "", doc)
+        elif action == "register":
+            registry.register_json(region or "", doc)
         else:
             _only_keys(doc, {}, "the unregister request")
-            shm.unregister(region)
+            registry.unregister(region)
         return self._send_json(200, {})
 
     def _small_json(self) -> dict[str, Any]:
@@ -449,21 +482,9 @@ class _Handler(BaseHTTPRequestHandler):
             if engine is None or model.closed is not None:
                 self._drain_body()
                 engine = model.require_engine()
-            shm = PeerView(self.server.app.shm, self.client_address[0]) if self.server.app.shm.enabled else None
+            shm = self.server.app.shm_view(self.client_address[0])
             req = self._read_request(model, engine, shm)
-            if model.batched and req.batch > model.max_batch:
-                raise ProtocolError(f"batch {req.batch} (dimension 0) exceeds the server's max batch "
-                                    f"{model.max_batch}; send at most {model.max_batch} per request")
-            if model.batched and req.batch == 0:
-                raise ProtocolError("batch size 0: dimension 0 of the inputs must be at least 1")
-            try:
-                results = model.batcher.submit(req.inputs, req.batch)  # type: ignore[union-attr]
-            except EngineFailure as exc:
-                status = 503 if isinstance(exc, ShuttingDown) else 400 if isinstance(exc, BadRequest) else 500
-                raise ProtocolError(str(exc), status) from None
-            missing = [n for n, _ in req.outputs if n not in results]
-            if missing:
-                raise ProtocolError(f"engine '{model.name}' returned no output {', '.join(missing)}", 500)
+            results = inference.run(model, req)
             pieces, header_len = build_response(model.name, model.version, req, results, shm)
         except ProtocolError:
             stats.count_failure()
@@ -650,27 +671,7 @@ def _only_keys(doc: dict[str, Any], allowed: dict[str, type], where: str) -> dic
     return doc
 
 
-def _load_override(params: dict[str, Any], name: str):
-    """The load request's parameters: an optional `config` (a JSON string of model config, as
-    tritonclient's load_model(config=...) sends) used instead of the one on disk."""
-    from ngcx_runtime.repository import parse_config, parse_json
-
-    override = None
-    for key, value in params.items():
-        if key == "config":
-            if not isinstance(value, str):
-                raise ProtocolError("the load parameter 'config' must be a JSON string of the model config")
-            where = "the load request's config"
-            try:
-                override = parse_config(parse_json(value, where), where, expected_name=name)
-            except RuntimeUserError as exc:
-                raise ProtocolError(str(exc)) from None
-        elif str(key).startswith("file:"):
-            raise ProtocolError("file overrides (parameters 'file:...') are not supported; put the model files in "
-                                f"the repository under {name}/<version>/")
-        else:
-            raise ProtocolError(f"unknown load parameter '{_peer(str(key), 40)}'; known: config")
-    return override
+_load_override = inference.load_override
 
 
 def _too_large(length: int, limit_text: str) -> str:
@@ -730,6 +731,16 @@ class ServerHandle:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def grpc_port(self) -> int | None:
+        """The gRPC port (None without --grpc-port)."""
+        return self._app.grpc.port if self._app.grpc else None
+
+    @property
+    def grpc_target(self) -> str | None:
+        """host:port for tritonclient.grpc.InferenceServerClient(url=...) (None without --grpc-port)."""
+        return self._app.grpc.target if self._app.grpc else None
 
     @property
     def metrics_url(self) -> str | None:
@@ -809,6 +820,7 @@ class ServerHandle:
         self._server.shutdown()
         self._accept_backlog()
         self._server.socket.close()       # new connections are refused from here on
+        grpc_done = app.grpc.stop(timeout if drain else 0) if app.grpc is not None else None
         app.table.flush()
         if drain:
             deadline = time.monotonic() + timeout
@@ -828,11 +840,14 @@ class ServerHandle:
         for conn in idle:                 # idle keep-alive connections: wake their threads
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
+        if grpc_done is not None:
+            grpc_done.wait(timeout)
         if app.metrics_server is not None:
             app.metrics_server.stop()
         if app.gpus is not None:
             app.gpus.close()
         app.shm.close()
+        app.cuda_shm.close()
         self._thread.join(timeout)
 
     def _accept_backlog(self) -> None:
@@ -856,45 +871,50 @@ class ServerHandle:
         self.stop()
 
 
-def start_server(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *, name: str | None = None,
-                 max_batch: int | None = None, max_queue_delay_ms: float = 1.0, max_body_mb: float = 256.0,
-                 verbose: bool = False, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+def start_server(engine: Engine | list[Engine], host: str = "127.0.0.1", port: int = 8000, *,
+                 name: str | None = None, max_batch: int | None = None, max_queue_delay_ms: float = 1.0,
+                 max_body_mb: float = 256.0, verbose: bool = False, max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  metrics_port: int | None = None, log: Callable[[str], None] | None = None,
-                 shared_memory: str = "local") -> ServerHandle:
+                 shared_memory: str = "local", grpc_port: int | None = None, reuse_port: bool = False) -> ServerHandle:
     """Serve engine on host:port (0 = a free port) from background threads; returns at once, after one
-    warm-up inference that also measures the batch layout (layout.py)."""
-    check_limits(max_batch, name, max_queue_delay_ms, max_body_mb, max_connections, metrics_port)
-    model = ServedModel(name or engine.name, MODEL_VERSION, Settings(max_batch, max_queue_delay_ms), log=log)
+    warm-up inference that also measures the batch layout (layout.py). A list of engines is the
+    model's instances (--instances): one batcher feeds them all. grpc_port adds the gRPC service."""
+    check_limits(max_batch, name, max_queue_delay_ms, max_body_mb, max_connections, metrics_port, grpc_port)
+    first = engine[0] if isinstance(engine, list) else engine
+    model = ServedModel(name or first.name, MODEL_VERSION, Settings(max_batch, max_queue_delay_ms), log=log)
     model.attach(engine)
     return _listen(_App(ModelTable.for_one(model, log), int(max_body_mb * 2**20), verbose, shared_memory), host,
-                   port, max_connections, metrics_port)
+                   port, max_connections, metrics_port, grpc_port, reuse_port)
 
 
-def start_loading(loader: Callable[[], Engine], host: str = "127.0.0.1", port: int = 8000, *, name: str,
+def start_loading(loader: Callable[..., Engine], host: str = "127.0.0.1", port: int = 8000, *, name: str,
                   max_batch: int | None = None, max_queue_delay_ms: float = 1.0, max_body_mb: float = 256.0,
                   verbose: bool = False, warmup: bool = True, max_connections: int = DEFAULT_MAX_CONNECTIONS,
                   metrics_port: int | None = None, log: Callable[[str], None] | None = None,
-                  shared_memory: str = "local") -> ServerHandle:
+                  shared_memory: str = "local", devices: tuple[int | str | None, ...] | None = None,
+                  grpc_port: int | None = None, reuse_port: bool = False) -> ServerHandle:
     """Listen at once (live), then load in the background: ready only after loader() returned AND
     one warm-up inference ran, so a readiness probe never sends traffic to a cold model.
 
-    A loader failure leaves the server live and not ready, with handle.load_error saying why; the
-    exception itself is kept as handle.load_exception for the caller to re-raise.
+    devices: one entry per instance (served.instance_devices); loader(device) is then called once per
+    instance. A loader failure leaves the server live and not ready, with handle.load_error saying
+    why; the exception itself is kept as handle.load_exception for the caller to re-raise.
     """
-    check_limits(max_batch, name, max_queue_delay_ms, max_body_mb, max_connections, metrics_port)
+    check_limits(max_batch, name, max_queue_delay_ms, max_body_mb, max_connections, metrics_port, grpc_port)
     model = ServedModel(name, MODEL_VERSION, Settings(max_batch, max_queue_delay_ms), log=log)
     handle = _listen(_App(ModelTable.for_one(model, log), int(max_body_mb * 2**20), verbose, shared_memory), host,
-                     port, max_connections, metrics_port)
+                     port, max_connections, metrics_port, grpc_port, reuse_port)
 
     def load() -> None:
         try:
-            engine = loader()
+            engines = [loader()] if devices is None else [loader(d) for d in devices]
             if warmup:
-                model.attach(engine)
+                model.attach(engines)
             else:
                 from ngcx_runtime.layout import prepare
 
-                model.attach(engine, prepare(engine, resolve_max_batch(engine, max_batch), run=False))
+                layout = prepare(engines[0], resolve_max_batch(engines[0], max_batch), run=False)
+                model.attach(engines, layout, warm=False)
         except Exception as exc:  # noqa: BLE001 - any failure is reported, the server stays up not ready
             handle.load_exception = exc
             text = str(exc) if isinstance(exc, RuntimeUserError) else f"{type(exc).__name__}: {exc}"
@@ -908,21 +928,26 @@ def start_repository(root: str | Path, host: str = "127.0.0.1", port: int = 8000
                      models: list[str] | None = None, backend: str | None = None, max_batch: int | None = None,
                      max_queue_delay_ms: float = 1.0, max_body_mb: float = 256.0, verbose: bool = False,
                      max_connections: int = DEFAULT_MAX_CONNECTIONS, metrics_port: int | None = None,
-                     log: Callable[[str], None] | None = None, shared_memory: str = "local") -> ServerHandle:
+                     log: Callable[[str], None] | None = None, shared_memory: str = "local",
+                     devices: tuple[int | str | None, ...] = (None,), grpc_port: int | None = None,
+                     reuse_port: bool = False) -> ServerHandle:
     """Serve a model repository (DIR/<model>/<version>/...): listen at once, then load `models` (default:
     all) one by one in the background, each ready after its warm-up; the repository extension loads
-    and unloads more while it runs. handle.wait_loaded() waits for the start-up loads."""
-    check_limits(max_batch, None, max_queue_delay_ms, max_body_mb, max_connections, metrics_port)
+    and unloads more while it runs. handle.wait_loaded() waits for the start-up loads. devices: the
+    instances of every model without an instance_group in its config (served.instance_devices)."""
+    check_limits(max_batch, None, max_queue_delay_ms, max_body_mb, max_connections, metrics_port, grpc_port)
     root = Path(root)
-    table = ModelTable(Settings(max_batch, max_queue_delay_ms), log, root=root, backend=backend)
+    table = ModelTable(Settings(max_batch, max_queue_delay_ms, devices=tuple(devices)), log, root=root,
+                       backend=backend)
     handle = _listen(_App(table, int(max_body_mb * 2**20), verbose, shared_memory), host, port, max_connections,
-                     metrics_port)
+                     metrics_port, grpc_port, reuse_port)
     threading.Thread(target=table.load_startup, args=(models,), name="ngcx-load", daemon=True).start()
     return handle
 
 
 def check_limits(max_batch: int | None, name: str | None, max_queue_delay_ms: float, max_body_mb: float,
-                 max_connections: int = DEFAULT_MAX_CONNECTIONS, metrics_port: int | None = None) -> None:
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS, metrics_port: int | None = None,
+                 grpc_port: int | None = None) -> None:
     """Flag checks that need no engine (done before listening)."""
     if max_connections < 1:
         raise ServeError(f"--max-connections {max_connections} must be at least 1")
@@ -936,13 +961,22 @@ def check_limits(max_batch: int | None, name: str | None, max_queue_delay_ms: fl
         raise ServeError(f"--max-body-mb {max_body_mb} must be positive")
     if metrics_port is not None and not 0 <= metrics_port <= 65535:
         raise ServeError(f"--metrics-port {metrics_port} is not a TCP port (0-65535; 0 = any free port)")
+    if grpc_port is not None and not 0 <= grpc_port <= 65535:
+        raise ServeError(f"--grpc-port {grpc_port} is not a TCP port (0-65535; 0 = any free port; Triton uses 8001)")
 
 
 def _listen(app: _App, host: str, port: int, max_connections: int = DEFAULT_MAX_CONNECTIONS,
-            metrics_port: int | None = None) -> ServerHandle:
+            metrics_port: int | None = None, grpc_port: int | None = None, reuse_port: bool = False) -> ServerHandle:
     app.max_connections = max_connections
     try:
-        server = _Server((host, port), _Handler)
+        server = _Server((host, port), _Handler, bind_and_activate=False)
+        server.reuse_port = reuse_port
+        try:
+            server.server_bind()
+            server.server_activate()
+        except BaseException:
+            server.server_close()
+            raise
     except OSError as exc:
         app.table.stop(0.1)
         why = exc.strerror or exc
@@ -958,6 +992,18 @@ def _listen(app: _App, host: str, port: int, max_connections: int = DEFAULT_MAX_
             app.gpus.close()
             raise ServeError(f"cannot listen on {host}:{metrics_port} for metrics: {exc.strerror or exc}; "
                              "pick another --metrics-port") from None
+    if grpc_port is not None:
+        from ngcx_runtime import grpc_service
+
+        try:
+            app.grpc = grpc_service.start(app, host, grpc_port, max_message_bytes=app.max_body, reuse_port=reuse_port)
+        except BaseException:
+            server.server_close()
+            app.table.stop(0.1)
+            app.gpus.close()
+            if app.metrics_server is not None:
+                app.metrics_server.stop()
+            raise
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
                               name="ngcx-serve", daemon=True)
     thread.start()
@@ -971,7 +1017,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("serve", help="serve a model over the KServe v2 / Triton HTTP protocol",
                               description=__doc__.split("\n\n")[0])
     _add_arguments(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, parser=p)
     return p
 
 
@@ -1003,6 +1049,17 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shared-memory", default="local", choices=POLICIES,
                    help="Triton's system shared memory extension: local = clients on this host (loopback) only "
                         "(default), any = every peer (e.g. a container sharing /dev/shm), off = disabled")
+    p.add_argument("--grpc-port", type=int, default=None, metavar="PORT",
+                   help="also serve the KServe v2 gRPC service on this port (Triton uses 8001; tritonclient.grpc)")
+    p.add_argument("--instances", type=int, default=1, metavar="N",
+                   help="engine instances per model (Triton's instance_group count), fed by one dynamic batcher; "
+                        "a repository model's config.json instance_group overrides it (default 1)")
+    p.add_argument("--gpus", default=None, metavar="0,1",
+                   help="put --instances N instances on EACH of these GPUs (default: the first GPU, or the CPU)")
+    p.add_argument("--mps", type=int, default=None, metavar="N",
+                   help="N server processes sharing the GPU through NVIDIA MPS behind this one port (starts the "
+                        "MPS control daemon when none runs; refused where MPS is unavailable)")
+    p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)   # one of --mps's processes
     p.add_argument("--verbose", action="store_true", help="log every request to stderr")
     p.add_argument("--handler", default=None, metavar="MODULE:CLASS",
                    help="serve a Python handler class (load(context), predict(inputs)) from --app-dir")
@@ -1021,7 +1078,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 def load_engine(model: str | Path | None, *, handler: str | None = None, app_dir: str | Path | None = None,
                 backend: str | None = None, precision: str | None = None, batch_profile: list[int] | None = None,
                 calibration: str | Path | None = None, name: str | None = None,
-                log: Callable[[str], None] | None = None) -> Engine:
+                log: Callable[[str], None] | None = None, device: int | str | None = None) -> Engine:
     """The engine `serve` runs: the model (optimized through the plan cache when a precision, batch
     profile or calibration file is given), wrapped in the handler when there is one."""
     from ngcx_runtime.plan import load
@@ -1032,7 +1089,7 @@ def load_engine(model: str | Path | None, *, handler: str | None = None, app_dir
         wants_plan = precision is not None or batch_profile is not None or calibration is not None
         if wants_plan and path.is_file():
             path = _cached_plan(path, backend, precision or "fp32", batch_profile, calibration, name, log or print)
-        engine = load(path, backend=backend)
+        engine = load(path, backend=backend, device=device)
     if handler is not None:
         from ngcx_runtime.handler import load_handler
 
@@ -1074,7 +1131,10 @@ def _check_args(args: argparse.Namespace) -> list[int] | None:
     from ngcx_runtime.errors import RuntimeUserError
 
     check_limits(args.max_batch, args.name, args.max_queue_delay_ms, args.max_body_mb, args.max_connections,
-                 args.metrics_port)
+                 args.metrics_port, args.grpc_port)
+    args.devices = instance_devices(args.instances, _parse_gpus(args.gpus))
+    if args.mps is not None and args.mps < 1:
+        raise ServeError(f"--mps {args.mps} must be at least 1 (the number of server processes)")
     if _repository_root(args) is not None:
         _check_repository_args(args)
         return None
@@ -1110,6 +1170,18 @@ def _check_args(args: argparse.Namespace) -> list[int] | None:
     except RuntimeUserError:
         raise ServeError(f"--batch-profile {args.batch_profile!r}: give positive batch sizes separated by "
                          "commas, e.g. 1,8,32") from None
+
+
+def _parse_gpus(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        gpus = [int(g) for g in text.split(",")]
+    except ValueError:
+        gpus = []
+    if not gpus or any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
+        raise ServeError(f"--gpus {text!r}: give distinct GPU indices separated by commas, e.g. 0,1")
+    return gpus
 
 
 def _repository_root(args: argparse.Namespace) -> Path | None:
@@ -1161,6 +1233,10 @@ def run(args: argparse.Namespace) -> int:
     """Listen at once, load (optimize on a cache miss), warm up, turn ready; serve until
     SIGTERM/SIGINT, drain in-flight requests, exit 0. A load failure: one line, exit 2."""
     batch_profile = _check_args(args)
+    if args.mps is not None:
+        from ngcx_runtime import mps
+
+        return mps.supervise(args)
     stop = threading.Event()
 
     def _on_signal(signum: int, _frame: Any) -> None:
@@ -1173,17 +1249,20 @@ def run(args: argparse.Namespace) -> int:
         return _run_repository(args, root, stop)
     name = _default_name(args)
 
-    def loader() -> Engine:
+    def loader(device: int | str | None = None) -> Engine:
         return load_engine(args.model, handler=args.handler, app_dir=args.app_dir, backend=args.backend,
                            precision=args.precision, batch_profile=batch_profile,
-                           calibration=args.calibration_data, name=name, log=lambda line: print(line, flush=True))
+                           calibration=args.calibration_data, name=name, log=lambda line: print(line, flush=True),
+                           device=device)
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     handle = start_loading(loader, args.host, args.port, name=name, max_batch=args.max_batch,
                            max_queue_delay_ms=args.max_queue_delay_ms, max_body_mb=args.max_body_mb,
                            verbose=args.verbose, max_connections=args.max_connections,
-                           metrics_port=args.metrics_port, log=_log, shared_memory=args.shared_memory)
+                           metrics_port=args.metrics_port, log=_log, shared_memory=args.shared_memory,
+                           devices=args.devices, grpc_port=args.grpc_port, reuse_port=args.reuse_port)
+    _mark_shared(handle, args)
     print(f"serve: listening at {handle.url} (live; ready once '{name}' is loaded and warmed up)"
           f"{_metrics_note(handle)}", flush=True)
     while handle.loading and not stop.is_set():
@@ -1210,7 +1289,16 @@ def _log(line: str) -> None:
 
 
 def _metrics_note(handle: ServerHandle) -> str:
-    return f"; metrics at {handle.metrics_url}" if handle.metrics_url else ""
+    grpc = f"; gRPC at {handle.grpc_target}" if handle.grpc_target else ""
+    return grpc + (f"; metrics at {handle.metrics_url}" if handle.metrics_url else "")
+
+
+def _mark_shared(handle: ServerHandle, args: argparse.Namespace) -> None:
+    """One of serve --mps's processes: a load or unload would reach only the process a client happens to hit."""
+    if args.reuse_port:
+        handle._app.control_refusal = ("this server is one of several processes sharing the port (serve --mps); "
+                                       "loading and unloading models would change only one of them: restart the "
+                                       "server with the models to serve (--load-model)")
 
 
 def _run_repository(args: argparse.Namespace, root: Path, stop: threading.Event) -> int:
@@ -1220,7 +1308,9 @@ def _run_repository(args: argparse.Namespace, root: Path, stop: threading.Event)
                               max_batch=args.max_batch, max_queue_delay_ms=args.max_queue_delay_ms,
                               max_body_mb=args.max_body_mb, verbose=args.verbose,
                               max_connections=args.max_connections, metrics_port=args.metrics_port, log=_log,
-                              shared_memory=args.shared_memory)
+                              shared_memory=args.shared_memory, devices=args.devices, grpc_port=args.grpc_port,
+                              reuse_port=args.reuse_port)
+    _mark_shared(handle, args)
     print(f"serve: listening at {handle.url} (live; ready once the models of {root} are loaded and warmed up)"
           f"{_metrics_note(handle)}", flush=True)
     while handle.loading and not stop.is_set():
@@ -1251,6 +1341,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="ngcx-runtime serve", description=__doc__.split("\n\n")[0])
     _add_arguments(p)
+    p.set_defaults(parser=p)
     args = p.parse_args(argv)
     try:
         return run(args)

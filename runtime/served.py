@@ -22,7 +22,7 @@ from typing import Any
 from ngcx_runtime.batching import Batcher, Stats
 from ngcx_runtime.engine import Engine, TensorSpec
 from ngcx_runtime.errors import RuntimeUserError
-from ngcx_runtime.layout import BatchLayout, prepare
+from ngcx_runtime.layout import BatchLayout, prepare, run_warmup, warmup_feeds
 from ngcx_runtime.metrics import ModelSample
 from ngcx_runtime.protocol import ProtocolError
 from ngcx_runtime.repository import ModelConfig, model_names, model_versions, read_config, valid_name
@@ -51,8 +51,11 @@ class Settings:
     preferred: tuple[int, ...] = ()
     merge: bool = True                     # False: a config without dynamic_batching
     batched: bool = True                   # False: max_batch_size 0 in the config
+    devices: tuple[int | str | None, ...] = (None,)   # one per instance: None (default device), GPU index, "cpu"
 
     def with_config(self, config: ModelConfig) -> Settings:
+        if config.devices is not None:               # instance_group: the config's placement
+            self = replace(self, devices=config.devices)
         if config.dynamic_batching is None:          # no config file: the server's flags, merging on
             return self
         return replace(
@@ -71,6 +74,15 @@ def resolve_max_batch(engine: Engine, max_batch: int | None) -> int:
         raise ServeError(f"--max-batch {max_batch} exceeds the engine's max batch {bound} (its optimization "
                          f"profile); use --max-batch {bound} or rebuild the plan with a larger profile")
     return max_batch
+
+
+def instance_devices(instances: int, gpus: list[int] | None) -> tuple[int | str | None, ...]:
+    """--instances N [--gpus 0,1]: N instances on the default device, or N on each listed GPU."""
+    if instances < 1:
+        raise ServeError(f"--instances {instances} must be at least 1")
+    if not gpus:
+        return (None,) * instances
+    return tuple(g for g in gpus for _ in range(instances))
 
 
 def _spec_json(s: TensorSpec) -> dict[str, Any]:
@@ -92,6 +104,7 @@ class ServedModel:
         self.stats = stats if stats is not None else Stats()
         self.log = log or (lambda line: None)
         self.engine: Engine | None = None
+        self.engines: list[Engine] = []           # every instance's engine (engine is the first)
         self.batcher: Batcher | None = None
         self.layout: BatchLayout | None = None
         self.max_batch = settings.max_batch or 0
@@ -99,21 +112,34 @@ class ServedModel:
         self.closed: str | None = None
         self.loaded = threading.Event()           # set once attach() or fail() ran
 
-    def attach(self, engine: Engine, layout: BatchLayout | None = None) -> None:
-        """Warm the engine up, decide its batch layout, start its batcher: serve it from now on."""
-        max_batch = resolve_max_batch(engine, self.settings.max_batch)
+    def attach(self, engine: Engine | list[Engine], layout: BatchLayout | None = None, warm: bool = True) -> None:
+        """Warm the engine(s) up, decide the batch layout (on the first), start the batcher: serve from now on.
+
+        Several engines are the model's instances (Triton's instance group): each gets one warm-up
+        inference, so the first request on any of them is not the slow one."""
+        engines = list(engine) if isinstance(engine, list) else [engine]
+        first = engines[0]
+        max_batch = resolve_max_batch(first, self.settings.max_batch)
         if layout is None:
-            layout = prepare(engine, max_batch, want_batch=self.settings.batched)
+            layout = prepare(first, max_batch, want_batch=self.settings.batched)
+        if warm:
+            for other in engines[1:]:
+                target, feeds = warmup_feeds(other)
+                if target is not None and feeds is not None:
+                    run_warmup(target, feeds, other)
         if layout.merge and not self.settings.merge:
             layout = layout.unmerged("the model config has no dynamic_batching")
         self.max_batch = max_batch
         self.layout = layout
-        self.batcher = Batcher(engine, max_batch, self.settings.max_queue_delay_ms, self.stats, layout.merge,
+        self.batcher = Batcher(engines, max_batch, self.settings.max_queue_delay_ms, self.stats, layout.merge,
                                self.name, output_axes=layout.output_axes, preferred=self.settings.preferred,
                                on_unmerge=self._unmerged)
-        self.engine = engine
+        self.engines = engines
+        self.engine = first
         self.loaded.set()
-        self.log(f"serve: model '{self.name}' version {self.version}: {layout.describe()}")
+        where = f"; {len(engines)} instances on {', '.join(sorted({e.device for e in engines}))}" \
+            if len(engines) > 1 else ""
+        self.log(f"serve: model '{self.name}' version {self.version}: {layout.describe()}{where}")
 
     def _unmerged(self, why: str) -> None:
         """The batcher found a merged batch that did not split and stopped merging (batching.py)."""
@@ -192,11 +218,25 @@ class ServedModel:
             "output": [dims(s, axes.get(s.name, 0) if batched else None) for s in engine.outputs],
             "parameters": {"device": engine.device, "precision": engine.precision},
             "batching": layout.as_json(),
+            "instance_group": self.instance_groups(),
         }
         if layout.merge:
             doc["dynamic_batching"] = {"max_queue_delay_microseconds": int(self.settings.max_queue_delay_ms * 1000),
                                        "preferred_batch_size": list(self.settings.preferred)}
         return doc
+
+    def instance_groups(self) -> list[dict[str, Any]]:
+        """Triton's instance_group of the loaded engines: one group per kind, with its GPUs."""
+        engines = self.engines or ([self.engine] if self.engine is not None else [])
+        gpus = [int(e.device.partition(":")[2] or 0) for e in engines if e.device.startswith("cuda")]
+        cpus = sum(1 for e in engines if not e.device.startswith("cuda"))
+        groups = []
+        if gpus:
+            groups.append({"name": self.name, "kind": "KIND_GPU", "count": len(gpus) // len(set(gpus)),
+                           "gpus": sorted(set(gpus))})
+        if cpus:
+            groups.append({"name": self.name, "kind": "KIND_CPU", "count": cpus, "gpus": []})
+        return groups
 
     def stats_entry(self) -> dict[str, Any]:
         """Triton's /stats layout (the subset this server measures)."""
@@ -386,7 +426,8 @@ class ModelTable:
             for version, path in model_versions(model_dir, config).items():
                 stats = entry.stats.get(version) or Stats()
                 model = ServedModel(entry.name, version, settings, stats, self.log)
-                model.attach(load(path, backend=config.backend or self.backend))
+                backend = config.backend or self.backend
+                model.attach([load(path, backend=backend, device=d) for d in settings.devices])
                 fresh[version] = model
                 entry.stats[version] = stats
         except BaseException:

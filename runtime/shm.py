@@ -202,6 +202,9 @@ class SharedMemory:
     def close(self) -> None:
         self.unregister(None)
 
+    def has(self, name: Any) -> bool:
+        return isinstance(name, str) and name in self._regions
+
     # -- tensors --
     def _region(self, name: Any, where: str) -> Region:
         if not isinstance(name, str):
@@ -250,16 +253,26 @@ class SharedMemory:
 
 
 class PeerView:
-    """The registry as one request's peer may use it: every access checks the policy first."""
+    """The registries as one request's peer may use them: every access checks the policy first.
 
-    def __init__(self, shm: SharedMemory, peer: str):
+    A region name is looked up among the system regions, then the CUDA ones (cuda_shm.py): Triton
+    uses the same shared_memory_region parameter for both kinds.
+    """
+
+    def __init__(self, shm: SharedMemory, peer: str, cuda: Any = None):
         self.shm = shm
         self.peer = peer
+        self.cuda = cuda
+
+    def _kind(self, name: Any) -> Any:
+        if self.cuda is not None and not self.shm.has(name) and self.cuda.has(name):
+            return self.cuda
+        return self.shm
 
     def read(self, name: Any, offset: int, size: int, where: str) -> np.ndarray:
         self.shm.check_peer(self.peer)
-        return self.shm.read(name, offset, size, where)
+        return self._kind(name).read(name, offset, size, where)
 
     def write(self, name: Any, offset: int, byte_size: int, data: memoryview, where: str) -> None:
         self.shm.check_peer(self.peer)
-        self.shm.write(name, offset, byte_size, data, where)
+        self._kind(name).write(name, offset, byte_size, data, where)

@@ -59,8 +59,9 @@ def describe() -> dict[str, Any]:
     return {"version": onnxruntime.__version__, "providers": onnxruntime.get_available_providers()}
 
 
-def providers(gpu: bool, plan_dir: Path | None = None, precision: str = "fp32") -> list:
-    """Provider list in priority order (runtime.md §7: TRT first, CUDA next, CPU last)."""
+def providers(gpu: bool, plan_dir: Path | None = None, precision: str = "fp32", device_id: int = 0) -> list:
+    """Provider list in priority order (runtime.md §7: TRT first, CUDA next, CPU last); device_id is
+    the GPU an instance runs on (serve --instances/--gpus)."""
     import onnxruntime
 
     avail = set(onnxruntime.get_available_providers())
@@ -69,6 +70,7 @@ def providers(gpu: bool, plan_dir: Path | None = None, precision: str = "fp32") 
         opts: dict[str, Any] = {
             "trt_fp16_enable": precision == "fp16",
             "trt_int8_enable": precision == "int8",
+            "device_id": device_id,
         }
         if plan_dir is not None:
             opts.update(
@@ -81,7 +83,7 @@ def providers(gpu: bool, plan_dir: Path | None = None, precision: str = "fp32") 
             )
         chosen.append(("TensorrtExecutionProvider", opts))
     if gpu and "CUDAExecutionProvider" in avail:
-        chosen.append(("CUDAExecutionProvider", {"device_id": 0}))
+        chosen.append(("CUDAExecutionProvider", {"device_id": device_id}))
     chosen.append("CPUExecutionProvider")
     return chosen
 
@@ -263,7 +265,7 @@ class OrtEngine:
         self.precision = precision
         self.max_batch = max_batch
         self.providers = sess.get_providers()
-        self.device = "cpu" if self.providers[0] == "CPUExecutionProvider" else "cuda:0"
+        self.device = "cpu" if self.providers[0] == "CPUExecutionProvider" else f"cuda:{_device_id(sess)}"
         self.inputs = _specs(sess.get_inputs())
         self.outputs = _specs(sess.get_outputs())
         self._out_names = [o.name for o in self.outputs]
@@ -281,13 +283,30 @@ class OrtEngine:
         return dict(zip(self._out_names, results, strict=True))
 
 
-def _session(path: Path, gpu: bool, plan_dir: Path | None, precision: str, level: str):
+def _device_id(sess) -> int:
+    for name, opts in sess.get_provider_options().items():
+        if name != "CPUExecutionProvider" and str(opts.get("device_id", "0")).isdigit():
+            return int(opts.get("device_id", "0"))
+    return 0
+
+
+def _gpu_and_id(gpu: bool, device: int | str | None) -> tuple[bool, int]:
+    """(use the GPU, which one) for an instance placed on `device` (None: the default, "cpu": the CPU)."""
+    if device == "cpu":
+        return False, 0
+    return gpu, device if isinstance(device, int) else 0
+
+
+def _session(path: Path, gpu: bool, plan_dir: Path | None, precision: str, level: str,
+             device: int | str | None = None):
     import onnxruntime
 
     so = onnxruntime.SessionOptions()
     so.graph_optimization_level = getattr(onnxruntime.GraphOptimizationLevel, level)
+    use_gpu, device_id = _gpu_and_id(gpu, device)
     try:
-        return onnxruntime.InferenceSession(str(path), so, providers=providers(gpu, plan_dir, precision))
+        return onnxruntime.InferenceSession(str(path), so,
+                                            providers=providers(use_gpu, plan_dir, precision, device_id))
     except Exception as exc:  # noqa: BLE001
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RuntimeUserError(
@@ -296,15 +315,15 @@ def _session(path: Path, gpu: bool, plan_dir: Path | None, precision: str, level
         ) from None
 
 
-def load(plan_dir: Path, manifest: dict, gpu: bool) -> OrtEngine:
+def load(plan_dir: Path, manifest: dict, gpu: bool, device: int | str | None = None) -> OrtEngine:
     """Load a plan: the offline-optimized model needs no second optimization pass."""
     artifact = plan_dir / manifest["artifact"]
     level = "ORT_DISABLE_ALL" if artifact.name == "model.opt.onnx" else "ORT_ENABLE_ALL"
-    sess = _session(artifact, gpu, plan_dir, manifest["precision"], level)
+    sess = _session(artifact, gpu, plan_dir, manifest["precision"], level, device)
     return OrtEngine(sess, manifest["name"], manifest["precision"], max(manifest.get("batch_profile") or [0]))
 
 
-def load_model(src: Path, gpu: bool, name: str) -> OrtEngine:
+def load_model(src: Path, gpu: bool, name: str, device: int | str | None = None) -> OrtEngine:
     """Load a raw .onnx with ORT's default online optimization."""
     _check_model(src)
-    return OrtEngine(_session(src, gpu, None, "fp32", "ORT_ENABLE_ALL"), name, "fp32", 0)
+    return OrtEngine(_session(src, gpu, None, "fp32", "ORT_ENABLE_ALL", device), name, "fp32", 0)

@@ -107,12 +107,16 @@ class TorchEngine:
 
     backend = NAME
 
-    def __init__(self, ep, name: str, precision: str, buckets: list[int], compile_mode: str | None):
+    def __init__(self, ep, name: str, precision: str, buckets: list[int], compile_mode: str | None,
+                 device: int | str | None = None):
         import torch
 
         self.name, self.precision = name, precision
         self._torch = torch
-        self.device = "cuda:0" if torch.cuda.is_available() else "cpu"
+        self.device = _device(torch, device)
+        # Each engine has its own CUDA stream, so several instances of a model (serve --instances) run
+        # their batches concurrently instead of queueing on the device's default stream.
+        self._stream = torch.cuda.Stream(self.device) if self.device != "cpu" else None
         self._dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
         self._buckets = sorted(buckets) if buckets else []
         self.max_batch = self._buckets[-1] if self._buckets else 0
@@ -154,6 +158,17 @@ class TorchEngine:
             self.outputs.append(TensorSpec(n, kd, tuple(d if isinstance(d, int) else -1 for d in v.shape)))
             self._out_names.append(n)
 
+    def _streamed(self):
+        """This engine's stream and device as the current ones (a no-op on the CPU)."""
+        import contextlib
+
+        if self._stream is None:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        stack.enter_context(self._torch.cuda.device(self.device))
+        stack.enter_context(self._torch.cuda.stream(self._stream))
+        return stack
+
     def _run(self, tensors: list) -> list:
         with self._torch.inference_mode():
             out = self._mod(*tensors)
@@ -165,6 +180,10 @@ class TorchEngine:
         return self._run(tensors)
 
     def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with self._streamed():
+            return self._infer(feeds)
+
+    def _infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         missing = [s.name for s in self.inputs if s.name not in feeds]
         if missing:
             raise RuntimeUserError(f"missing input(s) {', '.join(missing)} for model {self.name}")
@@ -188,6 +207,10 @@ class TorchEngine:
         return buf
 
     def infer_async(self, feeds: dict[str, np.ndarray]) -> Callable[[], dict[str, np.ndarray]]:
+        with self._streamed():
+            return self._infer_async(feeds)
+
+    def _infer_async(self, feeds: dict[str, np.ndarray]) -> Callable[[], dict[str, np.ndarray]]:
         """Launch one batch and return a function that waits for its outputs.
 
         Why: with host arrays, infer() is serial — copy into pinned memory, copy to the GPU,
@@ -204,7 +227,7 @@ class TorchEngine:
         n = len(next(iter(feeds.values())))
         small = sum(a.nbytes for a in feeds.values()) < PIPELINE_MIN_BYTES
         if small or self.device == "cpu" or not self._buckets or n > self.max_batch:
-            result = self.infer(feeds)
+            result = self._infer(feeds)
             return lambda: result
         bucket = next(b for b in self._buckets if b >= n)
         slot = self._free_slots.get()
@@ -322,17 +345,29 @@ def optimize(src: Path, out_dir: Path, opts) -> dict[str, Any]:
     }
 
 
-def load(plan_dir: Path, manifest: dict, gpu: bool) -> TorchEngine:
+def _device(torch, device: int | str | None) -> str:
+    """The torch device of an instance: the first GPU by default, GPU `device`, or "cpu"."""
+    if device == "cpu" or not torch.cuda.is_available():
+        if isinstance(device, int):
+            raise RuntimeUserError(f"an instance on GPU {device} needs a GPU, and torch sees none here")
+        return "cpu"
+    index = device if isinstance(device, int) else 0
+    if index >= torch.cuda.device_count():
+        raise RuntimeUserError(f"an instance on GPU {index}: torch sees {torch.cuda.device_count()} GPU(s)")
+    return f"cuda:{index}"
+
+
+def load(plan_dir: Path, manifest: dict, gpu: bool, device: int | str | None = None) -> TorchEngine:
     _set_inductor_cache(plan_dir)
     ep = _export_load(plan_dir / manifest["artifact"])
     mode = (manifest.get("compile") or {}).get("mode") or "reduce-overhead"
     engine = TorchEngine(
-        ep, manifest["name"], manifest["precision"], manifest.get("batch_profile") or [], mode
+        ep, manifest["name"], manifest["precision"], manifest.get("batch_profile") or [], mode, device
     )
     _warm(engine)
     return engine
 
 
-def load_model(src: Path, gpu: bool, name: str) -> TorchEngine:
+def load_model(src: Path, gpu: bool, name: str, device: int | str | None = None) -> TorchEngine:
     """A raw .pt2 runs eager in FP32: optimization is what `optimize` is for."""
-    return TorchEngine(_export_load(src), name, "fp32", [], None)
+    return TorchEngine(_export_load(src), name, "fp32", [], None, device)

@@ -263,14 +263,22 @@ class TrtEngine:
         return results
 
 
-def load(plan_dir: Path, manifest: dict, gpu: bool) -> TrtEngine:
+def _only_gpu0(device: int | str | None) -> None:
+    """TensorRT engines here run on GPU 0 (the plan's build GPU); other placements are refused."""
+    if device not in (None, 0):
+        raise RuntimeUserError(f"the tensorrt backend runs instances on GPU 0 only, not on {device!r}; drop --gpus "
+                               "(or the instance_group's gpus/kind), or serve an ONNX Runtime / PyTorch plan")
+
+
+def load(plan_dir: Path, manifest: dict, gpu: bool, device: int | str | None = None) -> TrtEngine:
+    _only_gpu0(device)
     engine = _deserialize(plan_dir / manifest["artifact"])
     return TrtEngine(
         engine, manifest["name"], manifest["precision"], max(manifest.get("batch_profile") or [0])
     )
 
 
-def load_model(src: Path, gpu: bool, name: str):
+def load_model(src: Path, gpu: bool, name: str, device: int | str | None = None):
     raise RuntimeUserError(
         f"{src}: the tensorrt backend needs a built plan; run ngcx-runtime optimize "
         f"{src} -o PLAN_DIR --backend tensorrt first"

@@ -285,7 +285,13 @@ def test_bad_repository_requests_are_4xx_and_the_server_keeps_serving(repo):
     ({"version_policy": {"newest": {}}}, "version_policy is one of"),
     ({"version_policy": {"specific": {"versions": []}}}, "version_policy is one of"),
     ({"default_model_filename": "../model.onnx"}, "must be a file name inside the version folder"),
-    ({"instance_group": [{"count": 2}]}, "unknown field(s) instance_group"),
+    ({"instance_group": [{"count": 0}]}, "count must be an integer of at least 1"),
+    ({"instance_group": {"count": 2}}, "instance_group is a list"),
+    ({"instance_group": [{"count": 2, "kind": "KIND_TPU"}]}, "kind \"KIND_TPU\" is not one of"),
+    ({"instance_group": [{"count": 1, "kind": "KIND_CPU", "gpus": [0]}]}, "KIND_CPU takes no gpus"),
+    ({"instance_group": [{"count": 1, "gpus": ["0"]}]}, "gpus must be a list of GPU indices"),
+    ({"instance_group": [{"count": 1, "rate_limiter": {}}]}, "unknown instance_group field(s) rate_limiter"),
+    ({"instance_group": [{"count": 65}]}, "asks for 65 instances; at most 64"),
 ])
 def test_a_bad_config_is_one_line_naming_the_field(doc, fragment):
     with pytest.raises(RuntimeUserError) as err:

@@ -209,7 +209,7 @@ BAD = [
     ("register-get", "GET", REG.format("r1"), b"", 405, "use POST"),
     ("status-post", "POST", "/v2/systemsharedmemory/status", b"", 405, "use GET"),
     ("unknown-shm-path", "GET", "/v2/systemsharedmemory/regions", b"", 404, "unknown path"),
-    ("cuda", "POST", "/v2/cudasharedmemory/region/g/register", b"{}", 400, "CUDA shared memory is not offered"),
+    ("cuda", "POST", "/v2/cudasharedmemory/region/g/register", b"{}", 400, "CUDA shared memory is not available"),
     ("infer-unknown-region", "POST", INFER, _req(_in("nope", 128)), 400, "no shared memory region 'nope'"),
     ("infer-size-mismatch", "POST", INFER, _req(_in("in", 64)), 400,
      "shared_memory_byte_size 64 does not match shape [1, 32] FP32 (128 bytes)"),
