@@ -6,13 +6,13 @@ A suite is a function run(result: SuiteResult, work: Path, out: Path) that fills
 
 from __future__ import annotations
 
-from bench.suites import build, cli, pending, runtime
+from bench.suites import build, cli, deploy, pending, runtime
 
 SUITES = {
     "cli": cli.run,
     "build": build.run,
     "project": pending.skipper("project"),
     "push": pending.skipper("push"),
-    "deploy": pending.skipper("deploy"),
+    "deploy": deploy.run,
     "runtime": runtime.run,
 }

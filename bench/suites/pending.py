@@ -14,7 +14,6 @@ from bench.core import SuiteResult, SuiteSkipped
 REASONS = {
     "project": "not yet measured by this entry point; see bench/project_rebuild.py and bench/project_test.py",
     "push": "not yet measured by this entry point; no earlier script (push/pull bytes and time, gzip vs zstd)",
-    "deploy": "not yet measured by this entry point; no earlier script (deploy -> first inference per phase)",
 }
 
 
