@@ -192,6 +192,7 @@ class Ec2Emulator:
         self.boot_seconds, self.start_seconds = boot_seconds, start_seconds
         self.calls: list[tuple[str, Any]] = []          # (action, form fields or JSON body) as clients sent them
         self.host_errors: list[tuple[str, str]] = []    # (instance or image id, what the backend raised)
+        self.issued_tokens: list[str] = []              # ECR passwords handed out (tests look for leaks)
         self._lock = threading.RLock()
         self._launch_lock = threading.Lock()            # RunInstances vs DescribeInstances: never half-registered
         self._instances: dict[str, Instance] = {}
@@ -864,6 +865,9 @@ class Ec2Emulator:
         now = time.time()
         changed = False
         for data in document.get("authorizationData") or []:
+            password = base64.b64decode(str(data.get("authorizationToken") or "")).decode(errors="replace")
+            with self._lock:
+                self.issued_tokens.append(password.partition(":")[2])
             expires = data.get("expiresAt")
             if isinstance(expires, int | float) and expires < now:
                 data["expiresAt"], changed = now + ECR_TOKEN_SECONDS, True
