@@ -4,6 +4,13 @@ In a project folder (ngcx.yaml), `ngcx run` serves the project's image instead: 
 localhost (all GPUs when present), waits until the model is loaded and warmed up, prints the URL
 once, and stops the server on Ctrl-C (cli/project/serving.py).
 
+`--mps N` (serving a model to many small clients): ngcx starts NVIDIA's MPS control daemon on this
+host (pipe and log folders under /tmp/ngcx-mps, or CUDA_MPS_PIPE_DIRECTORY / _LOG_DIRECTORY), runs
+the container in the host's IPC namespace with the pipe folder mounted, and sets NGCX_RUNTIME_MPS=N,
+which makes `ngcx-runtime serve` inside start N server processes sharing the GPU behind one port.
+Where MPS cannot run (no GPU, no nvidia-cuda-mps-control) it refuses with one line before docker runs.
+The daemon keeps running after the container stops; `echo quit | nvidia-cuda-mps-control` ends it.
+
 Why a driver check first: a CUDA 13 image on a 550 driver fails deep inside the framework
 ("CUDA driver version is insufficient") or, through NVIDIA_REQUIRE_CUDA, with a terse
 nvidia-container-cli error. ngcx compares the host driver with the release's floor for the
@@ -23,8 +30,8 @@ from ngcx.options import CatalogOpt, Gpu, GpuOpt, ProjectFileOpt, VariantOpt
 
 
 def docker_run_argv(cli: str, tag: str, cmd: list[str], gpus: bool, interactive: bool,
-                    ports: list[str], volumes: list[str], env: list[str]) -> list[str]:
-    argv = [cli, "run", "--rm"]
+                    ports: list[str], volumes: list[str], env: list[str], extra: list[str] | None = None) -> list[str]:
+    argv = [cli, "run", "--rm", *(extra or [])]
     if interactive:
         argv.append("-it")
     if gpus:
@@ -36,6 +43,27 @@ def docker_run_argv(cli: str, tag: str, cmd: list[str], gpus: bool, interactive:
     for e in env:
         argv += ["-e", e]
     return [*argv, tag, *cmd]
+
+
+def mps_docker_args(processes: int) -> tuple[list[str], list[str], list[str]]:
+    """Start (or join) the host's MPS daemon; the docker run extras: (ipc/flags, volumes, env)."""
+    from ngcx_runtime import mps
+
+    pipe_dir, log_dir = mps.pipe_dirs()
+    why = mps.unavailable_reason(pipe_dir)
+    if why:
+        raise UserError(f"--mps: MPS is unavailable on this host: {why}",
+                        hint="run without --mps (one server process), or on a host with an NVIDIA GPU and driver")
+    try:
+        started = mps.start_daemon(pipe_dir, log_dir)
+    except mps.MpsUnavailable as exc:
+        raise UserError(f"--mps: {exc}") from None
+    import sys
+
+    print(f"ngcx: MPS control daemon {'started' if started else 'already running'} at {pipe_dir} "
+          f"(stop it with `echo quit | CUDA_MPS_PIPE_DIRECTORY={pipe_dir} nvidia-cuda-mps-control`)", file=sys.stderr)
+    return (["--ipc", "host"], [f"{pipe_dir}:{pipe_dir}"],
+            [f"CUDA_MPS_PIPE_DIRECTORY={pipe_dir}", f"NGCX_RUNTIME_MPS={processes}"])
 
 
 def register(app: typer.Typer) -> None:
@@ -53,6 +81,9 @@ def register(app: typer.Typer) -> None:
         env: Annotated[list[str] | None, typer.Option("-e", "--env", help="Environment variable (repeatable).")] = None,
         gpu: GpuOpt = Gpu.auto,
         catalog_file: CatalogOpt = None,
+        mps: Annotated[int | None, typer.Option(
+            "--mps", min=1, help="Start the host's MPS daemon and let `ngcx-runtime serve` inside run N processes "
+                                 "sharing the GPU behind one port.")] = None,
     ) -> None:
         """Run a command in an image on this host, with all its GPUs when it has NVIDIA GPUs."""
         import sys
@@ -62,6 +93,9 @@ def register(app: typer.Typer) -> None:
         from ngcx.host import check_driver, host_gpus, host_has_gpu, resolve_image
 
         if ref is None:
+            if mps is not None:
+                raise UserError("--mps applies to `ngcx run IMAGE -- ngcx-runtime serve ...` for now, not to a "
+                                "project", hint="give the project's image tag as IMAGE, or drop --mps")
             return run_project(project_file, port, detach, gpu)
         tag = resolve_image(ref, variant, catalog_file)
         labels = engine_client().images.get(tag).labels or {}
@@ -79,13 +113,16 @@ def register(app: typer.Typer) -> None:
         if use_gpu:
             driver, gpus = host_gpus()
             check_driver(labels, release, driver, gpus)
+        elif mps is not None:
+            raise UserError(f"--mps needs the GPU: {why or '--gpu off'}", hint="drop --mps to run on the CPU")
         else:
             print(f"ngcx: {why or 'GPU off'}; running on the CPU", file=sys.stderr)
+        extra, mps_volumes, mps_env = mps_docker_args(mps) if mps is not None else ([], [], [])
         cli = docker_cli()
         if cli is None:
             raise UserError("the docker CLI is not installed", hint="apt-get install docker.io")
         argv = docker_run_argv(cli, tag, list(ctx.args), use_gpu, sys.stdin.isatty() and sys.stdout.isatty(),
-                               publish or [], volume or [], env or [])
+                               publish or [], [*(volume or []), *mps_volumes], [*(env or []), *mps_env], extra)
         os.execvp(argv[0], argv)
 
 

@@ -91,6 +91,7 @@ MODEL_VERSION = "1"
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "model_repository"]
 SHM_EXTENSION = "system_shared_memory"
 CUDA_SHM_EXTENSION = "cuda_shared_memory"
+TRANSPORTS = ("stdlib", "uvicorn")
 DEFAULT_MAX_CONNECTIONS = 512    # open connections (one thread each); more get a 503 at once
 SMALL_WRITE = 64 * 1024          # responses below this go out in one send
 DISCARD_FACTOR = 16              # after a refusal, up to this multiple of the limit is read and dropped
@@ -817,6 +818,9 @@ class ServerHandle:
         app = self._app
         with app.cond:
             app.draining = True
+        if not isinstance(self._server, _Server):        # --transport uvicorn
+            self._stop_asgi(drain, timeout)
+            return
         self._server.shutdown()
         self._accept_backlog()
         self._server.socket.close()       # new connections are refused from here on
@@ -850,6 +854,21 @@ class ServerHandle:
         app.cuda_shm.close()
         self._thread.join(timeout)
 
+    def _stop_asgi(self, drain: bool, timeout: float) -> None:
+        app = self._app
+        grpc_done = app.grpc.stop(timeout if drain else 0) if app.grpc is not None else None
+        app.table.flush()
+        self._server.stop(timeout if drain else 0.1)
+        app.table.stop(timeout if drain else 0.1)
+        if grpc_done is not None:
+            grpc_done.wait(timeout)
+        if app.metrics_server is not None:
+            app.metrics_server.stop()
+        if app.gpus is not None:
+            app.gpus.close()
+        app.shm.close()
+        app.cuda_shm.close()
+
     def _accept_backlog(self) -> None:
         """Serve the connections the kernel queued while serve_forever was stopping (up to its poll
         interval): closing the listener would reset them with their requests unanswered (issue 8).
@@ -875,7 +894,8 @@ def start_server(engine: Engine | list[Engine], host: str = "127.0.0.1", port: i
                  name: str | None = None, max_batch: int | None = None, max_queue_delay_ms: float = 1.0,
                  max_body_mb: float = 256.0, verbose: bool = False, max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  metrics_port: int | None = None, log: Callable[[str], None] | None = None,
-                 shared_memory: str = "local", grpc_port: int | None = None, reuse_port: bool = False) -> ServerHandle:
+                 shared_memory: str = "local", grpc_port: int | None = None, reuse_port: bool = False,
+                 transport: str | None = None) -> ServerHandle:
     """Serve engine on host:port (0 = a free port) from background threads; returns at once, after one
     warm-up inference that also measures the batch layout (layout.py). A list of engines is the
     model's instances (--instances): one batcher feeds them all. grpc_port adds the gRPC service."""
@@ -884,7 +904,7 @@ def start_server(engine: Engine | list[Engine], host: str = "127.0.0.1", port: i
     model = ServedModel(name or first.name, MODEL_VERSION, Settings(max_batch, max_queue_delay_ms), log=log)
     model.attach(engine)
     return _listen(_App(ModelTable.for_one(model, log), int(max_body_mb * 2**20), verbose, shared_memory), host,
-                   port, max_connections, metrics_port, grpc_port, reuse_port)
+                   port, max_connections, metrics_port, grpc_port, reuse_port, transport)
 
 
 def start_loading(loader: Callable[..., Engine], host: str = "127.0.0.1", port: int = 8000, *, name: str,
@@ -892,7 +912,8 @@ def start_loading(loader: Callable[..., Engine], host: str = "127.0.0.1", port: 
                   verbose: bool = False, warmup: bool = True, max_connections: int = DEFAULT_MAX_CONNECTIONS,
                   metrics_port: int | None = None, log: Callable[[str], None] | None = None,
                   shared_memory: str = "local", devices: tuple[int | str | None, ...] | None = None,
-                  grpc_port: int | None = None, reuse_port: bool = False) -> ServerHandle:
+                  grpc_port: int | None = None, reuse_port: bool = False,
+                  transport: str | None = None) -> ServerHandle:
     """Listen at once (live), then load in the background: ready only after loader() returned AND
     one warm-up inference ran, so a readiness probe never sends traffic to a cold model.
 
@@ -903,7 +924,7 @@ def start_loading(loader: Callable[..., Engine], host: str = "127.0.0.1", port: 
     check_limits(max_batch, name, max_queue_delay_ms, max_body_mb, max_connections, metrics_port, grpc_port)
     model = ServedModel(name, MODEL_VERSION, Settings(max_batch, max_queue_delay_ms), log=log)
     handle = _listen(_App(ModelTable.for_one(model, log), int(max_body_mb * 2**20), verbose, shared_memory), host,
-                     port, max_connections, metrics_port, grpc_port, reuse_port)
+                     port, max_connections, metrics_port, grpc_port, reuse_port, transport)
 
     def load() -> None:
         try:
@@ -930,7 +951,7 @@ def start_repository(root: str | Path, host: str = "127.0.0.1", port: int = 8000
                      max_connections: int = DEFAULT_MAX_CONNECTIONS, metrics_port: int | None = None,
                      log: Callable[[str], None] | None = None, shared_memory: str = "local",
                      devices: tuple[int | str | None, ...] = (None,), grpc_port: int | None = None,
-                     reuse_port: bool = False) -> ServerHandle:
+                     reuse_port: bool = False, transport: str | None = None) -> ServerHandle:
     """Serve a model repository (DIR/<model>/<version>/...): listen at once, then load `models` (default:
     all) one by one in the background, each ready after its warm-up; the repository extension loads
     and unloads more while it runs. handle.wait_loaded() waits for the start-up loads. devices: the
@@ -940,7 +961,7 @@ def start_repository(root: str | Path, host: str = "127.0.0.1", port: int = 8000
     table = ModelTable(Settings(max_batch, max_queue_delay_ms, devices=tuple(devices)), log, root=root,
                        backend=backend)
     handle = _listen(_App(table, int(max_body_mb * 2**20), verbose, shared_memory), host, port, max_connections,
-                     metrics_port, grpc_port, reuse_port)
+                     metrics_port, grpc_port, reuse_port, transport)
     threading.Thread(target=table.load_startup, args=(models,), name="ngcx-load", daemon=True).start()
     return handle
 
@@ -965,29 +986,50 @@ def check_limits(max_batch: int | None, name: str | None, max_queue_delay_ms: fl
         raise ServeError(f"--grpc-port {grpc_port} is not a TCP port (0-65535; 0 = any free port; Triton uses 8001)")
 
 
+def _transport(transport: str | None) -> str:
+    """stdlib (default) or uvicorn; $NGCX_RUNTIME_TRANSPORT picks the default (the bench and suites use it)."""
+    import os
+
+    chosen = transport or os.environ.get("NGCX_RUNTIME_TRANSPORT") or "stdlib"
+    if chosen not in TRANSPORTS:
+        raise ServeError(f"transport {chosen!r}: choose one of {', '.join(TRANSPORTS)}")
+    return chosen
+
+
 def _listen(app: _App, host: str, port: int, max_connections: int = DEFAULT_MAX_CONNECTIONS,
-            metrics_port: int | None = None, grpc_port: int | None = None, reuse_port: bool = False) -> ServerHandle:
+            metrics_port: int | None = None, grpc_port: int | None = None, reuse_port: bool = False,
+            transport: str | None = None) -> ServerHandle:
     app.max_connections = max_connections
     try:
-        server = _Server((host, port), _Handler, bind_and_activate=False)
-        server.reuse_port = reuse_port
-        try:
-            server.server_bind()
-            server.server_activate()
-        except BaseException:
-            server.server_close()
-            raise
+        if _transport(transport) == "uvicorn":
+            from ngcx_runtime.asgi import AsgiServer
+
+            server: Any = AsgiServer(app, host, port, max_connections, reuse_port)
+        else:
+            server = _Server((host, port), _Handler, bind_and_activate=False)
+            server.reuse_port = reuse_port
+            try:
+                server.server_bind()
+                server.server_activate()
+            except BaseException:
+                server.server_close()
+                raise
     except OSError as exc:
         app.table.stop(0.1)
         why = exc.strerror or exc
         raise ServeError(f"cannot listen on {host}:{port}: {why}; pick another --port") from None
     server.app = app
     app.gpus = GpuGauges()
+    asgi = not isinstance(server, _Server)
+
+    def close_listener() -> None:
+        server.stop(0.1) if asgi else server.server_close()
+
     if metrics_port is not None:
         try:
             app.metrics_server = MetricsServer(host, metrics_port, app.render_metrics)
         except OSError as exc:
-            server.server_close()
+            close_listener()
             app.table.stop(0.1)
             app.gpus.close()
             raise ServeError(f"cannot listen on {host}:{metrics_port} for metrics: {exc.strerror or exc}; "
@@ -998,12 +1040,14 @@ def _listen(app: _App, host: str, port: int, max_connections: int = DEFAULT_MAX_
         try:
             app.grpc = grpc_service.start(app, host, grpc_port, max_message_bytes=app.max_body, reuse_port=reuse_port)
         except BaseException:
-            server.server_close()
+            close_listener()
             app.table.stop(0.1)
             app.gpus.close()
             if app.metrics_server is not None:
                 app.metrics_server.stop()
             raise
+    if asgi:
+        return ServerHandle(server, app, server.thread)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
                               name="ngcx-serve", daemon=True)
     thread.start()
@@ -1058,7 +1102,14 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="put --instances N instances on EACH of these GPUs (default: the first GPU, or the CPU)")
     p.add_argument("--mps", type=int, default=None, metavar="N",
                    help="N server processes sharing the GPU through NVIDIA MPS behind this one port (starts the "
-                        "MPS control daemon when none runs; refused where MPS is unavailable)")
+                        "MPS control daemon when none runs; refused where MPS is unavailable; default "
+                        "$NGCX_RUNTIME_MPS, which `ngcx run --mps N` sets)")
+    p.add_argument("--transport", default=None, choices=TRANSPORTS,
+                   help="HTTP transport: stdlib (default; see the module docstring for the measurement) or uvicorn "
+                        "(needs uvicorn + httptools); default $NGCX_RUNTIME_TRANSPORT or stdlib")
+    p.add_argument("--processes", type=int, default=None, metavar="N",
+                   help="N server processes behind this one port (SO_REUSEPORT), e.g. to use more CPU cores than "
+                        "one Python process can; --mps does the same with the GPU shared through MPS")
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)   # one of --mps's processes
     p.add_argument("--verbose", action="store_true", help="log every request to stderr")
     p.add_argument("--handler", default=None, metavar="MODULE:CLASS",
@@ -1073,6 +1124,19 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="batch sizes to optimize MODEL for (the largest is the max batch); implies optimizing")
     p.add_argument("--calibration-data", default=None, metavar="FILE.npz",
                    help="int8 calibration inputs, one array per model input keyed by its name")
+
+
+def _env_int(name: str) -> int | None:
+    """An integer default from the environment (None when unset; a junk value is left for the check to name)."""
+    import os
+
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ServeError(f"${name}={value!r} is not a whole number of processes") from None
 
 
 def load_engine(model: str | Path | None, *, handler: str | None = None, app_dir: str | Path | None = None,
@@ -1133,8 +1197,13 @@ def _check_args(args: argparse.Namespace) -> list[int] | None:
     check_limits(args.max_batch, args.name, args.max_queue_delay_ms, args.max_body_mb, args.max_connections,
                  args.metrics_port, args.grpc_port)
     args.devices = instance_devices(args.instances, _parse_gpus(args.gpus))
-    if args.mps is not None and args.mps < 1:
-        raise ServeError(f"--mps {args.mps} must be at least 1 (the number of server processes)")
+    if args.mps is None and not args.reuse_port:
+        args.mps = _env_int("NGCX_RUNTIME_MPS")
+    for flag, value in (("--mps", args.mps), ("--processes", args.processes)):
+        if value is not None and value < 1:
+            raise ServeError(f"{flag} {value} must be at least 1 (the number of server processes)")
+    if args.mps is not None and args.processes is not None:
+        raise ServeError("give --mps N or --processes N, not both (--mps N is --processes N with MPS)")
     if _repository_root(args) is not None:
         _check_repository_args(args)
         return None
@@ -1233,7 +1302,7 @@ def run(args: argparse.Namespace) -> int:
     """Listen at once, load (optimize on a cache miss), warm up, turn ready; serve until
     SIGTERM/SIGINT, drain in-flight requests, exit 0. A load failure: one line, exit 2."""
     batch_profile = _check_args(args)
-    if args.mps is not None:
+    if (args.mps is not None or args.processes is not None) and not args.reuse_port:
         from ngcx_runtime import mps
 
         return mps.supervise(args)
@@ -1261,7 +1330,8 @@ def run(args: argparse.Namespace) -> int:
                            max_queue_delay_ms=args.max_queue_delay_ms, max_body_mb=args.max_body_mb,
                            verbose=args.verbose, max_connections=args.max_connections,
                            metrics_port=args.metrics_port, log=_log, shared_memory=args.shared_memory,
-                           devices=args.devices, grpc_port=args.grpc_port, reuse_port=args.reuse_port)
+                           devices=args.devices, grpc_port=args.grpc_port, reuse_port=args.reuse_port,
+                           transport=args.transport)
     _mark_shared(handle, args)
     print(f"serve: listening at {handle.url} (live; ready once '{name}' is loaded and warmed up)"
           f"{_metrics_note(handle)}", flush=True)
@@ -1309,7 +1379,7 @@ def _run_repository(args: argparse.Namespace, root: Path, stop: threading.Event)
                               max_body_mb=args.max_body_mb, verbose=args.verbose,
                               max_connections=args.max_connections, metrics_port=args.metrics_port, log=_log,
                               shared_memory=args.shared_memory, devices=args.devices, grpc_port=args.grpc_port,
-                              reuse_port=args.reuse_port)
+                              reuse_port=args.reuse_port, transport=args.transport)
     _mark_shared(handle, args)
     print(f"serve: listening at {handle.url} (live; ready once the models of {root} are loaded and warmed up)"
           f"{_metrics_note(handle)}", flush=True)
