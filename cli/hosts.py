@@ -57,7 +57,7 @@ def bake_cmd(
     """Make (once per region) the host image `ngcx deploy` boots from; prints its image id."""
     target_cloud = _cloud(cloud, region)
     refs = pull if pull is not None else _pushed_refs(cloud)
-    print(bake(target_cloud, refs, instance_type))
+    print(bake(target_cloud, refs, instance_type, _logins(cloud)))
 
 
 def _pushed_refs(cloud: str = "aliyun") -> list[str]:
@@ -82,7 +82,25 @@ def _hosts_pull_from(cloud: str, host: str) -> str:
     return acr.vpc_endpoint(region) if region else host
 
 
-def bake(cloud: Any, refs: list[str], instance_type: str | None) -> str:
+def _logins(cloud: str) -> dict[str, Any]:
+    """Short-lived logins for the cloud's own registries the pushes went to, keyed by the host the
+    builder pulls from: the bake pre-pulls private repositories too, then scrubs every copy of them."""
+    from ngcx import acr, ecr, state
+
+    logins: dict[str, Any] = {}
+    for push in state.list_pushes():
+        host = push.remote_ref.split("/", 1)[0]
+        pulled = _hosts_pull_from(cloud, host)
+        if pulled in logins:
+            continue
+        if cloud == "aws" and ecr.region_of(host):
+            logins[pulled] = ecr.temporary_login(ecr.region_of(host))
+        elif cloud == "aliyun" and acr.region_of(host):
+            logins[pulled] = acr.temporary_login(acr.region_of(host))
+    return logins
+
+
+def bake(cloud: Any, refs: list[str], instance_type: str | None, logins: dict[str, Any] | None = None) -> str:
     """Builder instance -> bake script -> stop -> image -> delete builder; the new image id."""
     from ngcx.deploy import hostscript, store, vm
 
@@ -91,7 +109,8 @@ def bake(cloud: Any, refs: list[str], instance_type: str | None) -> str:
     owner = store.owner_id()
     token = f"ngcx-bake-{owner}-{int(time.time())}"
     t0 = time.monotonic()
-    builder = cloud.create(vm.CreateSpec(itype, zones[0], cloud.fallback_image(), hostscript.render_bake(refs), token,
+    script = hostscript.render_bake(refs, logins or {})
+    builder = cloud.create(vm.CreateSpec(itype, zones[0], cloud.fallback_image(), script, token,
                                          {vm.TAG_OWNER: owner, vm.TAG_ROLE: "bake"}, "ngcx-bake"))
     _say(f"builder {builder} ({itype}, {zones[0]}) is baking")
     try:

@@ -53,6 +53,6 @@ def render(job: HostJob, mode: str) -> str:
     return text
 
 
-def render_bake(refs: list[str]) -> str:
-    """The bake script for `ngcx hosts bake` (recipes/deploy/bake.sh.j2)."""
-    return _env().get_template("bake.sh.j2").render(refs=refs)
+def render_bake(refs: list[str], logins: dict[str, Credentials] | None = None) -> str:
+    """The bake script for `ngcx hosts bake` (recipes/deploy/bake.sh.j2); `logins`: registry -> short-lived login."""
+    return _env().get_template("bake.sh.j2").render(refs=refs, logins=logins or {})

@@ -120,3 +120,40 @@ def aliyun(docker_client, registry, relay, project, tmp_path_factory) -> Iterato
         assert emulator.issued_tokens, "the push must log in with an ACR temporary token"
         cloud.baked = _bake(cloud, "--region", "cn-hangzhou")
         yield cloud
+
+
+AWS_KEY, AWS_SECRET, AWS_REGION = "AKIANGCXE2ETEST00001", "aws-secret-never-printed-4b9e", "us-east-1"
+
+
+@pytest.fixture(scope="session")
+def aws(docker_client, registry, relay, project, tmp_path_factory) -> Iterator[Cloud]:
+    """AWS: the EC2/SSM/ECR double, the image pushed to "ECR" and a host image baked."""
+    from emulators.aws_ec2 import Ec2Emulator  # moto keeps one state per process: one AWS double per session
+    from emulators.docker_hosts import DockerHosts
+
+    home = tmp_path_factory.mktemp("aws-home")
+    hosts = DockerHosts(docker_client, insecure_registries=[relay.address])
+    # boot/start seconds: the API-side delay on top of the machine's own real boot (its dockerd start)
+    with Ec2Emulator(hosts, access_keys={AWS_KEY: AWS_SECRET}, boot_seconds=1.0, start_seconds=1.0) as emulator:
+        env = {"AWS_ENDPOINT_URL": emulator.endpoint, "AWS_ACCESS_KEY_ID": AWS_KEY, "AWS_SECRET_ACCESS_KEY": AWS_SECRET,
+               "AWS_DEFAULT_REGION": AWS_REGION, "AWS_EC2_METADATA_DISABLED": "true",
+               "NGCX_ECR_ENDPOINT": registry, "NGCX_ECR_VPC_ENDPOINT": relay.address,
+               "NGCX_STATE_DIR": str(home / "state"), "HOME": str(home), "DOCKER_CONFIG": str(home / ".docker"),
+               **NO_PROXY_ENV}
+        cloud = Cloud("aws", emulator, hosts, project, env, "A10G", "g5.xlarge", ("InsufficientInstanceCapacity", 500),
+                      ("RequestLimitExceeded", 503), ("InternalError", 500), "AWS_SECRET_ACCESS_KEY", AWS_SECRET,
+                      emulator.set_capacity)
+        pushed = cloud.ngcx("push", "ngcx-app/onnx-zero-code:latest", "--registry", f"ecr://{AWS_REGION}/e2e")
+        assert pushed.returncode == 0, pushed.stderr[-2000:]
+        created = [c for name, c in emulator.calls if name == "CreateRepository"]
+        assert [c["repositoryName"] for c in created] == ["e2e/onnx-zero-code"]
+        assert [name for name, _ in emulator.calls].count("GetAuthorizationToken") >= 1, "push logs in with a token"
+        t0 = time.monotonic()
+        baked = cloud.ngcx("hosts", "bake", "--cloud", "aws", "--region", AWS_REGION)
+        assert baked.returncode == 0, baked.stderr[-3000:]
+        cloud.baked = baked.stdout.strip()
+        print(f"aws bake: {time.monotonic() - t0:.1f} s")
+        assert [m["state"] for m in emulator.images() if m["id"] == cloud.baked] == ["available"]
+        assert not [i for i in emulator.instances() if i["tags"].get("ngcx:role") == "bake"
+                    and state_of(i) not in ("terminated", "shutting-down")], "the builder is left"
+        yield cloud

@@ -22,7 +22,7 @@ from deploy_helpers import one_inference
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-CLOUDS = ["aliyun"]
+CLOUDS = ["aliyun", "aws"]
 
 
 @pytest.fixture(params=CLOUDS)

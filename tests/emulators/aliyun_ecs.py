@@ -251,6 +251,10 @@ class EcsEmulator(RpcService):
                 change(inst)
 
     def _boot(self, inst: Instance, generation: int, ready_at: float) -> None:
+        """Pending first (boot_seconds: ECS placing and powering on the VM), then the machine boots for real:
+        as on ECS, nothing on the machine (its user-data) runs while the API still says Pending."""
+        if not self._sleep_until(ready_at):
+            return
         with inst.host_lock:
             if not self._still(inst, generation):
                 return
@@ -265,10 +269,8 @@ class EcsEmulator(RpcService):
             with self._lock:
                 inst.on_host = True
                 if self._current(inst, generation):
-                    inst.private_ip, inst.status = ip, "Starting"
+                    inst.private_ip, inst.status = ip, "Running"
                     inst.public_ip = ip if inst.bandwidth_out > 0 else ""
-        if self._sleep_until(ready_at):
-            self._finish(inst, generation, lambda i: setattr(i, "status", "Running"))
 
     def _stop(self, inst: Instance, generation: int, mode: str, done_at: float) -> None:
         with inst.host_lock:
@@ -289,6 +291,9 @@ class EcsEmulator(RpcService):
             self._finish(inst, generation, stopped)
 
     def _start(self, inst: Instance, generation: int, done_at: float) -> None:
+        """Starting for start_seconds, then the machine powers on (its disk and containers as they were)."""
+        if not self._sleep_until(done_at):
+            return
         with inst.host_lock:
             if not self._still(inst, generation):
                 return
@@ -305,8 +310,7 @@ class EcsEmulator(RpcService):
         def running(i: Instance) -> None:
             i.status, i.stopped_mode = "Running", "Not-applicable"
         self._finish(inst, generation, addressed)
-        if self._sleep_until(done_at):
-            self._finish(inst, generation, running)
+        self._finish(inst, generation, running)
 
     def _destroy(self, inst: Instance) -> None:
         with inst.host_lock:        # after a create still in flight, so no machine is left behind

@@ -623,6 +623,10 @@ class Ec2Emulator:
             self._upstream.ec2(inst.region, action, {"InstanceId.1": inst.id})
 
     def _boot(self, inst: Instance, generation: int, ready_at: float) -> None:
+        """`pending` first (boot_seconds: EC2 placing and powering on the VM), then the machine boots for real:
+        as on EC2, nothing on the machine (its user-data) runs while the API still says pending."""
+        if not self._sleep_until(ready_at):
+            return
         with inst.host_lock:
             if not self._still(inst, generation):
                 return
@@ -634,10 +638,12 @@ class Ec2Emulator:
                 return
             with self._lock:
                 inst.on_host, inst.private_ip = True, ip
-        if self._sleep_until(ready_at):
-            self._unmask(inst, generation)
+        self._unmask(inst, generation)
 
     def _start(self, inst: Instance, generation: int, done_at: float) -> None:
+        """`pending` for start_seconds, then the machine powers on (its disk and containers as they were)."""
+        if not self._sleep_until(done_at):
+            return
         with inst.host_lock:
             if not self._still(inst, generation):
                 return
@@ -649,8 +655,7 @@ class Ec2Emulator:
                 return
             with self._lock:
                 inst.private_ip = ip
-        if self._sleep_until(done_at):
-            self._unmask(inst, generation)
+        self._unmask(inst, generation)
 
     def _stop(self, inst: Instance, generation: int, done_at: float) -> None:
         with inst.host_lock:

@@ -534,19 +534,28 @@ def test_delete_only_stopped_unless_forced(emu: EcsEmulator, hosts: PaperHosts) 
     assert sorted(c[1] for c in hosts.named("delete")) == sorted([keep, force]) and not hosts.machines
 
 
-def test_deleted_while_booting_leaves_no_machine() -> None:
+@pytest.mark.parametrize("boot_seconds, expect", [
+    (0.0, ["create", "delete"]),   # deleted while the machine is being made: made, then removed
+    (2.0, []),                     # deleted while Pending: the machine is never powered on
+])
+def test_deleted_while_booting_leaves_no_machine(boot_seconds: float, expect: list[str]) -> None:
     slow = PaperHosts(create_delay=0.3)
-    with EcsEmulator(slow, boot_seconds=0.05) as emu:
+    with EcsEmulator(slow, boot_seconds=boot_seconds) as emu:
         client = sdk(emu)
         [iid] = launch(client)
+        if expect:
+            deadline = time.monotonic() + 5
+            while not slow.named("create") and time.monotonic() < deadline:
+                time.sleep(0.01)
         request = DeleteInstanceRequest.DeleteInstanceRequest()
         request.set_InstanceId(iid)
         request.set_Force(True)
         call(client, request)
         deadline = time.monotonic() + 5
-        while not slow.named("delete") and time.monotonic() < deadline:
+        while len(slow.calls) < len(expect) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert [c[0] for c in slow.calls] == ["create", "delete"] and not slow.machines
+        time.sleep(boot_seconds + 0.1)           # a Pending boot that would wrongly go on has had its chance
+        assert [c[0] for c in slow.calls] == expect and not slow.machines
         assert describe(client)["TotalCount"] == 0
 
 
