@@ -254,42 +254,8 @@ def _cloud(record: DeployRecord) -> Ecs:
     return cloud_for(record.region or DEFAULT_REGION)
 
 
-def run(config: DeployConfig, record: DeployRecord, plan: vm.Plan) -> DeployRecord:
-    return vm.run(config, record, plan)
-
-
-def report_phases(record: DeployRecord, t_ready: float) -> dict[str, float]:
-    return vm.report_phases_with(_cloud(record), record, t_ready)
-
-
-def container_failure(record: DeployRecord) -> str | None:
-    return vm.container_failure_with(_cloud(record), record)
-
-
-def cleanup_failed(record: DeployRecord, plan: vm.Plan) -> str:
-    return vm.cleanup_failed_with(plan.cloud, record)
-
-
-def query(record: DeployRecord) -> HostStatus:
-    if not record.instance_id:
-        return HostStatus("gone")
-    return _cloud(record).describe([record.instance_id]).get(record.instance_id, HostStatus("gone"))
-
-
-def start(record: DeployRecord) -> DeployRecord:
-    return vm.start_with(_cloud(record), record)
-
-
-def stop(record: DeployRecord) -> DeployRecord:
-    return vm.stop_with(_cloud(record), record)
-
-
-def terminate(record: DeployRecord) -> DeployRecord:
-    return vm.terminate_with(_cloud(record), record)
-
-
-def logs(record: DeployRecord, tail: int = 50) -> str:
-    return vm.logs_with(_cloud(record), record, tail)
+(run, report_phases, container_failure, cleanup_failed, query, start, stop, terminate,
+ logs) = vm.Verbs(_cloud).all()
 
 
 def orphans() -> list[dict[str, str]]:

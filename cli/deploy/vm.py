@@ -330,3 +330,47 @@ def orphans_in(clouds: list[Any]) -> list[dict[str, str]]:
 def record_regions(cloud_name: str, default: str) -> list[str]:
     """The regions this store has used on a cloud, plus the default: where gc looks."""
     return sorted({r.region for r in store.records(cloud=cloud_name, include_gone=True) if r.region} | {default})
+
+
+@dataclass(frozen=True)
+class Verbs:
+    """The contract's verbs for a VM cloud, bound to how that cloud finds a record's region client.
+
+    A cloud module binds them once (`run, stop, … = vm.Verbs(cloud_for_record).all()`), so aliyun.py and
+    aws.py hold only what differs between clouds: the primitives and prepare()."""
+
+    cloud_of: Any   # (DeployRecord) -> Cloud
+
+    def run(self, config: DeployConfig, record: DeployRecord, plan: Plan) -> DeployRecord:
+        return run(config, record, plan)
+
+    def report_phases(self, record: DeployRecord, t_ready: float) -> dict[str, float]:
+        return report_phases_with(self.cloud_of(record), record, t_ready)
+
+    def container_failure(self, record: DeployRecord) -> str | None:
+        return container_failure_with(self.cloud_of(record), record)
+
+    def cleanup_failed(self, record: DeployRecord, plan: Plan) -> str:
+        return cleanup_failed_with(plan.cloud, record)
+
+    def query(self, record: DeployRecord) -> HostStatus:
+        if not record.instance_id:
+            return HostStatus("gone")
+        return self.cloud_of(record).describe([record.instance_id]).get(record.instance_id, HostStatus("gone"))
+
+    def start(self, record: DeployRecord) -> DeployRecord:
+        return start_with(self.cloud_of(record), record)
+
+    def stop(self, record: DeployRecord) -> DeployRecord:
+        return stop_with(self.cloud_of(record), record)
+
+    def terminate(self, record: DeployRecord) -> DeployRecord:
+        return terminate_with(self.cloud_of(record), record)
+
+    def logs(self, record: DeployRecord, tail: int = 50) -> str:
+        return logs_with(self.cloud_of(record), record, tail)
+
+    def all(self) -> tuple[Any, ...]:
+        """(run, report_phases, container_failure, cleanup_failed, query, start, stop, terminate, logs)."""
+        return (self.run, self.report_phases, self.container_failure, self.cleanup_failed, self.query, self.start,
+                self.stop, self.terminate, self.logs)
