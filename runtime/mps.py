@@ -58,11 +58,27 @@ def pipe_dirs(env: dict[str, str] | None = None) -> tuple[Path, Path]:
 
 
 def daemon_running(pipe_dir: Path) -> bool:
-    """A control daemon listens on pipe_dir/control (a socket the daemon creates)."""
+    """A control daemon listens on pipe_dir/control: the socket exists and is not refusing connections
+    (the file outlives a daemon that was told to quit: then connect is refused)."""
     control = pipe_dir / "control"
-    with contextlib.suppress(OSError):
-        return control.is_socket() or control.is_fifo()
-    return False
+    try:
+        if control.is_fifo():
+            return True
+        if not control.is_socket():
+            return False
+    except OSError:
+        return False
+    for kind in (socket.SOCK_STREAM, socket.SOCK_SEQPACKET):
+        with socket.socket(socket.AF_UNIX, kind) as sock:
+            sock.settimeout(2.0)
+            try:
+                sock.connect(str(control))
+                return True
+            except (ConnectionRefusedError, FileNotFoundError):
+                return False
+            except OSError:
+                continue                  # another socket type (EPROTOTYPE): try the next
+    return True
 
 
 def gpu_present() -> bool:
@@ -112,9 +128,13 @@ def control(command: str, pipe_dir: Path, log_dir: Path, timeout: float = 10.0) 
     return proc.stdout.strip()
 
 
-def stop_daemon(pipe_dir: Path, log_dir: Path) -> None:
+def stop_daemon(pipe_dir: Path, log_dir: Path, timeout: float = 10.0) -> None:
+    """quit, then wait until the daemon no longer answers (it shuts its MPS server down first)."""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         control("quit", pipe_dir, log_dir)
+    deadline = time.monotonic() + timeout
+    while daemon_running(pipe_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def child_argv(args: argparse.Namespace) -> list[str]:

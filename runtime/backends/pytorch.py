@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import queue
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -114,9 +115,10 @@ class TorchEngine:
         self.name, self.precision = name, precision
         self._torch = torch
         self.device = _device(torch, device)
-        # Each engine has its own CUDA stream, so several instances of a model (serve --instances) run
-        # their batches concurrently instead of queueing on the device's default stream.
-        self._stream = torch.cuda.Stream(self.device) if self.device != "cpu" else None
+        self._stream, self._lock = _stream_and_lock(torch, self.device, graphs=bool(compile_mode))
+        # Host-to-device copies go on a stream of their own, so batch N+1's inputs cross PCIe while
+        # batch N computes (the GPU's copy engines run beside its SMs); the compute stream waits for them.
+        self._copy_stream = torch.cuda.Stream(self.device) if self.device != "cpu" else None
         self._dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
         self._buckets = sorted(buckets) if buckets else []
         self.max_batch = self._buckets[-1] if self._buckets else 0
@@ -159,14 +161,15 @@ class TorchEngine:
             self._out_names.append(n)
 
     def _streamed(self):
-        """This engine's stream and device as the current ones (a no-op on the CPU)."""
+        """This engine's lock, stream and device as the current ones (only the lock on the CPU)."""
         import contextlib
 
-        if self._stream is None:
-            return contextlib.nullcontext()
         stack = contextlib.ExitStack()
-        stack.enter_context(self._torch.cuda.device(self.device))
-        stack.enter_context(self._torch.cuda.stream(self._stream))
+        stack.enter_context(self._lock)
+        if self.device != "cpu":
+            stack.enter_context(self._torch.cuda.device(self.device))
+        if self._stream is not None:
+            stack.enter_context(self._torch.cuda.stream(self._stream))
         return stack
 
     def _run(self, tensors: list) -> list:
@@ -272,7 +275,18 @@ class TorchEngine:
         buf[:n].copy_(src)
         if bucket > n:
             buf[n:].zero_()
-        return self._device_layout(buf.to(self.device, non_blocking=True))
+        return self._device_layout(self._to_device(buf))
+
+    def _to_device(self, buf):
+        """Pinned host buffer -> device tensor, copied on the copy stream; the compute stream waits for it
+        (and the caching allocator learns the tensor is used there)."""
+        torch = self._torch
+        compute = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self._copy_stream):
+            dev = buf.to(self.device, non_blocking=True)
+        compute.wait_stream(self._copy_stream)
+        dev.record_stream(compute)
+        return dev
 
     def _stage(self, name: str, arr: np.ndarray, n: int, bucket: int):
         """Host array -> device tensor for the serial infer() path (pinned "sync" slot on a GPU)."""
@@ -343,6 +357,30 @@ def optimize(src: Path, out_dir: Path, opts) -> dict[str, Any]:
         "outputs": [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in engine.outputs],
         "notes": notes,
     }
+
+
+# CUDA graphs through torch.compile(mode="reduce-overhead") live in PyTorch's cudagraph trees, one
+# memory pool per device shared by every compiled model of the process: a replay can overwrite the
+# outputs of another engine's replay before they are copied out. Measured on an H100: two instances
+# on one GPU answered concurrent requests with another request's numbers. So engines with CUDA
+# graphs on the same device share one lock (launch + copy-out) and run on the device's default
+# stream: under a side stream the graphs were not replayed at all (ResNet-50 batch 1 went from
+# 0.41 to 2.8 ms). Several instances still overlap their host work (staging, copies, numpy), and
+# MPS processes (serve --mps) are the way to run CUDA graphs side by side. Eager engines get a
+# stream and lock of their own and run concurrently.
+_SHARED: dict[str, tuple[Any, Any]] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _stream_and_lock(torch, device: str, graphs: bool) -> tuple[Any, Any]:
+    if device == "cpu":
+        return None, threading.Lock()
+    if not graphs:
+        return torch.cuda.Stream(device), threading.Lock()
+    with _SHARED_LOCK:
+        if device not in _SHARED:
+            _SHARED[device] = (None, threading.RLock())     # None: the device's default stream
+        return _SHARED[device]
 
 
 def _device(torch, device: int | str | None) -> str:
