@@ -7,6 +7,25 @@ stdlib only (ThreadingHTTPServer, HTTP/1.1 keep-alive) so the image stays slim; 
 are read with readinto into a per-connection buffer that is reused across keep-alive requests
 and become numpy views without copies.
 
+The HTTP transport, decided on evidence (issue 12, item 7; bench/results/issue12-transport/): this
+hand-written one stays, against uvicorn 0.38 + httptools 0.9 (asgi.py, `--transport uvicorn`) on
+the same engine and plan (H100, ResNet-50 FP16). Batch 256 in the body: 10.2k vs 2.5k img/s
+(uvicorn hands a 77 MB body to the app in 64 KiB flow-controlled pieces); batch 1 from 64 clients:
+1.28k vs 0.77k img/s, p99 88 vs 379 ms; one client: p50 3.1 vs 3.4 ms. uvicorn would add 2.5 MB to
+the image (no uvloop), this transport nothing. On the framing and fuzz suites (issue 8) neither
+answered a smuggled request (CL.TE, TE.CL, bad chunk sizes, conflicting lengths: all refused and
+closed); uvicorn's parser is stricter in two places (repeated equal Content-Length, bare-LF lines:
+refused) and looser in two (`Transfer-Encoding: gzip, chunked` read as chunked; a 413 keeps the
+connection and reads the refused body), answers framing errors in plain text instead of the v2
+JSON error, and has no connection cap at accept (28 of the 42 suite tests fail on it, none for a
+crash or a 5xx). Measured too: uvicorn on a pre-bound socket without TCP_NODELAY stalled 40 ms per
+response (Nagle + delayed ACK); asgi.py sets it. uvicorn stays measurable, not installed in images.
+
+Other transports and processes: `--grpc-port` serves the KServe v2 gRPC service on the same
+models (grpc_service.py); `--instances N [--gpus]` runs N engines per model behind one batcher;
+`--processes N` / `--mps N` run N server processes behind this port (mps.py); CUDA shared memory
+(cuda_shm.py) next to the system one where a GPU is.
+
 What it serves (served.py): `serve MODEL_OR_PLAN_DIR` one model, as version 1; `serve DIR` a
 Triton-style repository (DIR/<model>/<version>/model.onnx, optional DIR/<model>/config.json or
 .yaml with max_batch_size, dynamic_batching, version_policy; repository.py), every model with its
