@@ -311,3 +311,18 @@ def test_local_policy_refuses_peers_that_are_not_on_loopback(mlp_path, regions):
         assert local.infer("mlp", [inp]).as_numpy("y").shape == (1, 10)
     finally:
         handle.stop()
+
+
+def test_reused_read_buffers_never_mix_requests(server, mlp_path, regions):
+    """A serving thread reuses its input buffers across requests (shm.py, _buffer): requests of
+    shrinking and growing sizes on one connection, each answered with its own numbers."""
+    client = client_of(server)
+    region = regions.make("reuse", 4 * 32 * 4)
+    client.register_system_shared_memory("reuse", PREFIX + "reuse", 4 * 32 * 4)
+    for i, batch in enumerate((4, 1, 3, 2, 4)):
+        x = models.sample_inputs("mlp", batch, seed=60 + i)["x"]
+        shm.set_shared_memory_region(region, [x])
+        inp = httpclient.InferInput("x", list(x.shape), "FP32")
+        inp.set_shared_memory("reuse", x.nbytes)
+        got = client.infer("mlp", [inp]).as_numpy("y")
+        np.testing.assert_allclose(got, reference(mlp_path, {"x": x})["y"], rtol=1e-5, atol=1e-5)
