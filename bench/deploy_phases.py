@@ -2,11 +2,12 @@
 
     .venv/bin/python bench/deploy_phases.py [--repeat 3] [--out bench/results/deploy_phases.json]
 
-Paths (issue 10's performance table): local (image present), and through the real Alibaba Cloud SDK
-against the ECS emulator whose instances are real machines (tests/emulators): a running host reused,
+Paths (issue 10's performance table, issue 11's for AWS): local (image present), and through the real
+Alibaba Cloud SDK / boto3 against the ECS emulator / moto + tests/emulators/aws_ec2.py, whose instances are
+real machines (tests/emulators): a running host reused,
 a stopped host restarted, a fresh host from a baked image, a fresh host that pulls. The emulator's
 API-side delays are set to published figures where one exists, since no Alibaba Cloud figure is
-published (cold-start.md §1): start from stopped 16.4 s, launch 17.8 s (EC2 pending -> running,
+published (cold-start.md §1), and the same for AWS: start from stopped 16.4 s, launch 17.8 s (EC2 pending -> running,
 cold-start.md [V1]); the machine's own boot (its dockerd) and every pull are real, on this host.
 Each row ends with a real KServe inference checked against the example's expected logits.
 Needs: scripts/setup.sh done, the onnx-zero-code example built (`ngcx build` in a copy with its model
@@ -31,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "e2e")]
 
 START_S, LAUNCH_S = 16.4, 17.8      # cold-start.md [V1]: EC2 start-from-stopped and cold launch, pending -> running
-AK, SECRET = "LTAIbenchKey", "bench-secret-not-printed"
+AK, AWS_KEY, SECRET = "LTAIbenchKey", "AKIANGCXBENCH0000001", "bench-secret-not-printed"
 PHASES = ("api", "boot", "pull", "start", "ready")
 
 
@@ -78,40 +79,68 @@ def local_rows(root: Path, work: Path, repeat: int) -> list[dict]:
 
 
 def cloud_rows(root: Path, work: Path, repeat: int) -> dict[str, list[dict]]:
+    """Every VM path on every emulated cloud: keys '<cloud> <path>' (e.g. 'aliyun running-host')."""
     import docker
-    from emulators.aliyun_ecs import EcsEmulator
     from emulators.docker_hosts import DockerHosts, RegistryRelay, bridge_gateway
 
     client = docker.from_env()
+    rows: dict[str, list[dict]] = {}
+    with RegistryRelay("127.0.0.1:5000", listen_host=bridge_gateway(client)) as relay:
+        for cloud in ("aliyun", "aws"):
+            hosts = DockerHosts(client, insecure_registries=[relay.address])
+            with _emulator(cloud, hosts) as emu:
+                env = {**_env(cloud, emu, relay.address, work / cloud), "HTTP_PROXY": "", "HTTPS_PROXY": "",
+                       "http_proxy": "", "https_proxy": ""}
+                rows.update({f"{cloud} {k}": v for k, v in _paths(root, env, cloud, relay, repeat).items()})
+    return rows
+
+
+def _emulator(cloud: str, hosts):
+    if cloud == "aliyun":
+        from emulators.aliyun_ecs import EcsEmulator
+
+        return EcsEmulator(hosts, access_keys={AK: SECRET}, boot_seconds=LAUNCH_S, start_seconds=START_S)
+    from emulators.aws_ec2 import Ec2Emulator
+
+    return Ec2Emulator(hosts, access_keys={AWS_KEY: SECRET}, boot_seconds=LAUNCH_S, start_seconds=START_S)
+
+
+def _env(cloud: str, emu, relay: str, home: Path) -> dict[str, str]:
+    common = {"NGCX_STATE_DIR": str(home / "state"), "DOCKER_CONFIG": str(home / "docker"), "HOME": str(home)}
+    if cloud == "aliyun":
+        return {**common, "ALIBABA_CLOUD_ACCESS_KEY_ID": AK, "ALIBABA_CLOUD_ACCESS_KEY_SECRET": SECRET,
+                "NGCX_ALIYUN_ECS_ENDPOINT": emu.endpoint, "NGCX_ACR_ENDPOINT": "127.0.0.1:5000",
+                "NGCX_ACR_VPC_ENDPOINT": relay, "NGCX_ACR_INSTANCE_ID": "cri-bench"}
+    return {**common, "AWS_ACCESS_KEY_ID": AWS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": emu.endpoint, "AWS_EC2_METADATA_DISABLED": "true",
+            "NGCX_ECR_ENDPOINT": "127.0.0.1:5000", "NGCX_ECR_VPC_ENDPOINT": relay}
+
+
+def _paths(root: Path, env: dict[str, str], cloud: str, relay, repeat: int) -> dict[str, list[dict]]:
+    """A fresh host that pulls, then the bake, then per repetition: fresh (baked), running x2, stopped."""
     rows: dict[str, list[dict]] = {"running-host": [], "stopped-host": [], "fresh-host (baked)": [],
                                    "fresh-host (pull)": []}
-    with RegistryRelay("127.0.0.1:5000", listen_host=bridge_gateway(client)) as relay:
-        hosts = DockerHosts(client, insecure_registries=[relay.address])
-        with EcsEmulator(hosts, access_keys={AK: SECRET}, boot_seconds=LAUNCH_S, start_seconds=START_S) as emu:
-            env = {"ALIBABA_CLOUD_ACCESS_KEY_ID": AK, "ALIBABA_CLOUD_ACCESS_KEY_SECRET": SECRET,
-                   "NGCX_ALIYUN_ECS_ENDPOINT": emu.endpoint, "NGCX_ACR_ENDPOINT": "127.0.0.1:5000",
-                   "NGCX_ACR_VPC_ENDPOINT": relay.address, "NGCX_ACR_INSTANCE_ID": "cri-bench",
-                   "NGCX_STATE_DIR": str(work / "state-cloud"), "DOCKER_CONFIG": str(work / "docker"),
-                   "HTTP_PROXY": "", "HTTPS_PROXY": "", "http_proxy": "", "https_proxy": ""}
-            deploy = ["--cloud", "aliyun", "--gpu", "A10", "--gpu-mode", "auto"]
-            ngcx(root, env, "push", "ngcx-app/onnx-zero-code:latest", "--registry", "acr://cn-hangzhou/bench")
-            # fresh, no baked image: the host pulls the whole image through the VPC endpoint
-            row = measured(root, env, deploy)
-            row["relay_bytes"] = relay.bytes_from_target
-            rows["fresh-host (pull)"].append(row)
-            ngcx(root, env, "deployments", "destroy", str(row["record"]), "--yes")
-            t0 = time.monotonic()
-            ngcx(root, env, "hosts", "bake", "--cloud", "aliyun", "--region", "cn-hangzhou")
-            bake_s = time.monotonic() - t0
-            for _ in range(repeat):
-                row = measured(root, env, deploy)
-                rows["fresh-host (baked)"].append(row)
-                for _ in range(2):                      # the same host again: running, then stopped
-                    rows["running-host"].append(measured(root, env, deploy))
-                ngcx(root, env, "deployments", "stop", str(last_record(root, env)["id"]))
-                rows["stopped-host"].append(measured(root, env, deploy))
-                ngcx(root, env, "deployments", "destroy", str(last_record(root, env)["id"]), "--yes")
-            rows["bake_s"] = [{"wall_s": round(bake_s, 1)}]
+    gpu, registry, region = {"aliyun": ("A10", "acr://cn-hangzhou/bench", "cn-hangzhou"),
+                             "aws": ("A10G", "ecr://us-east-1/bench", "us-east-1")}[cloud]
+    deploy = ["--cloud", cloud, "--gpu", gpu, "--gpu-mode", "auto"]
+    Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
+    ngcx(root, env, "push", "ngcx-app/onnx-zero-code:latest", "--registry", registry)
+    before = relay.bytes_from_target
+    row = measured(root, env, deploy)       # fresh, no baked image: the whole image crosses the VPC endpoint
+    row["relay_bytes"] = relay.bytes_from_target - before
+    rows["fresh-host (pull)"].append(row)
+    ngcx(root, env, "deployments", "destroy", str(row["record"]), "--yes")
+    t0 = time.monotonic()
+    ngcx(root, env, "hosts", "bake", "--cloud", cloud, "--region", region)
+    bake_s = time.monotonic() - t0
+    for _ in range(repeat):
+        rows["fresh-host (baked)"].append(measured(root, env, deploy))
+        for _ in range(2):                      # the same host again: running, then stopped
+            rows["running-host"].append(measured(root, env, deploy))
+        ngcx(root, env, "deployments", "stop", str(last_record(root, env)["id"]))
+        rows["stopped-host"].append(measured(root, env, deploy))
+        ngcx(root, env, "deployments", "destroy", str(last_record(root, env)["id"]), "--yes")
+    rows["bake_s"] = [{"wall_s": round(bake_s, 1)}]
     return rows
 
 
@@ -138,7 +167,7 @@ def main() -> None:
     report = {"machine": {"cores": os.cpu_count(), "load": os.getloadavg(), "python": platform.python_version()},
               "emulator": {"start_seconds": START_S, "boot_seconds": LAUNCH_S},
               "command": "python bench/deploy_phases.py --repeat " + str(args.repeat),
-              "rows": results, "summary": {k: summary(v) for k, v in results.items() if k != "bake_s"}}
+              "rows": results, "summary": {k: summary(v) for k, v in results.items() if not k.endswith("bake_s")}}
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"{'path':22} " + " ".join(f"{p:>7}" for p in (*PHASES, "total")) + "   (median s)")
     for path, stats in report["summary"].items():
