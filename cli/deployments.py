@@ -138,7 +138,7 @@ def gc_cmd(yes: Annotated[bool, typer.Option("--yes", "-y", help="Delete without
            as_json: JsonOpt = False) -> None:
     """Find hosts and containers with ngcx's tags that no record owns (an interrupted deploy), offer to delete."""
     from ngcx.deploy import TARGETS, store, target
-    from ngcx.deploy.common import FAILED, IN_FLIGHT
+    from ngcx.deploy.common import FAILED
     from ngcx.output import emit_json
 
     for record in store.interrupted():   # their ngcx is gone: whatever they made is an orphan now
@@ -166,7 +166,6 @@ def gc_cmd(yes: Annotated[bool, typer.Option("--yes", "-y", help="Delete without
     for item in found:
         target(item["cloud"]).delete_orphan(item)
     print(f"ngcx: deleted {len(found)}", file=sys.stderr)
-    del IN_FLIGHT
 
 
 def _live(record, verb: str) -> None:

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from ngcx.deploy import store
 from ngcx.deploy.common import (
+    IN_FLIGHT,
     PATH_LOCAL,
     REPLACED,
     SERVE_PORT,
@@ -178,11 +179,14 @@ def orphans() -> list[dict[str, str]]:
     """Containers labelled by ngcx deploy (this state store's) that no live record owns."""
     from ngcx.engine import engine_client
 
-    owned = {r.container for r in store.records(cloud="local") if r.container}
+    live = store.records(cloud="local")
+    owned = {r.container for r in live if r.container}
+    busy = {str(r.id) for r in live if r.status in IN_FLIGHT}   # a deploy between `docker run` and its record
     mine = store.owner_id()
     found = []
     for container in engine_client().containers.list(all=True, filters={"label": LABEL_DEPLOYMENT}):
-        if container.id in owned or container.labels.get(LABEL_OWNER) != mine:
+        if (container.id in owned or container.labels.get(LABEL_OWNER) != mine
+                or container.labels.get(LABEL_DEPLOYMENT) in busy):
             continue
         found.append({"id": container.id[:12], "name": container.name, "status": container.status,
                       "deployment": container.labels.get(LABEL_DEPLOYMENT, "")})

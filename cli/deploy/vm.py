@@ -27,6 +27,7 @@ from ngcx.deploy import store
 from ngcx.deploy.common import (
     BOOTING,
     CREATING,
+    IN_FLIGHT,
     PATH_FRESH,
     PATH_RUNNING,
     PATH_STOPPED,
@@ -316,7 +317,7 @@ def orphans_in(clouds: list[Any]) -> list[dict[str, str]]:
     """Instances tagged with this store's owner id that no live record owns, in the given regions."""
     found = []
     for cloud in clouds:
-        owned = store.owned_instance_ids(cloud.name)
+        owned = store.owned_instance_ids(cloud.name) | _in_flight(cloud)
         ids = [i for i in cloud.tagged({TAG_OWNER: store.owner_id()}) if i not in owned]
         statuses = cloud.describe(ids)
         for instance_id in ids:
@@ -325,6 +326,14 @@ def orphans_in(clouds: list[Any]) -> list[dict[str, str]]:
                 found.append({"id": instance_id, "region": cloud.region, "status": status.state,
                               "type": status.instance_type or ""})
     return found
+
+
+def _in_flight(cloud: Any) -> set[str]:
+    """Instances of deploys still running in another ngcx (a live pid) whose record has no instance id yet:
+    their RunInstances is in flight, so gc must not take the instance for an orphan."""
+    busy = [r for r in store.records(cloud=cloud.name) if r.status in IN_FLIGHT and not r.instance_id
+            and r.region in (None, cloud.region)]
+    return {i for r in busy for i in cloud.tagged({TAG_OWNER: store.owner_id(), TAG_DEPLOYMENT: str(r.id)})}
 
 
 def record_regions(cloud_name: str, default: str) -> list[str]:
