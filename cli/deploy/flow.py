@@ -128,10 +128,11 @@ def start(record: DeployRecord, timeout: float) -> DeployRecord:
     """Start a stopped deployment again (host and container) and wait until it is ready."""
     module = target(record.cloud)
     t0 = time.monotonic()
-    record = module.start(record)
+    record = module.start(record)              # the start call and the wait until the host runs again
+    started_s = time.monotonic() - t0
     ready_s = wait_ready(module, record, timeout)
-    phases = dict(record.phases, ready=round(ready_s, 3))
-    phases.setdefault("api", round(time.monotonic() - t0 - ready_s, 3))
+    # this start's own seconds, not the original deploy's: the container comes back by itself (no pull)
+    phases = {"api": 0.0, "boot": round(started_s, 3), "pull": 0.0, "start": 0.0, "ready": round(ready_s, 3)}
     return store.update(record.id, status=READY, phases=phases, pid=None)
 
 
