@@ -60,8 +60,9 @@ def _wait_console(hosts: DockerHosts, instance_id: str, needle: str, count: int 
     return time.monotonic() - start
 
 
-def _get(url: str, timeout: float = 30) -> str:
-    """The body at `url`, retried until it answers 200 (a service starting after a boot)."""
+def _get(url: str, timeout: float = 90) -> str:
+    """The body at `url`, retried until it answers 200 (a service starting after a boot, or thawing after a
+    snapshot's pause: on a loaded 2-core CI machine that took over 30 s once)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
