@@ -452,12 +452,8 @@ def region_of(config: DeployConfig) -> str:
 
 
 def choose(config: DeployConfig) -> Any:
-    """The ranked instance types for this image (offers.choose over the AWS table)."""
-    from ngcx.deploy import offers
-
-    caps = [c for c in config.labels.get("ai.ngcx.compute-capabilities", "").split(",") if c]
-    return offers.choose(NAME, compute_capabilities=caps, driver_floor=config.labels.get("ai.ngcx.min-driver"),
-                         gpu=config.gpu, workload=config.workload, max_price=config.max_price, spot=config.spot)
+    """The ranked instance types for this image over the AWS table."""
+    return vm.choose(NAME, config)
 
 
 def prepare(config: DeployConfig) -> vm.Plan:

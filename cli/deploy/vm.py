@@ -90,6 +90,15 @@ class Plan:
     notes: list[str] = field(default_factory=list)
 
 
+def choose(cloud_name: str, config: DeployConfig) -> Any:
+    """The ranked instance types of `cloud_name`'s table for this image (its compute capabilities and driver floor)."""
+    from ngcx.deploy import offers
+
+    caps = [c for c in config.labels.get("ai.ngcx.compute-capabilities", "").split(",") if c]
+    return offers.choose(cloud_name, compute_capabilities=caps, driver_floor=config.labels.get("ai.ngcx.min-driver"),
+                         gpu=config.gpu, workload=config.workload, max_price=config.max_price, spot=config.spot)
+
+
 def say(line: str) -> None:
     print(f"ngcx: {line}", file=sys.stderr)
 
