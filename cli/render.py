@@ -2,8 +2,10 @@
 
 Why templates + data: the catalog says WHAT is pinned, images/NAME/image.yaml says WHICH recipe
 blocks make the image, and recipes/*.j2 say HOW each layer is written. Layer order is chosen for
-caching: OS packages, then python, then the heavy CUDA wheels, the framework, devel tools, the
-small fast-changing ngcx-runtime, and the app layer (tests, labels, entrypoint) last.
+caching: the OS packages every image needs, then python, then the heavy CUDA wheels, the image's
+own OS packages, the framework, devel tools, the small fast-changing ngcx-runtime, and the app
+layer (tests, labels, entrypoint) last. Everything up to the CUDA wheels depends only on the base,
+python and the CUDA stack, so every image on one stack shares those layers (stored and pulled once).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from ngcx_runtime import __version__
 if TYPE_CHECKING:
     from ngcx.catalog.model import Catalog, Release
 
-# The OS packages every image needs; image.yaml adds its own. Python comes from the base OS.
+# The OS packages every image needs, in the base layer; image.yaml's `apt:` adds an image's own in
+# a layer of their own after the CUDA wheels (see layer_blocks). Python comes from the base OS.
 BASE_APT = ("ca-certificates", "python3", "python3-venv", "libgomp1")
 DEVEL_APT = ("build-essential", "python3-dev", "git", "pkg-config")
 
@@ -42,6 +45,11 @@ class Recipe:
 
 
 KNOWN_BLOCKS = ("base", "python", "cuda", "framework", "devel", "runtime", "app")
+# The blocks whose layers depend only on the base, python and the CUDA stack: identical in every
+# image on one stack, so nothing image-specific may come before their end.
+STACK_BLOCKS = ("base", "python", "cuda")
+# Not written in image.yaml: rendered from its `apt:` list, placed by layer_blocks.
+PACKAGES_BLOCK = "packages"
 RECIPE_KEYS = {"blocks", "apt", "entrypoint", "cmd", "ports"}
 
 
@@ -164,16 +172,36 @@ def _render(release: Release, variant: str, base: str | None, description: str) 
     recipe = load_recipe(release.image)
     if "framework" in recipe.blocks and release.framework is None:
         raise UserError(f"{release.ref}: image recipe has a framework block but the release pins no framework")
-    blocks = [b for b in recipe.blocks if b != "framework" or release.framework]
+    packages = image_packages(recipe)
     text = _environment().get_template("Dockerfile.j2").render(
-        release=release, variant=variant, blocks=blocks, recipe=recipe,
+        release=release, variant=variant, blocks=layer_blocks(recipe, release), recipe=recipe,
         base_image=resolve_base(release, base),
-        apt_packages=sorted(set(BASE_APT) | set(recipe.apt)),
+        apt_packages=sorted(BASE_APT), image_packages=packages,
         devel_packages=sorted(DEVEL_APT),
         labels=release.labels(), description=description,
         site=f"/opt/ngcx/venv/lib/python{release.spec.python}/site-packages",
     )
     return _tidy(text)
+
+
+def image_packages(recipe: Recipe) -> list[str]:
+    """The image's own OS packages: image.yaml's `apt:` less what the base layer already installs."""
+    return sorted(set(recipe.apt) - set(BASE_APT))
+
+
+def layer_blocks(recipe: Recipe, release: Release) -> list[str]:
+    """The blocks to render, in layer order: image.yaml's, less a framework the release does not pin,
+    with the image's own OS packages (if any) right after the stack blocks (base, python, cuda).
+
+    Why there and not in the base apt layer: a layer is shared only when every layer under it is the
+    same, so one extra package in the first apt RUN (pytorch's gcc) would make each image on a CUDA
+    stack store and pull its own copy of the ~2 GB CUDA wheels. After the CUDA layer, before the
+    framework, the packages still come before the heavy framework wheels that may need them."""
+    blocks = [b for b in recipe.blocks if b != "framework" or release.framework]
+    if image_packages(recipe):
+        at = next(i for i, b in enumerate(blocks) if b not in STACK_BLOCKS)  # blocks end with "app"
+        blocks.insert(at, PACKAGES_BLOCK)
+    return blocks
 
 
 # The code a rendered Dockerfile depends on besides the templates: this module (packages, _tidy),

@@ -23,11 +23,8 @@ RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
     && apt-get update \
     && apt-get install -y --no-install-recommends \
         ca-certificates \
-        gcc \
-        libc6-dev \
         libgomp1 \
         python3 \
-        python3-dev \
         python3-venv \
     && rm -f /etc/apt/apt.conf.d/99ngcx-ca
 # ---- python 3.11: a venv owned by the image, checked against the pin ----
@@ -57,6 +54,24 @@ RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
         > /etc/ngcx/constraints.txt \
     && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia -maxdepth 3 -type d -name lib | sort > /etc/ld.so.conf.d/ngcx-cuda.conf \
     && ldconfig
+# ---- pytorch's own OS packages: a layer of their own after the CUDA wheels, so every
+#      image on this CUDA stack shares the layers below (base, OS packages, venv, CUDA wheels) ----
+RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
+    --mount=type=cache,target=/var/lib/apt/lists,sharing=locked \
+    --mount=type=secret,id=ca,required=false \
+    rm -f /etc/apt/apt.conf.d/docker-clean \
+    && if [ -n "${APT_MIRROR:-}" ]; then \
+         for f in /etc/apt/sources.list /etc/apt/sources.list.d/debian.sources; do \
+           if [ -f "$f" ]; then sed -i -E "s#https?://(deb|security)\.debian\.org#${APT_MIRROR}#g" "$f"; fi; \
+         done; \
+       fi \
+    && if [ -s /run/secrets/ca ]; then echo 'Acquire::https::CAInfo "/run/secrets/ca";' > /etc/apt/apt.conf.d/99ngcx-ca; fi \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends \
+        gcc \
+        libc6-dev \
+        python3-dev \
+    && rm -f /etc/apt/apt.conf.d/99ngcx-ca
 # ---- torch==2.5.1: installed under the stack's constraints, so pip
 #      cannot replace a pinned CUDA library (it fails instead) ----
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \

@@ -13,6 +13,7 @@ regenerated golden that breaks a property still fails.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
 import shlex
@@ -28,7 +29,7 @@ import yaml
 from ngcx import naming, paths
 from ngcx.catalog.model import Release, load_catalog
 from ngcx.errors import UserError
-from ngcx.render import render_dockerfile, write_context
+from ngcx.render import BASE_APT, DEVEL_APT, load_recipe, render_dockerfile, write_context
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 CATALOG = load_catalog()
@@ -295,6 +296,111 @@ def test_framework_layer_uses_constraints_and_extra_index() -> None:
     assert "--extra-index-url https://pypi.nvidia.com" in fw
     tf = instructions(render("tensorflow:25.03", "runtime"))
     assert index_of(tf, "RUN", "'tensorflow[and-cuda]==2.18.1'")
+
+
+# ----------------------------------------------------------------------------- layers shared on one stack
+
+
+def stack_key(rel: Release) -> tuple[str, str, tuple[str, ...]]:
+    """What the layers up to the CUDA wheels depend on: base image, python and the stack's pins."""
+    return rel.base.image, rel.spec.python, tuple(p.requirement for p in rel.pins)
+
+
+def same_stack_pairs() -> list[tuple[str, str]]:
+    groups: dict[tuple[str, str, tuple[str, ...]], list[str]] = {}
+    for rel in CATALOG.all_releases():
+        groups.setdefault(stack_key(rel), []).append(rel.ref)
+    return [pair for refs in groups.values() for pair in itertools.combinations(refs, 2)]
+
+
+STACK_PAIRS = same_stack_pairs()
+
+
+def through_cuda_layer(text: str, rel: Release) -> str:
+    """The Dockerfile from its first instruction to the end of the CUDA wheels' RUN.
+
+    The file header (comment lines naming `ngcx render REF`) is left out: comments are in no layer
+    and no cache key, so they cannot stop two images from sharing a layer; every other byte counts."""
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.strip() and not ln.startswith("#"))
+    pin = next(i for i, ln in enumerate(lines) if ln.strip() == f"{rel.pin('cudart').requirement} \\")
+    end = next(i for i in range(pin, len(lines)) if not lines[i].endswith("\\"))
+    return "\n".join(lines[start:end + 1]) + "\n"
+
+
+def apt_sets(items: list[tuple[str, str]]) -> list[tuple[int, list[str]]]:
+    """(instruction index, packages) of every apt-get install RUN, in layer order."""
+    out = []
+    for i, (keyword, args) in enumerate(items):
+        if keyword == "RUN" and "apt-get install" in args:
+            words = args.split("--no-install-recommends", 1)[1].split("&&", 1)[0].split()
+            out.append((i, words))
+    return out
+
+
+def test_the_shipped_catalog_has_images_sharing_a_stack() -> None:
+    """The pairs the next test checks are found: the benchmark's pair (bench/suites/build.py) is one."""
+    assert ("cuda:24.05", "pytorch:24.11") in STACK_PAIRS
+    assert ("cuda:25.08", "onnxruntime:25.08") in STACK_PAIRS
+
+
+@pytest.mark.parametrize("variant", naming.VARIANTS)
+@pytest.mark.parametrize(("ref_a", "ref_b"), STACK_PAIRS, ids=[f"{a}+{b}" for a, b in STACK_PAIRS])
+def test_images_on_one_stack_share_every_layer_through_the_cuda_wheels(ref_a: str, ref_b: str, variant: str) -> None:
+    """Same text up to the CUDA layer = same layers: a user with cuda:24.05 and pytorch:24.11 stores
+    and pulls base, OS packages, venv and the ~2 GB of CUDA wheels once, not once per image."""
+    for base in (None, "offline"):
+        a, b = CATALOG.resolve(ref_a), CATALOG.resolve(ref_b)
+        head_a = through_cuda_layer(render(ref_a, variant, base), a)
+        head_b = through_cuda_layer(render(ref_b, variant, base), b)
+        assert head_a.startswith("ARG BASE_IMAGE=") and head_a.count("FROM ") == 1
+        assert head_a.rstrip().endswith("&& ldconfig")
+        assert head_a == head_b, f"{ref_b} parts from {ref_a} before the end of the CUDA layer"
+
+
+@pytest.mark.parametrize(("ref", "variant"), CASES, ids=CASE_IDS)
+def test_image_os_packages_get_their_own_layer_after_the_cuda_wheels(ref: str, variant: str) -> None:
+    """The base apt layer holds only what every image needs; an image's own packages (pytorch's gcc,
+    libc6-dev, python3-dev for Triton) are still installed, after the CUDA wheels and before the
+    framework that needs them; an image with none gets no extra apt layer."""
+    rel = CATALOG.resolve(ref)
+    own = sorted(set(load_recipe(rel.image).apt) - set(BASE_APT))
+    items = instructions(render(ref, variant))
+    sets = apt_sets(items)
+    assert sets[0][1] == sorted(BASE_APT)
+    cuda = index_of(items, "RUN", rel.pin("cudart").requirement)
+    assert sets[0][0] < cuda
+    later = [(i, pkgs) for i, pkgs in sets[1:] if pkgs != sorted(DEVEL_APT)]
+    if not own:
+        assert later == []
+        return
+    assert len(later) == 1 and later[0][1] == own
+    assert cuda < later[0][0] == cuda + 1
+    if rel.framework:
+        assert later[0][0] < index_of(items, "RUN", f"'{rel.install[0]}'")
+
+
+def test_pytorch_keeps_its_triton_build_packages() -> None:
+    """torch.compile builds a C launcher at run time: the runtime image must have gcc and the headers."""
+    apt = dict(apt_sets(instructions(render("pytorch:24.11", "runtime"))))
+    assert sorted(apt.values()) == sorted([sorted(BASE_APT), ["gcc", "libc6-dev", "python3-dev"]])
+
+
+def test_image_packages_the_base_layer_has_add_no_layer(tmp_path: Path) -> None:
+    """An image.yaml `apt:` naming a base package only adds the rest, in the image's own layer;
+    the layers up to the CUDA wheels stay those of the shipped image."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("registry.yaml", "images", "recipes"):
+        src = paths.data_dir() / name
+        shutil.copytree(src, data / name) if src.is_dir() else shutil.copy(src, data / name)
+    image_yaml = data / "images" / "cuda" / "image.yaml"
+    image_yaml.write_text(image_yaml.read_text().replace("apt: []", "apt: [python3, curl]"))
+    proc = ngcx("render", "cuda:24.05", env={"NGCX_DATA_DIR": str(data)})
+    assert proc.returncode == 0, proc.stderr
+    rel = CATALOG.resolve("cuda:24.05")
+    assert through_cuda_layer(proc.stdout, rel) == through_cuda_layer(render("cuda:24.05", "runtime"), rel)
+    assert [pkgs for _, pkgs in apt_sets(instructions(proc.stdout))] == [sorted(BASE_APT), ["curl"]]
 
 
 # ----------------------------------------------------------------------------- base selection
