@@ -37,6 +37,8 @@ TAG_PREFIX = "ngcx-bench/"
 APP_FILE = "ngcx-runtime/ngcx_runtime/info.py"
 PIN, PATCHED = "nvidia-cuda-runtime-cu12==12.4.127", "nvidia-cuda-runtime-cu12==12.4.99"
 NAIVE = ROOT / "bench" / "naive"
+# ngcx's bottom layers that hold the CUDA stack and nothing image-specific: base, OS packages, venv, CUDA wheels.
+STACK_LAYERS = 4
 EMPTY_INSTRUCTIONS = re.compile(
     r"^(/bin/sh -c #\(nop\) )?\s*(ENV|LABEL|ARG|CMD|ENTRYPOINT|EXPOSE|SHELL|USER|VOLUME|STOPSIGNAL|HEALTHCHECK|"
     r"ONBUILD|MAINTAINER)\b")
@@ -365,7 +367,7 @@ def _measure(result: SuiteResult, engine: Engine, work: Path, out: Path) -> None
         seconds, missing = {}, f"Bytes shared with {SECOND} not measured in this run: {exc}"
     result.measurements = _figures(times, images, seconds, files)
     result.ratios = _ratios(result.measurements)
-    stack = sum((images["ngcx"]["layer_sizes"] or [])[:4])
+    stack = sum((images["ngcx"]["layer_sizes"] or [])[:STACK_LAYERS])
     common = common_layers(images["ngcx"]["diff_ids"], seconds["ngcx"]["diff_ids"]) if seconds else None
     parting = first_difference(files["ngcx"].read_text(), files2["ngcx"].read_text())
     result.notes = notes(result.measurements, stack, common, parting) + ([missing] if missing else [])
@@ -447,6 +449,33 @@ def first_difference(a: str, b: str) -> str | None:
     return None
 
 
+def sharing_notes(shared: dict[str, float], stack_bytes: float, common: int | None, parting: str | None) -> list[str]:
+    """What REF and SECOND share with each tool, and why, from this run's figures: a note when ngcx shares
+    its whole CUDA stack (at least STACK_LAYERS bottom layers) or when it shares less than a peer."""
+    figures = (f"Shared with {SECOND}: ngcx {shared['ngcx'] / 1e6:,.0f} MB, hpccm {shared['hpccm'] / 1e6:,.0f} MB, "
+               f"naive {shared['naive'] / 1e6:,.0f} MB.")
+    peers = ("hpccm's recipe (bench/peers.py, as a user of its apt_get building block writes it) installs the "
+             "framework's OS packages in its one apt layer before the CUDA wheels, so its two images part there "
+             "and share the base only; naive installs one apt set for every image, then copies each image's own "
+             "app before its one pip install, so it shares base and apt layer and stores the CUDA stack twice.")
+    if common is not None and common >= STACK_LAYERS:
+        from ngcx.render import image_packages, load_recipe
+
+        own = ", ".join(image_packages(load_recipe(SECOND.split(":")[0]))) or "none"
+        return [f"{figures} ngcx's two images share their bottom {common} layers: the base, OS packages, venv and "
+                f"CUDA wheels of {REF} ({stack_bytes / 1e9:.2f} GB), stored and pulled once for every image on the "
+                f"stack, since an image's own OS packages ({SECOND}'s: {own}) get a layer of their own after the "
+                f"CUDA wheels (recipes/packages.j2). {peers}"]
+    if shared["ngcx"] < max(shared["hpccm"], shared["naive"]):
+        return [f"{figures} ngcx's two images share their bottom {common} layer(s) only, not the {STACK_LAYERS} "
+                f"that hold the CUDA stack: the first line where ngcx's {SECOND} Dockerfile differs from its {REF} "
+                f"one is `{(parting or '?')[:90]}`. ngcx's recipes install an image's own OS packages after the "
+                "CUDA wheels (tests/unit/test_render.py checks every stack in the catalog), so an image-specific line "
+                f"before the CUDA layer is a regression there; fixed, the base, apt, venv and CUDA layers of {REF} "
+                f"({stack_bytes / 1e9:.2f} GB) are shared by every image on the stack. {peers}"]
+    return []
+
+
 def common_layers(a: list[str], b: list[str]) -> int:
     """How many bottom layers two images share."""
     n = 0
@@ -498,18 +527,7 @@ def notes(ms: list[Measurement], stack_bytes: float, common: int | None, parting
                "the cost of more layers).")
     key = f"bytes shared with its {SECOND}"
     if all(f"{t}: {key}" in med for t in TOOLS):
-        shared = {t: med[f"{t}: {key}"] for t in TOOLS}
-        if shared["ngcx"] < max(shared["hpccm"], shared["naive"]):
-            out.append(
-                f"Shared with {SECOND}: ngcx {shared['ngcx'] / 1e6:,.0f} MB, hpccm {shared['hpccm'] / 1e6:,.0f} MB, "
-                f"naive {shared['naive'] / 1e6:,.0f} MB. ngcx's two images share their bottom {common} layer(s) "
-                f"only: the first line where ngcx's {SECOND} Dockerfile differs from its {REF} one is "
-                f"`{(parting or '?')[:90]}`, in the OS-package layer that comes before the CUDA wheels (the "
-                "framework recipe adds its build packages there; hpccm's equivalent does the same, naive installs "
-                "one apt set for every image). Fix (recipes/, not done here): install image-specific OS packages "
-                f"after the CUDA layer, or one apt set per CUDA stack; the base, apt, venv and CUDA layers of {REF} "
-                f"({stack_bytes / 1e9:.2f} GB) would then be shared by every image on the stack, stored and pulled "
-                "once.")
+        out += sharing_notes({t: med[f"{t}: {key}"] for t in TOOLS}, stack_bytes, common, parting)
     size = {t: med[f"{t}: image size"] for t in TOOLS}
     out.append(f"Size: ngcx {size['ngcx'] / 1e9:.3f} GB, hpccm {size['hpccm'] / 1e9:.3f} GB, naive "
                f"{size['naive'] / 1e9:.3f} GB. ngcx and hpccm both install into a venv with apt's recommends off "
