@@ -55,8 +55,9 @@ RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia \( -type d -name include -o -type f -name '*.a' \) -prune -exec rm -rf {} + \
     && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia -maxdepth 3 -type d -name lib | sort > /etc/ld.so.conf.d/ngcx-cuda.conf \
     && ldconfig
-# ---- pytorch's own OS packages: a layer of their own after the CUDA wheels, so every
-#      image on this CUDA stack shares the layers below (base, OS packages, venv, CUDA wheels) ----
+# ---- pytorch's own OS packages ----
+# After the CUDA wheels, so every image on this CUDA stack shares the layers below (base, OS
+# packages, venv, CUDA wheels): stored and pulled once, not once per image.
 RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
     --mount=type=cache,target=/var/lib/apt/lists,sharing=locked \
     --mount=type=secret,id=ca,required=false \
