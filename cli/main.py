@@ -5,7 +5,9 @@ command modules import only typer and the standard library at module level; cata
 Docker SDK and cloud SDKs are imported inside the command functions that need them. And `ngcx CMD`
 imports and registers only the module that owns CMD (COMMAND_OWNERS): the other fourteen modules
 cost ~0.05 s of every call and are only needed to list or reject commands (`--help`, no command,
-an unknown one), where all of them are registered exactly as before.
+an unknown one), where all of them are registered exactly as before. The plain command lines of
+`ngcx render` and `ngcx catalog ls` do not even import typer (ngcx.fastpath): typer 0.29's parser
+alone costs more than hpccm's whole render.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import importlib
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from types import ModuleType
-
-import typer
+from typing import TYPE_CHECKING
 
 from ngcx.errors import CheckFailed, UserError
+
+if TYPE_CHECKING:
+    import typer
 
 # Each module exposes register(app: typer.Typer). Order = order in `ngcx --help`.
 COMMAND_MODULES = (
@@ -51,6 +55,8 @@ def modules_for(argv: Sequence[str]) -> tuple[str, ...]:
 
 def build_app(modules: Sequence[str] | None = None) -> typer.Typer:
     """Assemble the CLI from the stage modules (all by default, in `ngcx --help` order)."""
+    import typer
+
     app = typer.Typer(
         name="ngcx",
         help="Version-pinned GPU containers: catalog -> Dockerfile -> verified image -> registry -> GPU.",
@@ -75,10 +81,8 @@ def _group() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning user errors into one line and exit code 2."""
     args = sys.argv[1:] if argv is None else argv
-    app = build_app(modules_for(args))
     try:
-        # Without standalone mode click RETURNS typer.Exit's code instead of exiting with it.
-        rc = app(args=args, standalone_mode=False)
+        rc = _run(args)
     except UserError as exc:
         print(f"ngcx: error: {exc.line()}", file=sys.stderr)
         sys.exit(exc.exit_code)
@@ -103,6 +107,16 @@ def main(argv: list[str] | None = None) -> None:
     if rc == 130:  # typer >= 0.29 turns Ctrl-C into Exit(130) itself; say so as for every other exit
         print("ngcx: interrupted", file=sys.stderr)
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _run(args: list[str]) -> object:
+    """Run one command line: the hot commands' plain lines in ngcx.fastpath, everything else in typer."""
+    from ngcx import fastpath
+
+    if fastpath.run(args):
+        return 0
+    # Without standalone mode click RETURNS typer.Exit's code instead of exiting with it.
+    return build_app(modules_for(args))(args=args, standalone_mode=False)
 
 
 if __name__ == "__main__":

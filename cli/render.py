@@ -8,8 +8,6 @@ layer (tests, labels, entrypoint) last. Everything up to the CUDA wheels depends
 python and the CUDA stack, so every image on one stack shares those layers (stored and pulled once).
 """
 
-from __future__ import annotations
-
 import hashlib
 import os
 import shutil
@@ -17,12 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
-import typer
-
-from ngcx.options import CatalogOpt, VariantOpt
 from ngcx_runtime import __version__
 
 if TYPE_CHECKING:
+    import typer
+
     from ngcx.catalog.model import Catalog, Release
 
 # The OS packages every image needs, in the base layer; image.yaml's `apt:` adds an image's own in
@@ -105,7 +102,7 @@ def _config_base() -> str | None:
         raise UserError(f"{file}: malformed TOML: {exc}") from None
 
 
-def resolve_base(release: Release, base: str | None) -> str:
+def resolve_base(release: "Release", base: str | None) -> str:
     """Which image to build FROM.
 
     `--base offline` (or config/env NGCX_BASE=offline) picks the catalog's offline base, the
@@ -138,8 +135,8 @@ def _environment():
     )
 
 
-def render_dockerfile(release: Release, variant: str = "runtime", base: str | None = None,
-                      catalog: Catalog | None = None) -> str:
+def render_dockerfile(release: "Release", variant: str = "runtime", base: str | None = None,
+                      catalog: "Catalog | None" = None) -> str:
     """The Dockerfile text for one release and variant.
 
     A text rendered before from exactly the same inputs (see _render_key) comes from the cache
@@ -165,7 +162,7 @@ def render_dockerfile(release: Release, variant: str = "runtime", base: str | No
     return text
 
 
-def _render(release: Release, variant: str, base: str | None, description: str) -> str:
+def _render(release: "Release", variant: str, base: str | None, description: str) -> str:
     """Render Dockerfile.j2 (no cache): recipe checks first, then the base, as users see the errors."""
     from ngcx.errors import UserError
 
@@ -189,7 +186,7 @@ def image_packages(recipe: Recipe) -> list[str]:
     return sorted(set(recipe.apt) - set(BASE_APT))
 
 
-def layer_blocks(recipe: Recipe, release: Release) -> list[str]:
+def layer_blocks(recipe: Recipe, release: "Release") -> list[str]:
     """The blocks to render, in layer order: image.yaml's, less a framework the release does not pin,
     with the image's own OS packages (if any) right after the stack blocks (base, python, cuda).
 
@@ -209,7 +206,7 @@ def layer_blocks(recipe: Recipe, release: Release) -> list[str]:
 RENDER_CODE = ("render.py", "naming.py", "catalog/complete.py", "catalog/patterns.py")
 
 
-def _render_key(release: Release, variant: str, base: str | None, description: str) -> str | None:
+def _render_key(release: "Release", variant: str, base: str | None, description: str) -> str | None:
     """sha256 of every input of _render, or None (render without the cache) when one cannot be read.
 
     Inputs: the release's completed data, variant, the resolved base image, the description, the
@@ -289,8 +286,8 @@ class Context:
     digest: str  # sha256 of the Dockerfile text, recorded with each build
 
 
-def write_context(release: Release, out_dir: Path, variant: str = "runtime", base: str | None = None,
-                  catalog: Catalog | None = None) -> Context:
+def write_context(release: "Release", out_dir: Path, variant: str = "runtime", base: str | None = None,
+                  catalog: "Catalog | None" = None) -> Context:
     """Materialize the build context. Nothing secret is ever written here.
 
     A folder that is a file, is unwritable, or holds anything but an earlier ngcx context is one
@@ -364,33 +361,45 @@ def _write_output(output: Path, text: str) -> None:
 
 # ----------------------------------------------------------------------------- command
 
-BaseOpt = Annotated[str | None, typer.Option(
-    "--base", help="Base image to build FROM; 'offline' = the catalog's bootstrapped base (ngcx base bootstrap).")]
+def render_command(ref: str, output: Path | None = None, variant: str = "runtime", base: str | None = None,
+                   context: Path | None = None, catalog_file: Path | None = None) -> None:
+    """`ngcx render` itself (typer's command below and ngcx.fastpath both call this)."""
+    from ngcx.catalog import load_catalog
+
+    cat = load_catalog(catalog_file)
+    release = cat.resolve(ref)
+    if context:
+        ctx = write_context(release, context, variant, base, cat)
+        print(f"wrote build context {ctx.path} (Dockerfile sha256 {ctx.digest[:12]})")
+        return
+    text = render_dockerfile(release, variant, base, cat)
+    if output:
+        _write_output(output, text)
+        print(f"wrote {output}")
+    else:
+        print(text, end="")
 
 
-def register(app: typer.Typer) -> None:
+def register(app: "typer.Typer") -> None:
+    """Add `ngcx render` to the app. typer is imported here, not at module level, so that
+    ngcx.fastpath renders without it; hence no `from __future__ import annotations` in this module:
+    the command's annotations must be objects when typer reads them, not names to look up."""
+    import typer
+
+    from ngcx.options import CatalogOpt, VariantOpt
+
+    base_opt = Annotated[str | None, typer.Option(
+        "--base", help="Base image to build FROM; 'offline' = the catalog's bootstrapped base (ngcx base bootstrap).")]
+
     @app.command("render")
     def render(
         ref: Annotated[str, typer.Argument(help="IMAGE[:RELEASE]; a bare image = newest release.")],
         output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the Dockerfile here.")] = None,
         variant: VariantOpt = "runtime",
-        base: BaseOpt = None,
+        base: base_opt = None,
         context: Annotated[Path | None, typer.Option(
             "--context", help="Write a whole build context (Dockerfile, ngcx-runtime/, tests/) here.")] = None,
         catalog_file: CatalogOpt = None,
     ) -> None:
         """Render the Dockerfile of one image release (stdout unless -o/--context)."""
-        from ngcx.catalog import load_catalog
-
-        cat = load_catalog(catalog_file)
-        release = cat.resolve(ref)
-        if context:
-            ctx = write_context(release, context, variant, base, cat)
-            print(f"wrote build context {ctx.path} (Dockerfile sha256 {ctx.digest[:12]})")
-            return
-        text = render_dockerfile(release, variant, base, cat)
-        if output:
-            _write_output(output, text)
-            print(f"wrote {output}")
-        else:
-            print(text, end="")
+        render_command(ref, output, variant, base, context, catalog_file)

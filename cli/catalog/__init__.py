@@ -1,34 +1,31 @@
 """`ngcx catalog ls | show | check`: read and validate the catalog (registry.yaml).
 
-This module stays light (typer + stdlib) so the CLI starts fast; the schema, rules and
-completion live in ngcx.catalog.model and are imported on first use, and a catalog validated
-before comes from ngcx.catalog.cache without importing them at all.
+This module stays light (the standard library only) so the CLI starts fast: the schema, rules and
+completion live in ngcx.catalog.model and are imported on first use, a catalog validated before
+comes from ngcx.catalog.cache without importing them at all, and typer is imported only by
+register(), so ngcx.fastpath can run `catalog ls` without it (issue 13: no slower than hpccm).
+No `from __future__ import annotations` here: register()'s command functions are defined inside
+it, and typer reads their annotations, which must therefore be objects, not names to look up.
 """
-
-from __future__ import annotations
 
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
-import typer
-
 if TYPE_CHECKING:
+    import typer
+
     from ngcx.catalog.model import Catalog, Release
 
-# Option types live at module level: typer resolves annotations against module globals.
-CatalogOpt = Annotated[Path | None, typer.Option("--catalog", help="Catalog file (default: shipped registry.yaml).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
-
-def load_catalog(path: str | Path | None = None) -> Catalog:
+def load_catalog(path: str | Path | None = None) -> "Catalog":
     """Load, validate and complete a catalog (default: the shipped registry.yaml); cached by its sha256."""
     from ngcx.catalog.cache import load_catalog as _load
 
     return _load(path)
 
 
-def release_summary(rel: Release) -> dict:
+def release_summary(rel: "Release") -> dict:
     """What `catalog show` reports for one release (also used by --json)."""
     return {
         "image": rel.image,
@@ -48,7 +45,8 @@ def release_summary(rel: Release) -> dict:
     }
 
 
-def _ls(json_out: bool, catalog_file: Path | None) -> None:
+def list_releases(json_out: bool = False, catalog_file: Path | None = None) -> None:
+    """`ngcx catalog ls` (typer's command and ngcx.fastpath both call this)."""
     from ngcx import output
 
     cat = load_catalog(catalog_file)
@@ -104,7 +102,7 @@ def _show(ref: str, json_out: bool, catalog_file: Path | None) -> None:
         print(f"  built     {b['tag']}  {output.human_size(b['size_bytes'])}  {b['digest'] or b['image_id']}")
 
 
-def _built_images(rel: Release) -> list[dict]:
+def _built_images(rel: "Release") -> list[dict]:
     """Builds of this release recorded in the state store (empty when none or no store)."""
     from ngcx import state
 
@@ -147,6 +145,8 @@ def _check(catalog_file: Path | None, json_out: bool) -> None:
     if problems:
         if not json_out:
             print(f"{len(problems)} problem(s) in {file}", file=sys.stderr)
+        import typer
+
         raise typer.Exit(2)
     cat = complete(spec, str(file))
     if not json_out:
@@ -154,13 +154,17 @@ def _check(catalog_file: Path | None, json_out: bool) -> None:
         print(f"{file}: ok — {len(cat.image_names())} images, {n} releases, all compatibility rules hold")
 
 
-def register(app: typer.Typer) -> None:
+def register(app: "typer.Typer") -> None:
+    import typer
+
+    from ngcx.options import CatalogOpt, JsonOpt
+
     group = typer.Typer(help="Inspect and validate the catalog (registry.yaml).", no_args_is_help=True)
 
     @group.command("ls")
     def ls(json_out: JsonOpt = False, catalog_file: CatalogOpt = None) -> None:
         """List every image:release with its CUDA stack."""
-        _ls(json_out, catalog_file)
+        list_releases(json_out, catalog_file)
 
     @group.command("show")
     def show(ref: Annotated[str, typer.Argument(help="IMAGE[:RELEASE]; a bare image = newest release.")],
