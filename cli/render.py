@@ -10,7 +10,6 @@ python and the CUDA stack, so every image on one stack shares those layers (stor
 
 import hashlib
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -87,13 +86,13 @@ def _config_base() -> str | None:
     env = os.environ.get("NGCX_BASE")
     if env:
         return env
-    import tomllib
-
     from ngcx import paths
 
     file = paths.config_dir() / "config.toml"
     if not file.is_file():
         return None
+    import tomllib  # here, not above: most calls have no config file (and render is a hot path)
+
     try:
         return tomllib.loads(file.read_text()).get("build", {}).get("base")
     except tomllib.TOMLDecodeError as exc:
@@ -316,6 +315,8 @@ def _clear_context_dir(out_dir: Path) -> None:
     if not (out_dir / "ngcx-runtime").is_dir():
         raise UserError(f"--context {out_dir} is a non-empty folder that is not an ngcx build context; "
                         "refusing to delete what is in it", hint="pass a new or empty folder")
+    import shutil  # here and below, not at the top: `ngcx render` to stdout is a hot path
+
     # ngcx-runtime/ goes last, so an interrupted clean still looks like a context to the next run.
     for child in sorted(out_dir.iterdir(), key=lambda p: p.name == "ngcx-runtime"):
         if child.is_dir() and not child.is_symlink():
@@ -333,6 +334,8 @@ def _fill_context(out_dir: Path, text: str, recipe: Recipe) -> Context:
         target.write_bytes(data)
     tests = out_dir / "tests"
     if recipe.tests_dir.is_dir():
+        import shutil
+
         shutil.copytree(recipe.tests_dir, tests, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     else:
         tests.mkdir()

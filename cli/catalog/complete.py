@@ -10,7 +10,6 @@ cost of `ngcx render`; this module therefore imports the schema only when comple
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -214,6 +213,8 @@ class Catalog:
         """`pytorch:25.08` or `pytorch` (newest) -> Release; unknown -> UserError with suggestions."""
         name, _, tag = ref.partition(":")
         if name not in self.releases:
+            import difflib  # only for the error: resolving a known ref is the hot path
+
             close = difflib.get_close_matches(name, self.image_names(), n=3, cutoff=0.4)
             hint = f"did you mean {', '.join(close)}?" if close else "see `ngcx catalog ls`"
             raise UserError(f"unknown image {name!r} in {self.source}", hint=hint)
@@ -221,6 +222,8 @@ class Catalog:
             return self.newest(name)
         if tag not in self.releases[name]:
             known = sorted(self.releases[name])
+            import difflib
+
             close = difflib.get_close_matches(tag, known, n=3, cutoff=0.3)
             hint = (f"closest: {', '.join(f'{name}:{t}' for t in close)}; " if close else "") + \
                 f"releases of {name}: {', '.join(known)}"
