@@ -6,12 +6,12 @@ A suite is a function run(result: SuiteResult, work: Path, out: Path) that fills
 
 from __future__ import annotations
 
-from bench.suites import build, cli, deploy, pending, runtime
+from bench.suites import build, cli, deploy, pending, project, runtime
 
 SUITES = {
     "cli": cli.run,
     "build": build.run,
-    "project": pending.skipper("project"),
+    "project": project.run,
     "push": pending.skipper("push"),
     "deploy": deploy.run,
     "runtime": runtime.run,
