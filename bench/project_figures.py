@@ -184,7 +184,10 @@ def ratios(ms: list[Measurement]) -> list[Ratio]:
 
 
 def _mb(n: float) -> str:
-    return f"{n / 1e6:,.1f} MB" if n >= 1e5 else f"{n / 1e3:,.0f} KB"
+    """Bytes as a reader compares them: MB for a model, KB for a wheel, bytes for a handler."""
+    if n >= 1e5:
+        return f"{n / 1e6:,.1f} MB"
+    return f"{n / 1e3:,.1f} KB" if n >= 1e3 else f"{n:,.0f} bytes"
 
 
 def notes(ms: list[Measurement], steps: dict[str, dict[str, dict[str, float]]], client: dict[str, float],
