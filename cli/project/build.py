@@ -4,7 +4,7 @@ The build context and the layer report live in context.py, pip's refusals in pip
 module orders the steps: base, context, BuildKit, verification, state.
 
 Why pins hold: wheels install into the base's venv under /etc/ngcx/constraints.txt AND the base's
-frozen set (pip list of the base, written in the same RUN), then pip check and a freeze diff. pip's
+frozen set (the base's name==version list, written in the same RUN), then pip check and a freeze diff. pip's
 ResolutionImpossible is translated into one line naming the requirement and the pinned package.
 """
 
