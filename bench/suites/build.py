@@ -275,7 +275,9 @@ def check_disk(root: str) -> None:
         raise SuiteSkipped(f"only {free / 1e9:.0f} GB free under {root}: the build suite needs {MIN_FREE_GB} GB")
 
 
-def _engine() -> Engine:
+def open_engine(cls: type[Engine] = Engine, **fields: Any) -> Engine:
+    """The docker CLI able to build with BuildKit and this machine's CA bundle, as every build suite needs
+    (build, project), or SuiteSkipped with the reason."""
     from ngcx.build import CA_ENV_VARS
     from ngcx.engine import docker_cli
 
@@ -285,11 +287,16 @@ def _engine() -> Engine:
     info = subprocess.run([cli, "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True)
     if info.returncode != 0:
         raise SuiteSkipped(f"no Docker engine: {info.stderr.strip()[-200:]}")
-    if subprocess.run([cli, "image", "inspect", BASE], capture_output=True).returncode != 0:
-        raise SuiteSkipped(f"base image {BASE} is not here: run `ngcx base bootstrap` (README set-up)")
     ca = next((os.environ[v] for v in CA_ENV_VARS if os.environ.get(v) and Path(os.environ[v]).is_file()),
               "/etc/ssl/certs/ca-certificates.crt")
-    return Engine(cli=cli, ca=ca)
+    return cls(cli=cli, ca=ca, **fields)
+
+
+def _engine() -> Engine:
+    engine = open_engine()
+    if subprocess.run([engine.cli, "image", "inspect", BASE], capture_output=True).returncode != 0:
+        raise SuiteSkipped(f"base image {BASE} is not here: run `ngcx base bootstrap` (README set-up)")
+    return engine
 
 
 # ----------------------------------------------------------------------------- inputs

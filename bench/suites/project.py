@@ -49,7 +49,7 @@ from bench.project_figures import (
     ratios,
     wheels_step_cached,
 )
-from bench.suites.build import NAIVE, TAG_PREFIX, Engine, check_disk, run_markers
+from bench.suites.build import NAIVE, TAG_PREFIX, Engine, check_disk, open_engine, run_markers
 
 REF = "onnxruntime:25.08"
 MODEL_MB = 100
@@ -160,24 +160,15 @@ class ProjectEngine(Engine):
 
 
 def _engine() -> ProjectEngine:
-    from ngcx.build import CA_ENV_VARS
-    from ngcx.engine import docker_cli
-
-    cli = docker_cli()
-    if cli is None:
-        raise SuiteSkipped("no docker CLI able to build with BuildKit (see `ngcx doctor`)")
-    info = subprocess.run([cli, "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True)
-    if info.returncode != 0:
-        raise SuiteSkipped(f"no Docker engine: {info.stderr.strip()[-200:]}")
+    engine = open_engine(ProjectEngine, min_source_bytes=int(MODEL_MB * 1e6 * 0.9))
+    cli = engine.cli
     if subprocess.run([cli, "image", "inspect", BASE_TAG], capture_output=True).returncode != 0:
         # As `ngcx build` in a project would do itself; untimed, once, so a fresh machine runs the suite.
         print(f"bench: {BASE_TAG} is not built here: building it first (untimed)", file=sys.stderr, flush=True)
         built = subprocess.run([script("ngcx"), "build", REF, "--base", "offline"], capture_output=True, text=True)
         if built.returncode != 0:
             raise SuiteSkipped(f"could not build the projects' base {REF}: {built.stderr.strip()[-300:]}")
-    ca = next((os.environ[v] for v in CA_ENV_VARS if os.environ.get(v) and Path(os.environ[v]).is_file()),
-              "/etc/ssl/certs/ca-certificates.crt")
-    return ProjectEngine(cli=cli, ca=ca, min_source_bytes=int(MODEL_MB * 1e6 * 0.9))
+    return engine
 
 
 # ----------------------------------------------------------------------------- the two projects
