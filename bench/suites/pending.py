@@ -12,7 +12,6 @@ from pathlib import Path
 from bench.core import SuiteResult, SuiteSkipped
 
 REASONS = {
-    "push": "not yet measured by this entry point; no earlier script (push/pull bytes and time, gzip vs zstd)",
 }
 
 
