@@ -503,6 +503,9 @@ def test_push_ratios_are_alternative_over_ngcx_push_and_skip_what_could_not_be_m
     figs.cpu[pf.push_name("gzip")] = [60.0, 80.0, 70.0]
     assert {r.name: r for r in pf.ratios(figs)}["push time: zstd / gzip (ngcx push)"].cpu == round(10 / 70, 3)
     assert [r.name for r in pf.ratios(figs)][:2] == [pf.RATIOS[0][0], pf.RATIOS[1][0]]   # the headline pair
+    names = [m.name for m in figs.measurements()]
+    assert names[:3] == [pf.push_name(c) for c in ("gzip", "pigz", "zstd")]        # not the order they came in
+    assert names.index(pf.pull_name("gzip")) < names.index(pf.pull_name("zstd", pf.CONTAINERD))
 
 
 def test_push_notes_claim_a_win_only_when_the_figures_show_one() -> None:
@@ -514,7 +517,7 @@ def test_push_notes_claim_a_win_only_when_the_figures_show_one() -> None:
     assert "zstd wins the push clearly: 0.44x the time of ngcx push (56% less), 18% less bytes." in wins
     assert "`failed to register layer: archive/tar: invalid tar header` after 2.5 s (80 MB fetched)" in wins
     assert "Docker Engine 23.0" in wins and "What zstd would take in ngcx" in wins
-    assert "gzip by pigz does not win the push clearly here" in wins and "21.0 s of their push time" in wins
+    assert "gzip by pigz does not win the push clearly here" in wins and "first byte came 21.0 s after the call" in wins
     overlap = "\n".join(pf.notes(_push_figures([50.0, 60.0, 90.0], [64.0, 89.0, 70.0], ([30.0, 33.0, 36.0],
                                                                                       [33.0, 34.0, 35.0]),
                                                zstd_fails=False), {"size": 2.07e9, "layers": 9}))
