@@ -30,7 +30,7 @@ from bench.core import (  # noqa: E402
     time_interleaved,
     time_once,
 )
-from bench.suites import SUITES, build, pending, project  # noqa: E402
+from bench.suites import SUITES, build, project  # noqa: E402
 
 # ----------------------------------------------------------------------------- figures
 
@@ -85,11 +85,13 @@ def test_a_failing_command_stops_the_suite_with_its_stderr() -> None:
 
 
 def test_a_suite_that_does_not_apply_is_a_result_with_its_reason(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setitem(pending.REASONS, "later", "not yet measured by this entry point")
-    monkeypatch.setattr(entry, "SUITES", {"later": pending.skipper("later")})
+    def no_engine(result: SuiteResult, work: Path, out: Path) -> None:
+        raise SuiteSkipped("needs the Docker engine (scripts/setup.sh)")
+
+    monkeypatch.setattr(entry, "SUITES", {"later": no_engine})
     args = entry.parse(["later", "--out", str(tmp_path)])
     result = entry.run_suite("later", args)
-    assert (result.status, result.reason) == ("skipped", "not yet measured by this entry point")
+    assert (result.status, result.reason) == ("skipped", "needs the Docker engine (scripts/setup.sh)")
     assert result.measurements == [] and result.ratios == []
     assert result.command == f".venv/bin/python -m bench later --repeat 3 --out {tmp_path}"
     assert result.machine["cores"] >= 1 and len(result.machine["load_average_after"]) == 3
