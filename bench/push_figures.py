@@ -254,7 +254,9 @@ def _pull_notes(figs: Figures) -> list[str]:
                  "pull in pigz), so dockerd decompresses gzip with Go's library" if have is False
                  else "The pulling hosts already have unpigz")
         gain = (" Adding the pigz package to the hosts' image is the cheapest pull speed-up: it changes nothing in "
-                "the image, the registry or ngcx push." if clearly_lower(u, base, 0.9) else "")
+                "the image, the registry or ngcx push; `ngcx hosts bake` installs it in the host images it makes, and "
+                "a deploy host that has to install Docker gets it in the same apt transaction (recipes/deploy/)."
+                if clearly_lower(u, base, 0.9) else "")
         out.append(f"{where}; with pigz's unpigz on PATH the same gzip pull takes {u.median:.1f} s against "
                    f"{base.median:.1f} s ({u.median / base.median:.2f}x).{gain}")
     return out
