@@ -596,3 +596,15 @@ def test_a_pull_inside_a_machine_is_timed_and_its_error_line_kept() -> None:
     assert pp.error_line(tail).startswith("failed to register layer")
     with pytest.raises(RuntimeError, match="no timing line"):
         pp.parse_timed("sh: docker: not found")
+
+
+def test_a_pair_built_for_shared_bytes_misses_the_cache_after_every_from_and_changes_nothing_else() -> None:
+    """build.fresh_cache: the shared-bytes pair is built as from an empty layer cache (an ARG after each
+    FROM is in every later RUN's cache key); the steps themselves must stay exactly the tool's own."""
+    text = ("# header\nARG BASE_IMAGE=ngcx/base:bookworm\nFROM ${BASE_IMAGE}\nRUN apt-get update\n"
+            "FROM x AS y\nCOPY a b\n")
+    out = build.fresh_cache(text, "n1")
+    assert out.splitlines() == ["# header", "ARG BASE_IMAGE=ngcx/base:bookworm", "FROM ${BASE_IMAGE}",
+                                "ARG NGCX_BENCH_PAIR=n1", "RUN apt-get update", "FROM x AS y",
+                                "ARG NGCX_BENCH_PAIR=n1", "COPY a b"]
+    assert build.fresh_cache(text, "n2") != out
