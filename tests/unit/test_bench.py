@@ -608,3 +608,17 @@ def test_a_pair_built_for_shared_bytes_misses_the_cache_after_every_from_and_cha
                                 "ARG NGCX_BENCH_PAIR=n1", "RUN apt-get update", "FROM x AS y",
                                 "ARG NGCX_BENCH_PAIR=n1", "COPY a b"]
     assert build.fresh_cache(text, "n2") != out
+
+
+def test_the_deploy_note_says_when_ngcx_local_is_slower_and_whether_that_is_noise() -> None:
+    from bench.suites.deploy import local_note
+
+    def by(ours: list[float], theirs: list[float]) -> dict[str, Measurement]:
+        return {n: _m(n, v) for n, v in (("ngcx deploy: local (total)", ours),
+                                          ("docker run -d -p + poll ready (by hand)", theirs))}
+
+    assert "ranges overlap" in local_note(by([0.95, 1.04, 1.7], [0.99, 1.01, 1.3]))[0]
+    assert "ranges apart" in local_note(by([2.0, 2.1, 2.2], [1.0, 1.01, 1.1]))[0]
+    assert local_note(by([0.9, 0.95, 1.0], [1.0, 1.01, 1.1])) == [
+        "Local: ngcx deploy 0.95 s, docker run by hand 1.01 s: ngcx as fast."]
+    assert local_note({}) == []
