@@ -19,6 +19,11 @@ Render: hpccm --recipe THIS_FILE
 '''
 
 
+# ngcx's gRPC layer, between the framework and ngcx-runtime (recipes/runtime.j2): the equivalent recipe has it too,
+# or an app edit would reinstall grpcio in hpccm's runtime layer and the build suite would time a recipe difference.
+GRPC = ("grpcio>=1.62", "protobuf>=4.21")
+
+
 def hpccm_recipe(ref: str, base: str | None = None) -> str:
     """The hpccm recipe text (Python) for one catalog release, mirroring ngcx's runtime variant.
 
@@ -45,6 +50,7 @@ def hpccm_recipe(ref: str, base: str | None = None) -> str:
     if rel.install:
         lines.append(f"Stage0 += pip(pip='pip', ospackages=[], packages={list(rel.install)!r})")
     lines += [
+        f"Stage0 += pip(pip='pip', ospackages=[], packages={list(GRPC)!r})",
         "Stage0 += copy(src='ngcx-runtime/', dest='/opt/ngcx/src/ngcx-runtime/')",
         "Stage0 += pip(pip='pip', ospackages=[], packages=['/opt/ngcx/src/ngcx-runtime'])",
         "Stage0 += copy(src='tests/', dest='/opt/ngcx/tests/')",

@@ -529,10 +529,10 @@ def notes(ms: list[Measurement], stack_bytes: float, common: int | None, parting
     by = {m.name: m for m in ms}
     med = {name: m.wall.median for name, m in by.items()}
     layers = {t: int(med.get(f"{t}: layers", 0)) for t in TOOLS}
+    same = "the same steps in the same order" if layers["ngcx"] == layers["hpccm"] else "see bench/peers.py"
     out = [f"Same context, base ({BASE}), wheel source (PyPI through this machine's proxy, CA as a BuildKit "
            f"secret) and engine for all three; a figure is the median of the rounds, tools interleaved. Layers: "
-           f"ngcx {layers['ngcx']}, hpccm {layers['hpccm']} (the same steps in the same order), naive "
-           f"{layers['naive']}."]
+           f"ngcx {layers['ngcx']}, hpccm {layers['hpccm']} ({same}), naive {layers['naive']}."]
     edit = {t: med[f"{t}: rebuild after editing one app file"] for t in TOOLS}
     out.append(f"App edit: ngcx {edit['ngcx']:.1f} s, hpccm {edit['hpccm']:.1f} s, naive {edit['naive']:.1f} s. "
                "ngcx and hpccm copy the app after the heavy wheels, so only the ngcx-runtime install and the "
