@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,12 +210,17 @@ class Engine:
         self.prune_records()
 
     def prune_records(self) -> None:
+        self._prune(lambda records: removable_records(records, self.before, self.markers))
+
+    def _prune(self, removable: Callable[[list[dict[str, Any]]], list[str]]) -> None:
+        """Remove the build-cache records `removable` picks from the engine's list, leaf first: a record's
+        parent is only free once its children are gone, so the list is read again after each pass."""
         import docker
 
         client = docker.from_env()
         try:
-            for _ in range(12):  # leaf first: a record's parent is only free once its children are gone
-                ids = removable_records(client.df().get("BuildCache") or [], self.before, self.markers)
+            for _ in range(12):
+                ids = removable(client.df().get("BuildCache") or [])
                 if not ids:
                     return
                 for record in ids:

@@ -121,15 +121,10 @@ class ProjectEngine(Engine):
         try:
             targets = set(project_records(client.df().get("BuildCache") or [], self.before, self.markers,
                                           self.min_source_bytes))
-            for _ in range(12):  # leaf first: a record's parent is only free once its children are gone
-                left = [r["ID"] for r in client.df().get("BuildCache") or []
-                        if r["ID"] in targets and not r.get("Shared") and not r.get("InUse")]
-                if not left:
-                    return
-                for record in left:
-                    client.api.prune_builds(filters={"id": [record]})
         finally:
             client.close()
+        self._prune(lambda records: [r["ID"] for r in records
+                                     if r["ID"] in targets and not r.get("Shared") and not r.get("InUse")])
 
     def build_logged(self, folder: Path, tag: str, no_cache: bool) -> tuple[float, str]:
         """`docker build -t TAG .` in `folder` (its ./Dockerfile), as build.Engine.build does it (the CA
