@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 from deploy_helpers import ngcx, one_inference
 
+from conftest import ctrl_c_able
+
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 
@@ -135,7 +137,7 @@ def test_deploy_bad_input_is_one_line_exit_2(project, state, args, expect):
 def test_ctrl_c_during_a_deploy_removes_its_container_and_says_so(project, docker_client, state):
     proc = subprocess.Popen([sys.executable, "-m", "ngcx", "deploy", "--cloud", "local", "--", "sleep", "300"],
                             cwd=project, env={**os.environ, **state}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=ctrl_c_able)
     deadline = time.monotonic() + 60
     while not docker_client.containers.list(filters={"label": "ai.ngcx.deployment"}, all=True) or not (
             Path(state["NGCX_STATE_DIR"]) / "state.db").exists() or not records(project, state)[0]["container"]:
