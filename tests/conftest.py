@@ -13,6 +13,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -55,6 +56,14 @@ def run_ngcx(*args: str, input: str | None = None, env: dict[str, str] | None = 
     """Run the real `ngcx` command as a user would: exit code, stdout and stderr as seen."""
     return subprocess.run([sys.executable, "-m", "ngcx", *args], input=input, capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def ctrl_c_able() -> None:
+    """preexec_fn for a child that a test interrupts with SIGINT: SIGINT back to its default action.
+    A suite started in the background by a script (nohup, or `&` without job control) hands SIGINT down
+    ignored, and a Python started so never turns SIGINT into KeyboardInterrupt: the child would sleep
+    through the test's Ctrl-C. A terminal's Ctrl-C always finds the default action, as here."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="session")

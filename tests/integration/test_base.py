@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import missing, run_ngcx
+from conftest import ctrl_c_able, missing, run_ngcx
 
 pytestmark = pytest.mark.docker
 
@@ -79,7 +79,7 @@ def test_interrupted_bootstrap_leaves_nothing_behind(docker_client, isolated_sta
     workdir = tmp_path / "work"
     proc = subprocess.Popen([sys.executable, "-m", "ngcx", "base", "bootstrap", "--tag", tag,
                              "--mirror", MIRROR, "--workdir", str(workdir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_able)
     deadline = time.monotonic() + 60
     while not list(workdir.glob("*/rootfs/var/cache/apt/archives/*.deb")):
         assert proc.poll() is None, proc.communicate()
