@@ -9,6 +9,7 @@ Stage0 += apt_get(ospackages=['ca-certificates', 'libgomp1', 'python3', 'python3
 Stage0 += shell(commands=['python3 -m venv /opt/ngcx/venv', 'mkdir -p /etc/ngcx'])
 Stage0 += environment(variables={'VIRTUAL_ENV': '/opt/ngcx/venv', 'PATH': '/opt/ngcx/venv/bin:$PATH'})
 Stage0 += pip(pip='pip', ospackages=[], packages=['nvidia-cuda-runtime-cu12==12.4.127', 'nvidia-cublas-cu12==12.4.5.8', 'nvidia-cudnn-cu12==9.1.0.70', 'nvidia-nccl-cu12==2.21.5'])
+Stage0 += pip(pip='pip', ospackages=[], packages=['grpcio>=1.62', 'protobuf>=4.21'])
 Stage0 += copy(src='ngcx-runtime/', dest='/opt/ngcx/src/ngcx-runtime/')
 Stage0 += pip(pip='pip', ospackages=[], packages=['/opt/ngcx/src/ngcx-runtime'])
 Stage0 += copy(src='tests/', dest='/opt/ngcx/tests/')
