@@ -552,10 +552,15 @@ def notes(ms: list[Measurement], stack_bytes: float, common: int | None, parting
             losses.append(f"{label} by {ours.wall.median / peer.wall.median - 1:.0%} ({spread})")
     if losses:
         out.append("ngcx is slower than hpccm on " + "; ".join(losses) + ". Same steps, so the difference is "
-                   "what ngcx's RUN steps do on top: the python-version check, the constraints file, stripping "
-                   "the wheels' headers and static libraries, ldconfig over their lib folders, apt through "
-                   "BuildKit cache mounts. That work is the pins check and the pins file every later install "
-                   "obeys; where the ranges overlap it is within this machine's noise.")
+                   "what ngcx's RUN steps do on top. Chiefly pip's download cache: ngcx keeps it in a BuildKit "
+                   "cache mount, so a rebuild reads the unchanged CUDA wheels back from it, where hpccm's "
+                   "`pip --no-cache-dir` downloads them again; behind this machine's nearby proxy the download is "
+                   "the faster of the two (tried by hand: with --no-cache-dir the wheels step took hpccm's time; "
+                   "with pip 25 in the venv it did not), on a slow or metered link the cache is. The rest (the "
+                   "python-version check, the constraints file, stripping the wheels' headers and static "
+                   "libraries, ldconfig) is the pins check and the pins file every later install obeys. A build "
+                   "option to skip pip's cache where the index is near would close the gap; where the ranges "
+                   "overlap it is within this machine's noise.")
     bump = {t: med[f"{t}: rebuild after a patch bump"] for t in TOOLS}
     out.append(f"Patch bump (one CUDA wheel's pin): ngcx {bump['ngcx']:.1f} s, hpccm {bump['hpccm']:.1f} s, naive "
                f"{bump['naive']:.1f} s: every tool reinstalls its whole CUDA wheel layer and all after it, since all "
