@@ -46,6 +46,11 @@ class Stats:
         vals = [round(v, 6) for v in values]
         return cls(min(vals), round(statistics.median(vals), 6), max(vals), vals)
 
+    def overlaps(self, other: Stats) -> bool:
+        """True when the two min..max ranges overlap: the difference is within this run's spread (a note
+        then calls it this machine's noise)."""
+        return self.min <= other.max and other.min <= self.max
+
 
 @dataclass
 class Measurement:

@@ -198,8 +198,6 @@ def notes(ms: list[Measurement], steps: dict[str, dict[str, dict[str, float]]], 
     "export"); `client`: case -> median seconds of `ngcx build` outside the engine build it reports (Python
     start, project and catalog load, the post-build checks and state record); `layers`: (instruction, bytes)
     each image adds on top of the base; `served`: the serve check."""
-    from bench.suites.build import overlaps
-
     by = {m.name: m for m in ms}
     labels = {case: label for case, (label, _) in CASES.items()}
 
@@ -208,7 +206,7 @@ def notes(ms: list[Measurement], steps: dict[str, dict[str, dict[str, float]]], 
 
     def verdict(case: str) -> str:
         ours, theirs = by[f"ngcx: {labels[case]}"].wall, by[f"naive: {labels[case]}"].wall
-        spread = "ranges overlap" if overlaps(ours, theirs) else "ranges apart"
+        spread = "ranges overlap" if ours.overlaps(theirs) else "ranges apart"
         if ours.median <= theirs.median:
             return f"ngcx {theirs.median / ours.median:.1f}x as fast ({spread})"
         return f"ngcx {ours.median / theirs.median - 1:.0%} slower ({spread})"

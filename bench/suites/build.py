@@ -522,11 +522,6 @@ def common_layers(a: list[str], b: list[str]) -> int:
     return n
 
 
-def overlaps(a: Stats, b: Stats) -> bool:
-    """True when two figures' min..max ranges overlap: the difference is within this run's spread."""
-    return a.min <= b.max and b.min <= a.max
-
-
 def notes(ms: list[Measurement], stack_bytes: float, common: int | None, parting: str | None) -> list[str]:
     """Why ngcx wins or loses each figure, from this run's numbers, and what would fix a loss.
 
@@ -548,7 +543,7 @@ def notes(ms: list[Measurement], stack_bytes: float, common: int | None, parting
     for label in ("cold build", "rebuild after editing one app file", "rebuild after a patch bump"):
         ours, peer = by[f"ngcx: {label}"], by[f"hpccm: {label}"]
         if ours.wall.median > peer.wall.median:
-            spread = "ranges overlap" if overlaps(ours.wall, peer.wall) else "ranges apart"
+            spread = "ranges overlap" if ours.wall.overlaps(peer.wall) else "ranges apart"
             losses.append(f"{label} by {ours.wall.median / peer.wall.median - 1:.0%} ({spread})")
     if losses:
         out.append("ngcx is slower than hpccm on " + "; ".join(losses) + ". Same steps, so the difference is "

@@ -57,7 +57,7 @@ def local_note(by: dict[str, Measurement]) -> list[str]:
     head = f"Local: ngcx deploy {a.median:.2f} s, docker run by hand {b.median:.2f} s"
     if a.median <= b.median:
         return [f"{head}: ngcx as fast."]
-    spread = "ranges overlap: within this machine's noise" if a.min <= b.max and b.min <= a.max else "ranges apart"
+    spread = "ranges overlap: within this machine's noise" if a.overlaps(b) else "ranges apart"
     return [f"{head} ({a.median - b.median:+.2f} s, {spread}). Both start the same container and poll the same "
             "readiness URL; ngcx adds its own start (Python, the image's labels and the driver check), the deploy "
             "record written before and after the container starts, and a free port found for it. A resident ngcx "
