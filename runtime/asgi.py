@@ -26,11 +26,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import unquote
 
-from ngcx_runtime import __version__, inference
-from ngcx_runtime.framing import FramingError, strict_int
-from ngcx_runtime.metrics import CONTENT_TYPE
-from ngcx_runtime.protocol import ProtocolError, build_response, parse_header, parse_infer_request
-from ngcx_runtime.served import NotFound, ServedModel, ServeError
+from . import __version__, inference
+from .framing import FramingError, strict_int
+from .metrics import CONTENT_TYPE
+from .protocol import ProtocolError, build_response, parse_header, parse_infer_request
+from .served import NotFound, ServedModel, ServeError
 
 SERVER = f"ngcx-runtime/{__version__}"
 
@@ -50,7 +50,7 @@ class _Request:
 
     async def body(self, limit: int, limit_text: str) -> memoryview:
         """The whole body: preallocated from Content-Length (413 before reading when over the limit)."""
-        from ngcx_runtime.serve import _too_large
+        from .serve import _too_large
 
         declared = self.header("content-length")
         size = None
@@ -103,7 +103,7 @@ class AsgiApp:
 
     async def _send(self, req: _Request, send: Any, status: int, body: bytes, ctype: str,
                     extra: list[tuple[bytes, bytes]]) -> None:
-        from ngcx_runtime.serve import _compress, _response_coding
+        from .serve import _compress, _response_coding
 
         coding = _response_coding(req.header("accept-encoding"))
         if coding:
@@ -119,7 +119,7 @@ class AsgiApp:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     async def route(self, req: _Request) -> tuple[int, bytes, str, list]:
-        from ngcx_runtime.serve import _peer
+        from .serve import _peer
 
         app = self.app
         path = req.path.rstrip("/")
@@ -161,7 +161,7 @@ class AsgiApp:
         return rest[0], None, tail
 
     def _model_get(self, rest: list[str], path: str) -> tuple[int, bytes, str, list]:
-        from ngcx_runtime.serve import _peer
+        from .serve import _peer
 
         app = self.app
         name, version, tail = self._model_path(rest)
@@ -189,7 +189,7 @@ class AsgiApp:
         raise ProtocolError(f"unknown path {_peer(path)}", 404)
 
     async def _infer(self, req: _Request, rest: list[str], path: str) -> tuple[int, bytes, str, list]:
-        from ngcx_runtime.serve import _peer
+        from .serve import _peer
 
         name, version, tail = self._model_path(rest)
         model: ServedModel = self.app.table.lookup(name, version)
@@ -212,7 +212,7 @@ class AsgiApp:
                 [(b"inference-header-content-length", str(header_len).encode())])
 
     def _infer_sync(self, model: ServedModel, engine: Any, req: _Request, body: memoryview):
-        from ngcx_runtime.serve import _decompress
+        from .serve import _decompress
 
         app = self.app
         encoding = (req.header("content-encoding") or "identity").strip().lower()
@@ -251,7 +251,7 @@ class AsgiApp:
         return doc
 
     async def _repository(self, req: _Request, rest: list[str], path: str) -> tuple[int, bytes, str, list]:
-        from ngcx_runtime.serve import _load_override, _only_keys, _peer
+        from .serve import _load_override, _only_keys, _peer
 
         known = rest == ["index"] or (len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"))
         if not known:
@@ -287,7 +287,7 @@ class AsgiApp:
         return _ok({})
 
     async def _shared_memory(self, req: _Request, rest: list[str], path: str) -> tuple[int, bytes, str, list]:
-        from ngcx_runtime.serve import _only_keys, _peer
+        from .serve import _only_keys, _peer
 
         app = self.app
         kind, rest = rest[0], rest[1:]

@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from ngcx_runtime.engine import Engine
-from ngcx_runtime.errors import InvalidInput
+from .engine import Engine
+from .errors import InvalidInput
 
 
 @dataclass

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from ngcx_runtime.engine import Engine, TensorSpec
-from ngcx_runtime.errors import RuntimeUserError
+from .engine import Engine, TensorSpec
+from .errors import RuntimeUserError
 
 BENCH_VERSION = 1
 
@@ -56,7 +56,7 @@ class EnergyMeter:
     """NVML's cumulative energy counter (mJ) around a measured window; n/a without NVML."""
 
     def __init__(self) -> None:
-        from ngcx_runtime import probe
+        from . import probe
 
         self.nvml = None
         self.reason = None
@@ -169,7 +169,7 @@ class _StdlibClient:
         self.path = f"/v2/models/{model}/infer"
 
     def infer(self, feeds: dict[str, np.ndarray], specs: list[TensorSpec], outputs: list[str]) -> None:
-        from ngcx_runtime.engine import NUMPY_TO_KSERVE
+        from .engine import NUMPY_TO_KSERVE
 
         header = {
             "inputs": [
@@ -210,7 +210,7 @@ def _client_factory(url: str, model: str, engine_inputs: list[TensorSpec], outpu
             return lambda feeds: c.infer(feeds, engine_inputs, outputs)
 
         return make_std, "http.client (binary tensor extension)"
-    from ngcx_runtime.engine import NUMPY_TO_KSERVE
+    from .engine import NUMPY_TO_KSERVE
 
     host = url.split("://", 1)[-1].rstrip("/")
 
@@ -312,7 +312,7 @@ def bench(
     calibration: dict[str, np.ndarray] | None = None,
     backend: str | None = None,
 ) -> dict[str, Any]:
-    from ngcx_runtime import plan as planmod
+    from . import plan as planmod
 
     target = Path(target)
     engine = planmod.load(target, backend=backend)
@@ -357,7 +357,7 @@ def _bench_served(
 ) -> list[dict]:
     if url:
         return bench_http(url, engine.name, engine, batches, concurrency, duration, meter)
-    from ngcx_runtime.serve import start_server
+    from .serve import start_server
 
     max_batch = max(batches) if not engine.max_batch else None
     with start_server(engine, port=0, name=engine.name, max_batch=max_batch) as handle:
@@ -379,7 +379,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ngcx_runtime.optimize import load_calibration, parse_batches
+    from .optimize import load_calibration, parse_batches
 
     if args.duration <= 0:
         raise RuntimeUserError(f"--duration {args.duration}: must be positive seconds")

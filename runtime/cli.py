@@ -19,16 +19,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ngcx-runtime", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        importlib.import_module(f"ngcx_runtime.{name}").add_parser(sub)
+        importlib.import_module(f".{name}", __package__).add_parser(sub)
     return parser
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exception types that carry a one-line message for the user (exit 2, no traceback)."""
-    from ngcx_runtime.errors import RuntimeUserError
+    from .errors import RuntimeUserError
 
     found: list[type[BaseException]] = [RuntimeUserError]
-    serve = sys.modules.get("ngcx_runtime.serve")
+    serve = sys.modules.get(f"{__package__}.serve")
     if serve is not None and hasattr(serve, "ServeError"):
         found.append(serve.ServeError)
     return tuple(found)

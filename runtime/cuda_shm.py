@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ngcx_runtime.protocol import ProtocolError
+from .protocol import ProtocolError
 
 HANDLE_BYTES = 64                      # CU_IPC_HANDLE_SIZE
 LAZY_ENABLE_PEER_ACCESS = 1            # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from email.message import Message
 from typing import BinaryIO
 
-from ngcx_runtime.protocol import ProtocolError
+from .protocol import ProtocolError
 
 _DIGITS = re.compile(rb"[0-9]{1,18}")           # 18 digits: far above any body limit, below int64
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,15}")

@@ -31,17 +31,17 @@ from collections.abc import Callable
 from concurrent import futures
 from typing import Any
 
-from ngcx_runtime import __version__, inference
-from ngcx_runtime.errors import RuntimeUserError
-from ngcx_runtime.grpc_proto import SERVICE, message, methods
-from ngcx_runtime.protocol import (
+from . import __version__, inference
+from .errors import RuntimeUserError
+from .grpc_proto import SERVICE, message, methods
+from .protocol import (
     BYTES,
     ProtocolError,
     output_bytes,
     parse_infer_request,
     shm_output,
 )
-from ngcx_runtime.served import NotFound
+from .served import NotFound
 
 DEFAULT_WORKERS = 64          # RPCs handled at once (each inference waits in its batcher)
 # typed `contents` field for each KServe datatype (FP16 / BF16 have none: they travel raw)
@@ -168,7 +168,7 @@ class Service:
         return message("ModelReadyResponse")(ready=model.ready and not self.app.draining)
 
     def ServerMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
-        from ngcx_runtime.serve import SERVER_NAME
+        from .serve import SERVER_NAME
 
         return message("ServerMetadataResponse")(name=SERVER_NAME, version=__version__,
                                                  extensions=self.app.extensions())
@@ -368,7 +368,7 @@ def _check_free(host: str, port: int) -> None:
     """Refuse a taken port with one line before grpc tries it (grpc's own failure logs a C-core error)."""
     import socket
 
-    from ngcx_runtime.served import ServeError
+    from .served import ServeError
 
     if port == 0:
         return
@@ -411,7 +411,7 @@ def start(app: Any, host: str, port: int, *, max_message_bytes: int, workers: in
     reuse_port: bind with SO_REUSEPORT so several server processes share the port (serve --mps);
     off otherwise, so a port already taken is an error instead of a silent second listener.
     """
-    from ngcx_runtime.served import ServeError
+    from .served import ServeError
 
     try:
         import grpc

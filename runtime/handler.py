@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from ngcx_runtime.engine import BYTES, KSERVE_TO_NUMPY, Engine, TensorSpec
-from ngcx_runtime.errors import InvalidInput, RuntimeUserError
+from .engine import BYTES, KSERVE_TO_NUMPY, Engine, TensorSpec
+from .errors import InvalidInput, RuntimeUserError
 
 __all__ = ["Context", "HandlerEngine", "InvalidInput", "load_handler"]
 

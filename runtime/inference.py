@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from ngcx_runtime.batching import BadRequest, EngineFailure, ShuttingDown
-from ngcx_runtime.errors import RuntimeUserError
-from ngcx_runtime.protocol import InferRequest, ProtocolError
-from ngcx_runtime.served import ServedModel
+from .batching import BadRequest, EngineFailure, ShuttingDown
+from .errors import RuntimeUserError
+from .protocol import InferRequest, ProtocolError
+from .served import ServedModel
 
 
 def run(model: ServedModel, req: InferRequest) -> dict[str, np.ndarray]:
@@ -50,7 +50,7 @@ def peer_text(text: str, limit: int = 80) -> str:
 def load_override(params: dict[str, Any], name: str):
     """A load request's parameters: an optional `config` (a JSON string of model config, as
     tritonclient's load_model(config=...) sends) used instead of the one on disk."""
-    from ngcx_runtime.repository import parse_config, parse_json
+    from .repository import parse_config, parse_json
 
     override = None
     for key, value in params.items():

@@ -65,7 +65,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ngcx_runtime.probe import probe
+    from .probe import probe
 
     report = probe(args.lib_path)
     if args.json:

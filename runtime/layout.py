@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ngcx_runtime.engine import BYTES, Engine
-from ngcx_runtime.errors import RuntimeUserError
+from .engine import BYTES, Engine
+from .errors import RuntimeUserError
 
 RTOL = 1e-2          # batch-size dependent kernels (GEMM tiling, FP16) change the last bits, not more
 ATOL_SCALE = 1e-2    # absolute tolerance, relative to the largest magnitude of the output

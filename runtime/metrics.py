@@ -123,7 +123,7 @@ class GpuGauges:
         self._energy0: dict[int, int] = {}
         try:
             if nvml_factory is None:
-                from ngcx_runtime.probe import Nvml
+                from .probe import Nvml
 
                 nvml_factory = Nvml
             nvml = nvml_factory()

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ngcx_runtime.errors import RuntimeUserError
+from .errors import RuntimeUserError
 
 MPS_CONTROL = "nvidia-cuda-mps-control"
 DEFAULT_PIPE_DIR = "/tmp/ngcx-mps/pipe"
@@ -200,7 +200,7 @@ class _Child:
 
 def supervise(args: argparse.Namespace) -> int:
     """Run N children behind one port until SIGTERM/SIGINT; exit 2 when one fails to start serving."""
-    from ngcx_runtime.served import ServeError
+    from .served import ServeError
 
     n = args.mps if args.mps is not None else args.processes
     pipe_dir, log_dir = pipe_dirs()

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from ngcx_runtime.errors import RuntimeUserError
-from ngcx_runtime.plan import (
+from .errors import RuntimeUserError
+from .plan import (
     MANIFEST,
     PLAN_FORMAT,
     PRECISIONS,
@@ -183,7 +183,7 @@ def optimize(
     calibration_path: Path | None = None,
 ) -> OptimizeResult:
     """Build (or fetch from the cache) the plan for `model`, copy it to out_dir if given."""
-    from ngcx_runtime import backends
+    from . import backends
 
     start = time.perf_counter()
     model = Path(model).resolve()
@@ -226,7 +226,7 @@ def _build(
     try:
         fields = mod.optimize(model, tmp, opts)
         if fields.get("device") == "cpu":  # e.g. ORT without a GPU EP: tied to the CPU, not the GPU
-            from ngcx_runtime.plan import cpu_target
+            from .plan import cpu_target
 
             target = cpu_target()
         manifest = {
@@ -294,7 +294,7 @@ def run(args: argparse.Namespace) -> int:
     calib = sha = None
     if args.calibration_data is not None:
         calib, sha = load_calibration(args.calibration_data)
-    from ngcx_runtime.plan import _model_name
+    from .plan import _model_name
 
     opts = OptimizeOptions(
         precision=args.precision,

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from ngcx_runtime.engine import Engine
-from ngcx_runtime.errors import RuntimeUserError
+from .engine import Engine
+from .errors import RuntimeUserError
 
 MANIFEST = "manifest.json"
 PLAN_FORMAT = 1
@@ -41,7 +41,7 @@ class OptimizeOptions:
 def runtime_version() -> str:
     """ngcx-runtime's version, part of every manifest: the package's own, never distribution
     metadata (images install the distribution `ngcx-runtime`, a dev checkout `ngcx`)."""
-    from ngcx_runtime import __version__
+    from . import __version__
 
     return __version__
 
@@ -56,7 +56,7 @@ def sha256_file(path: Path) -> str:
 
 def host_target() -> dict[str, Any]:
     """What a plan built here is tied to: the first GPU's name + compute capability, or "cpu"."""
-    from ngcx_runtime import probe
+    from . import probe
 
     gpus = probe.gpus()
     if not gpus:
@@ -145,7 +145,7 @@ def load(path: str | Path, backend: str | None = None, rebuild: bool = True,
     device places one instance (serve --instances / --gpus): None = the backend's default, an int
     = that GPU, "cpu" = the CPU.
     """
-    from ngcx_runtime import backends
+    from . import backends
 
     path = Path(path)
     if not path.exists():
@@ -176,7 +176,7 @@ def _model_name(path: Path) -> str:
 
 
 def _load_plan(plan_dir: Path, backend: str | None, rebuild: bool, device: int | str | None = None) -> Engine:
-    from ngcx_runtime import backends
+    from . import backends
 
     manifest = read_manifest(plan_dir)
     if backend and backend != manifest["backend"]:
@@ -198,7 +198,7 @@ def _load_plan(plan_dir: Path, backend: str | None, rebuild: bool, device: int |
     source = manifest.get("source", {})
     src = Path(source.get("path", ""))
     if rebuild and src.is_file() and sha256_file(src) == source.get("sha256"):
-        from ngcx_runtime.optimize import optimize, options_from_manifest
+        from .optimize import optimize, options_from_manifest
 
         print(f"ngcx-runtime: plan {plan_dir} {why}; rebuilding from {src}", file=sys.stderr)
         result = optimize(src, None, options_from_manifest(manifest), backend=manifest["backend"])

@@ -472,8 +472,8 @@ def gpus() -> list[dict[str, Any]]:
 
 def probe(extra_dirs: Iterable[str | Path] | None = None) -> dict[str, Any]:
     """The full report behind `ngcx-runtime info --json` (shape documented in info.py)."""
-    from ngcx_runtime import __version__
-    from ngcx_runtime.backends import availability_report
+    from . import __version__
+    from .backends import availability_report
 
     driver, gpu_list, note = driver_and_gpus()
     libs = libraries(extra_dirs)

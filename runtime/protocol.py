@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ngcx_runtime.engine import BYTES, BYTES_DTYPE, KSERVE_TO_NUMPY, NUMPY_TO_KSERVE, TensorSpec
+from .engine import BYTES, BYTES_DTYPE, KSERVE_TO_NUMPY, NUMPY_TO_KSERVE, TensorSpec
 
 # Datatypes the protocol knows but numeric engines cannot take: rejected with a clear message.
 # BYTES is accepted where the model declares it (handlers); BF16 never.

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ngcx_runtime.errors import RuntimeUserError
+from .errors import RuntimeUserError
 
 CONFIG_FILES = ("config.json", "config.yaml", "config.yml")
 MODEL_FILES = ("model.onnx", "model.pt2")

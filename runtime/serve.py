@@ -81,15 +81,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from ngcx_runtime import __version__, inference
-from ngcx_runtime.batching import Batcher
-from ngcx_runtime.cuda_shm import CudaSharedMemory
-from ngcx_runtime.engine import Engine
-from ngcx_runtime.errors import RuntimeUserError
-from ngcx_runtime.framing import Framing, FramingError, read_chunked, request_framing, strict_int
-from ngcx_runtime.metrics import CONTENT_TYPE, GpuGauges, MetricsServer, render
-from ngcx_runtime.protocol import ProtocolError, build_response, parse_header, parse_infer_request
-from ngcx_runtime.served import (
+from . import __version__, inference
+from .batching import Batcher
+from .cuda_shm import CudaSharedMemory
+from .engine import Engine
+from .errors import RuntimeUserError
+from .framing import Framing, FramingError, read_chunked, request_framing, strict_int
+from .metrics import CONTENT_TYPE, GpuGauges, MetricsServer, render
+from .protocol import ProtocolError, build_response, parse_header, parse_infer_request
+from .served import (
     DEFAULT_MAX_BATCH,
     PLATFORMS,
     ModelTable,
@@ -100,7 +100,7 @@ from ngcx_runtime.served import (
     instance_devices,
     resolve_max_batch,
 )
-from ngcx_runtime.shm import POLICIES, PeerView, SharedMemory
+from .shm import POLICIES, PeerView, SharedMemory
 
 __all__ = ["DEFAULT_MAX_BATCH", "PLATFORMS", "ServeError", "ServerHandle", "load_engine", "start_loading",
            "start_repository", "start_server"]
@@ -951,7 +951,7 @@ def start_loading(loader: Callable[..., Engine], host: str = "127.0.0.1", port: 
             if warmup:
                 model.attach(engines)
             else:
-                from ngcx_runtime.layout import prepare
+                from .layout import prepare
 
                 layout = prepare(engines[0], resolve_max_batch(engines[0], max_batch), run=False)
                 model.attach(engines, layout, warm=False)
@@ -1021,7 +1021,7 @@ def _listen(app: _App, host: str, port: int, max_connections: int = DEFAULT_MAX_
     app.max_connections = max_connections
     try:
         if _transport(transport) == "uvicorn":
-            from ngcx_runtime.asgi import AsgiServer
+            from .asgi import AsgiServer
 
             server: Any = AsgiServer(app, host, port, max_connections, reuse_port)
         else:
@@ -1054,7 +1054,7 @@ def _listen(app: _App, host: str, port: int, max_connections: int = DEFAULT_MAX_
             raise ServeError(f"cannot listen on {host}:{metrics_port} for metrics: {exc.strerror or exc}; "
                              "pick another --metrics-port") from None
     if grpc_port is not None:
-        from ngcx_runtime import grpc_service
+        from . import grpc_service
 
         try:
             app.grpc = grpc_service.start(app, host, grpc_port, max_message_bytes=app.max_body, reuse_port=reuse_port)
@@ -1164,7 +1164,7 @@ def load_engine(model: str | Path | None, *, handler: str | None = None, app_dir
                 log: Callable[[str], None] | None = None, device: int | str | None = None) -> Engine:
     """The engine `serve` runs: the model (optimized through the plan cache when a precision, batch
     profile or calibration file is given), wrapped in the handler when there is one."""
-    from ngcx_runtime.plan import load
+    from .plan import load
 
     engine: Engine | None = None
     if model is not None:
@@ -1174,7 +1174,7 @@ def load_engine(model: str | Path | None, *, handler: str | None = None, app_dir
             path = _cached_plan(path, backend, precision or "fp32", batch_profile, calibration, name, log or print)
         engine = load(path, backend=backend, device=device)
     if handler is not None:
-        from ngcx_runtime.handler import load_handler
+        from .handler import load_handler
 
         engine = load_handler(handler, Path(app_dir) if app_dir else None, engine=engine,
                               model_path=Path(model).resolve() if model is not None else None, name=name)
@@ -1187,8 +1187,8 @@ def _cached_plan(model: Path, backend: str | None, precision: str, batch_profile
                  calibration: str | Path | None, name: str | None, log: Callable[[str], None]) -> Path:
     """Optimize through optimize.py's cache (keyed by model hash, backend version, GPU, precision,
     batch profile, calibration): the first start builds, every later one is a cache hit."""
-    from ngcx_runtime.optimize import load_calibration, optimize
-    from ngcx_runtime.plan import OptimizeOptions, _model_name
+    from .optimize import load_calibration, optimize
+    from .plan import OptimizeOptions, _model_name
 
     calib = sha = None
     if calibration is not None:
@@ -1211,7 +1211,7 @@ def _cached_plan(model: Path, backend: str | None, precision: str, batch_profile
 
 def _check_args(args: argparse.Namespace) -> list[int] | None:
     """Everything checkable without loading, so a typo exits 2 before the server listens."""
-    from ngcx_runtime.errors import RuntimeUserError
+    from .errors import RuntimeUserError
 
     check_limits(args.max_batch, args.name, args.max_queue_delay_ms, args.max_body_mb, args.max_connections,
                  args.metrics_port, args.grpc_port)
@@ -1234,7 +1234,7 @@ def _check_args(args: argparse.Namespace) -> list[int] | None:
     if args.model is not None and not Path(args.model).exists():
         raise RuntimeUserError(f"{args.model}: no such model or plan directory")
     if args.handler is not None:
-        from ngcx_runtime.handler import parse_spec
+        from .handler import parse_spec
 
         parse_spec(args.handler)
         if args.app_dir is not None and not Path(args.app_dir).is_dir():
@@ -1251,7 +1251,7 @@ def _check_args(args: argparse.Namespace) -> list[int] | None:
                          "--calibration-data apply to a MODEL file (or rebuild it with ngcx-runtime optimize)")
     if args.batch_profile is None:
         return None
-    from ngcx_runtime.optimize import parse_batches
+    from .optimize import parse_batches
 
     try:
         return parse_batches(args.batch_profile)
@@ -1274,7 +1274,7 @@ def _parse_gpus(text: str | None) -> list[int] | None:
 
 def _repository_root(args: argparse.Namespace) -> Path | None:
     """MODEL is a repository when it is a folder without a plan manifest (repository.is_repository)."""
-    from ngcx_runtime.repository import is_repository
+    from .repository import is_repository
 
     if args.model is None:
         return None
@@ -1284,7 +1284,7 @@ def _repository_root(args: argparse.Namespace) -> Path | None:
 
 def _check_repository_args(args: argparse.Namespace) -> None:
     """Per-model flags belong in DIR/<model>/config.json; a repository must hold at least one model."""
-    from ngcx_runtime.repository import model_names, valid_name
+    from .repository import model_names, valid_name
 
     root = Path(args.model)
     per_model = [flag for flag, value in (("--handler", args.handler), ("--name", args.name),
@@ -1304,7 +1304,7 @@ def _check_repository_args(args: argparse.Namespace) -> None:
 
 def _default_name(args: argparse.Namespace) -> str:
     """The URL name before the engine exists: --name, the plan's, the model file's, or the handler module's."""
-    from ngcx_runtime.plan import _model_name, read_manifest
+    from .plan import _model_name, read_manifest
 
     if args.name:
         return args.name
@@ -1322,7 +1322,7 @@ def run(args: argparse.Namespace) -> int:
     SIGTERM/SIGINT, drain in-flight requests, exit 0. A load failure: one line, exit 2."""
     batch_profile = _check_args(args)
     if (args.mps is not None or args.processes is not None) and not args.reuse_port:
-        from ngcx_runtime import mps
+        from . import mps
 
         return mps.supervise(args)
     stop = threading.Event()
@@ -1426,7 +1426,7 @@ def _run_repository(args: argparse.Namespace, root: Path, stop: threading.Event)
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m ngcx_runtime.serve ...`: the same command without the ngcx-runtime front end."""
-    from ngcx_runtime.errors import RuntimeUserError
+    from .errors import RuntimeUserError
 
     p = argparse.ArgumentParser(prog="ngcx-runtime serve", description=__doc__.split("\n\n")[0])
     _add_arguments(p)

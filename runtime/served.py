@@ -19,13 +19,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ngcx_runtime.batching import Batcher, Stats
-from ngcx_runtime.engine import Engine, TensorSpec
-from ngcx_runtime.errors import RuntimeUserError
-from ngcx_runtime.layout import BatchLayout, prepare, run_warmup, warmup_feeds
-from ngcx_runtime.metrics import ModelSample
-from ngcx_runtime.protocol import ProtocolError
-from ngcx_runtime.repository import ModelConfig, model_names, model_versions, read_config, valid_name
+from .batching import Batcher, Stats
+from .engine import Engine, TensorSpec
+from .errors import RuntimeUserError
+from .layout import BatchLayout, prepare, run_warmup, warmup_feeds
+from .metrics import ModelSample
+from .protocol import ProtocolError
+from .repository import ModelConfig, model_names, model_versions, read_config, valid_name
 
 READY, LOADING, UNAVAILABLE = "READY", "LOADING", "UNAVAILABLE"
 DEFAULT_MAX_BATCH = 256          # for engines without a bound of their own (max_batch == 0)
@@ -415,7 +415,7 @@ class ModelTable:
         return list(fresh.values())
 
     def _load_versions(self, entry: ModelEntry, override: ModelConfig | None) -> dict[str, ServedModel]:
-        from ngcx_runtime.plan import load
+        from .plan import load
 
         assert self.root is not None
         model_dir = self.root / entry.name

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ngcx_runtime.protocol import ProtocolError
+from .protocol import ProtocolError
 
 SHM_DIR = Path("/dev/shm")
 POLICIES = ("local", "any", "off")

@@ -21,7 +21,7 @@ import importlib
 from pathlib import Path
 from types import ModuleType
 
-from ngcx_runtime.errors import RuntimeUserError
+from ..errors import RuntimeUserError
 
 BACKENDS = ("tensorrt", "onnxruntime", "pytorch")
 _MODULES = {"tensorrt": "tensorrt", "onnxruntime": "onnxruntime", "pytorch": "pytorch"}
@@ -31,7 +31,7 @@ def get(name: str) -> ModuleType:
     """The backend module for a name; unknown names are a user error."""
     if name not in BACKENDS:
         raise RuntimeUserError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")
-    return importlib.import_module(f"ngcx_runtime.backends.{_MODULES[name]}")
+    return importlib.import_module(f".{_MODULES[name]}", __package__)
 
 
 def choose(model: Path, requested: str | None = None) -> ModuleType:

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from ngcx_runtime.engine import TensorSpec
-from ngcx_runtime.errors import RuntimeUserError
+from ..engine import TensorSpec
+from ..errors import RuntimeUserError
 
 NAME = "onnxruntime"
 MODEL_SUFFIXES = (".onnx",)

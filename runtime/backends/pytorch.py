@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ngcx_runtime.engine import TensorSpec
-from ngcx_runtime.errors import RuntimeUserError
+from ..engine import TensorSpec
+from ..errors import RuntimeUserError
 
 NAME = "pytorch"
 MODEL_SUFFIXES = (".pt2",)

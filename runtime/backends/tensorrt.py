@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ngcx_runtime.engine import TensorSpec
-from ngcx_runtime.errors import RuntimeUserError
+from ..engine import TensorSpec
+from ..errors import RuntimeUserError
 
 NAME = "tensorrt"
 MODEL_SUFFIXES = (".onnx",)
@@ -31,7 +31,7 @@ def availability() -> tuple[bool, str]:
         import tensorrt  # noqa: F401
     except ImportError:
         return False, "tensorrt is not installed"
-    from ngcx_runtime import probe
+    from .. import probe
 
     if not probe.gpus():
         return False, "tensorrt needs an NVIDIA GPU and none is visible"
@@ -201,7 +201,7 @@ def _deserialize(path: Path):
 
 
 def _io_specs(trt, engine) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    from ngcx_runtime.engine import NUMPY_TO_KSERVE
+    from ..engine import NUMPY_TO_KSERVE
 
     ins, outs = [], []
     for i in range(engine.num_io_tensors):
