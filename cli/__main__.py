@@ -1,3 +1,3 @@
-from ngcx.main import main
+from .main import main
 
 main()

@@ -1,4 +1,4 @@
-"""The `ngcx` command: a typer app whose subcommands live one module per stage of the flow.
+"""The `ngcx` command: a typer app assembled from commands/, one module per command or group.
 
 Start-up must stay fast (`ngcx --help` < 0.3 s, `ngcx render` no slower than hpccm: issue 13):
 command modules import only typer and the standard library at module level; catalogs, Jinja2, the
@@ -6,7 +6,7 @@ Docker SDK and cloud SDKs are imported inside the command functions that need th
 imports and registers only the module that owns CMD (COMMAND_OWNERS): the other fourteen modules
 cost ~0.05 s of every call and are only needed to list or reject commands (`--help`, no command,
 an unknown one), where all of them are registered exactly as before. The plain command lines of
-`ngcx render` and `ngcx catalog ls` do not even import typer (ngcx.fastpath): typer 0.29's parser
+`ngcx render` and `ngcx catalog ls` do not even import typer (commands/fastpath.py): typer 0.29's parser
 alone costs more than hpccm's whole render.
 """
 
@@ -18,12 +18,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from ngcx.errors import CheckFailed, UserError
+from .core.errors import CheckFailed, UserError
 
 if TYPE_CHECKING:
     import typer
 
-# Each module exposes register(app: typer.Typer). Order = order in `ngcx --help`.
+# Each module of commands/ exposes register(app: typer.Typer). Order = order in `ngcx --help`.
 COMMAND_MODULES = (
     "init", "catalog", "render", "base", "build", "lock", "test", "push", "login", "run",
     "deploy", "deployments", "hosts", "images", "doctor",
@@ -38,11 +38,11 @@ COMMAND_OWNERS = {
 }
 
 def stage_modules(names: Iterable[str] | None = None) -> Iterator[tuple[str, ModuleType]]:
-    """The stage modules (all, in `ngcx --help` order, unless `names` says which). A missing one is an
+    """The command modules of commands/ (all, in `ngcx --help` order, unless `names` says which). A missing one is an
     ImportError, never a silent gap: a deleted command module must fail `ngcx --help` and the CLI tests
     (issue 8)."""
     for name in COMMAND_MODULES if names is None else names:
-        yield name, importlib.import_module(f"ngcx.{name}")
+        yield name, importlib.import_module(f".commands.{name}", __package__)
 
 
 def modules_for(argv: Sequence[str]) -> tuple[str, ...]:
@@ -110,8 +110,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _run(args: list[str]) -> object:
-    """Run one command line: the hot commands' plain lines in ngcx.fastpath, everything else in typer."""
-    from ngcx import fastpath
+    """Run one command line: the hot commands' plain lines in commands/fastpath.py, everything else in typer."""
+    from .commands import fastpath
 
     if fastpath.run(args):
         return 0

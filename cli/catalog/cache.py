@@ -29,16 +29,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ngcx.errors import UserError
+from ..core.errors import UserError
 
 if TYPE_CHECKING:
-    from ngcx.catalog.complete import Catalog
+    from .complete import Catalog
 
 FORMAT = "ngcx-cache 1"
 MAX_ENTRY_BYTES = 4 << 20   # the shipped catalog's entry is ~40 KB
 MAX_ENTRIES = 32            # per kind: tests and edits make many catalogs; keep the newest
 # Modules whose code decides whether a catalog is valid or what the completed catalog holds.
-CODE_FILES = ("patterns.py", "yamlio.py", "schema.py", "rules.py", "complete.py", "model.py", "cache.py")
+# Paths under cli/ (the ngcx package folder).
+CODE_FILES = ("catalog/patterns.py", "core/yamlio.py", "catalog/schema.py", "catalog/rules.py", "catalog/complete.py",
+              "catalog/model.py", "catalog/cache.py")
 
 _code_digest: str | None = None
 
@@ -48,7 +50,7 @@ _code_digest: str | None = None
 
 def source_digest(files: list[Path] | tuple[Path, ...]) -> str:
     """sha256 over the ngcx version and the bytes of `files` (the code a cached result depends on)."""
-    from ngcx import __version__
+    from .. import __version__
 
     h = hashlib.sha256(f"ngcx {__version__}\0".encode())
     for file in files:
@@ -60,7 +62,7 @@ def code_digest() -> str:
     """The catalog code's digest, computed once per process."""
     global _code_digest
     if _code_digest is None:
-        here = Path(__file__).resolve().parent
+        here = Path(__file__).resolve().parent.parent
         _code_digest = source_digest([here / name for name in CODE_FILES])
     return _code_digest
 
@@ -174,7 +176,7 @@ def _tuples(data: dict[str, Any]) -> dict[str, Any]:
 
 def catalog_from_plain(data: dict[str, Any], source: str) -> Catalog:
     """Rebuild the Catalog that catalog_to_plain stored (any shape error raises: the caller treats it as a miss)."""
-    from ngcx.catalog.complete import BaseInfo, Catalog, ImageInfo, Pin, Release, ReleaseInfo
+    from .complete import BaseInfo, Catalog, ImageInfo, Pin, Release, ReleaseInfo
 
     bases = {name: BaseInfo(**b) for name, b in data["bases"].items()}
     releases: dict[str, dict[str, Release]] = {}
@@ -232,14 +234,14 @@ def load_catalog(path: str | Path | None = None) -> Catalog:
     Hit: the same Catalog a fresh load gives, without pydantic. Miss: read -> validate -> complete
     (model.validated_catalog raises CatalogInvalid / UserError exactly as without a cache), then stored.
     """
-    from ngcx import paths
+    from ..core import paths
 
     file = Path(path) if path else paths.registry_file()
     raw = _read_catalog(file)
     hit = cached_catalog(raw, str(file))
     if hit is not None:
         return hit
-    from ngcx.catalog.model import validated_catalog
+    from .model import validated_catalog
 
     cat = validated_catalog(_decode(raw, file), str(file))
     write_entry("catalog", catalog_key(raw), json.dumps(catalog_to_plain(cat), separators=(",", ":")).encode())

@@ -13,13 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ngcx.catalog.patterns import PIN
-from ngcx.errors import UserError
+from ..core.errors import UserError
+from .patterns import PIN
 
 if TYPE_CHECKING:
     from packaging.version import Version
 
-    from ngcx.catalog.schema import Base, CatalogSpec, ImageSpec, ReleaseSpec, Rules
+    from .schema import Base, CatalogSpec, ImageSpec, ReleaseSpec, Rules
 
 # ----------------------------------------------------------------------------- completed model
 
@@ -140,7 +140,7 @@ class Release:
 
     def labels(self) -> dict[str, str]:
         """ai.ngcx.* labels: one per pin, plus CUDA, driver floor and GPUs."""
-        from ngcx import naming
+        from ..core import naming
 
         out = {
             naming.LABEL_IMAGE: self.image,
@@ -190,7 +190,7 @@ class Catalog:
     def spec(self) -> CatalogSpec:
         """The validated schema model; from the cache it is re-validated from spec_data on first use."""
         if self._spec is None:
-            from ngcx.catalog.schema import CatalogSpec
+            from .schema import CatalogSpec
 
             self._spec = CatalogSpec.model_validate(self.spec_data)
         return self._spec

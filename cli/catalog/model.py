@@ -1,12 +1,12 @@
 """The catalog: load registry.yaml, validate its schema and compatibility rules, resolve refs.
 
 Separate steps, as cog does (parse -> validate -> complete), one module each:
-  parse     yamlio.py: YAML -> plain data, with line numbers, duplicate keys, deep nesting and
+  parse     core/yamlio.py: YAML -> plain data, with line numbers, duplicate keys, deep nesting and
             alias bombs caught (PyYAML silently keeps the last duplicate, which would hide a
             second `"24.05":` release);
   schema    schema.py: strict pydantic models (unknown keys rejected, typed versions);
   rules     rules.py: the compatibility rules, which are data in the same file; every violation
-            is collected as a typed Problem (cli/problems.py), not just the first;
+            is collected as a typed Problem (core/problems.py), not just the first;
   complete  complete.py: stacks resolved into each release, min driver / GPU range / labels.
 This module holds the entry points (load_catalog, validated_catalog, problems_of) and re-exports the
 names the rest of ngcx imports. Every load of bytes not seen before runs all steps, so a broken
@@ -18,23 +18,15 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from ngcx.catalog.cache import load_catalog
-from ngcx.catalog.complete import Catalog, Pin, Release, complete, parse_pin
-from ngcx.catalog.rules import Checker
-from ngcx.catalog.schema import (
-    PIN,
-    RELEASE_TAG,
-    CatalogSpec,
-    ReleaseSpec,
-    Rules,
-    _schema_errors,
-)
-from ngcx.catalog.yamlio import load_yaml
-from ngcx.errors import UserError
-from ngcx.problems import Problem, ProblemsFound
+from ..core.errors import UserError
+from ..core.problems import Problem, ProblemsFound
+from ..core.yamlio import load_yaml
+from .complete import Catalog, Pin, Release, complete, parse_pin
+from .rules import Checker
+from .schema import PIN, RELEASE_TAG, CatalogSpec, ReleaseSpec, Rules, _schema_errors
 
 __all__ = ["PIN", "RELEASE_TAG", "Catalog", "CatalogInvalid", "CatalogSpec", "Checker", "Pin", "Release",
-           "ReleaseSpec", "Rules", "complete", "load_catalog", "parse", "parse_pin", "problems_of", "validated_catalog"]
+           "ReleaseSpec", "Rules", "complete", "parse", "parse_pin", "problems_of", "validated_catalog"]
 
 
 # ----------------------------------------------------------------------------- parse

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion
 
-from ngcx.catalog.complete import _cc_key, _v, parse_pin
-from ngcx.catalog.schema import CC, DRIVER, RELEASE_TAG, CatalogSpec, CudaMajorRule, RangeRule, ReleaseSpec, Rules
-from ngcx.problems import Problem
+from ..core.problems import Problem
+from .complete import _cc_key, _v, parse_pin
+from .schema import CC, DRIVER, RELEASE_TAG, CatalogSpec, CudaMajorRule, RangeRule, ReleaseSpec, Rules
 
 # ----------------------------------------------------------------------------- rules
 

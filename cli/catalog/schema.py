@@ -13,12 +13,13 @@ from typing import Annotated, Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
+from ..core.problems import Problem
+
 # Re-exported: rules.py and model.py import the patterns from here, next to the schema that uses them.
-from ngcx.catalog.patterns import CC as CC
-from ngcx.catalog.patterns import DRIVER as DRIVER
-from ngcx.catalog.patterns import PIN as PIN
-from ngcx.catalog.patterns import RELEASE_TAG as RELEASE_TAG
-from ngcx.problems import Problem
+from .patterns import CC as CC
+from .patterns import DRIVER as DRIVER
+from .patterns import PIN as PIN
+from .patterns import RELEASE_TAG as RELEASE_TAG
 
 # Schema types for values that complete() computes with (int(), Version()): a malformed one must
 # stop at validation, not crash completion (a '$' spliced into full_driver did: test_fuzz_catalog.py).

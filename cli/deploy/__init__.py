@@ -4,6 +4,8 @@ The router (SkyPilot's shape, cloud-apis.md §11.2): every target is one module 
 with the same verbs — run (create or reuse a host and start the container), query, start, stop,
 terminate, logs, orphans — and a CAPABILITIES declaration (common.Capabilities). flow.py walks a
 deploy through them and the state store; nothing outside this package names a target's module.
+vm.py is what the VM clouds share; image.py says which image a deploy serves, bake.py makes host images,
+offers.py ranks instance types, store.py keeps the records, hostscript.py renders what a host runs.
 Only the standard library and typer load at import time: cloud SDKs are imported by the target
 that needs them, when it needs them.
 """
@@ -13,8 +15,6 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-import typer
-
 TARGETS = ("local", "aliyun", "aws")
 CLOUDS = tuple(t for t in TARGETS if t != "local")   # the VM clouds `--cloud any` ranks and fails over across
 VERBS = ("CAPABILITIES", "prepare", "run", "container_failure", "cleanup_failed", "query", "start", "stop",
@@ -23,7 +23,7 @@ VERBS = ("CAPABILITIES", "prepare", "run", "container_failure", "cleanup_failed"
 
 def target(cloud: str) -> ModuleType:
     """The module for `cloud`; an unknown name is one line naming the known ones."""
-    from ngcx.errors import UserError
+    from ..core.errors import UserError
 
     if cloud not in TARGETS:
         raise UserError(f"unknown cloud {cloud!r}", hint=f"use one of: {', '.join(TARGETS)}")
@@ -32,8 +32,3 @@ def target(cloud: str) -> ModuleType:
     assert not missing, f"deploy target {cloud} lacks {missing}"
     return module
 
-
-def register(app: typer.Typer) -> None:
-    from ngcx.deploy.command import register as register_deploy
-
-    register_deploy(app)

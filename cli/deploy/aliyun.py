@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ngcx.deploy import vm
-from ngcx.deploy.common import SERVE_PORT, Capabilities, CapacityError, DeployConfig, DeployRecord, HostStatus
-from ngcx.errors import UserError
+from ..core.errors import UserError
+from . import vm
+from .common import SERVE_PORT, Capabilities, CapacityError, DeployConfig, DeployRecord, HostStatus
 
 CAPABILITIES = Capabilities(stop_start_host=True, choose_instance=True, bake=True, list_orphans=True)
 NAME = "aliyun"
@@ -58,7 +58,7 @@ class Ecs:
         self.api.ecs("StopInstance", {"InstanceId": instance_id, "StoppedMode": "StopCharging"}, write=True)
 
     def delete(self, instance_id: str) -> None:
-        from ngcx.deploy.aliyun_api import AliyunError
+        from ..clouds.aliyun import AliyunError
 
         try:
             self.api.ecs("DeleteInstance", {"InstanceId": instance_id, "Force": True}, write=True)
@@ -80,8 +80,8 @@ class Ecs:
 
     def prepare_network(self, allow_from: str) -> None:
         """vSwitch per zone of the default VPC, and ngcx's security group (port 8000 open to allow_from)."""
-        from ngcx.deploy import store
-        from ngcx.deploy.aliyun_api import tag_params
+        from ..clouds.aliyun import tag_params
+        from . import store
 
         if self.security_group:
             return
@@ -108,7 +108,7 @@ class Ecs:
             vm.say(f"port {SERVE_PORT} of ngcx hosts is open to 0.0.0.0/0; restrict it with --allow-from CIDR")
 
     def create(self, spec: vm.CreateSpec) -> str:
-        from ngcx.deploy.aliyun_api import tag_params
+        from ..clouds.aliyun import tag_params
 
         if spec.zone not in (self.vswitches or {}):
             raise CapacityError("NoVSwitchInZone", spec.zone)
@@ -138,7 +138,7 @@ class Ecs:
         raise UserError(f"Cloud Assistant command on {instance_id} did not finish in {timeout:.0f} s")
 
     def create_image(self, instance_id: str, name: str, tags: dict[str, str], token: str) -> str:
-        from ngcx.deploy.aliyun_api import tag_params
+        from ..clouds.aliyun import tag_params
 
         return self.api.ecs("CreateImage", {"InstanceId": instance_id, "ImageName": name, **tag_params(tags)},
                             token=token, write=True)["ImageId"]
@@ -150,7 +150,7 @@ class Ecs:
 
     def host_images(self) -> list[tuple[str, str, str]]:
         """(image id, name, creation time) of the baked ngcx host images, oldest first."""
-        from ngcx.deploy.aliyun_api import tag_params
+        from ..clouds.aliyun import tag_params
 
         answer = self.api.ecs("DescribeImages", {"ImageOwnerAlias": "self", "Status": "Available", "PageSize": 100,
                                                  **tag_params({TAG_HOST_IMAGE: "1"})})
@@ -161,7 +161,7 @@ class Ecs:
         return FALLBACK_IMAGE
 
     def tagged(self, tags: dict[str, str]) -> list[str]:
-        from ngcx.deploy.aliyun_api import tag_params
+        from ..clouds.aliyun import tag_params
 
         ids, page = [], 1
         while True:
@@ -190,7 +190,7 @@ def _spot(spec: vm.CreateSpec) -> dict[str, Any]:
 
 
 def cloud_for(region: str) -> Ecs:
-    from ngcx.deploy.aliyun_api import Api
+    from ..clouds.aliyun import Api
 
     return Ecs(Api(region))
 
@@ -204,7 +204,7 @@ def has_credentials() -> bool:
 
 
 def region_of(config: DeployConfig) -> str:
-    from ngcx.deploy.aliyun_api import credentials
+    from ..clouds.aliyun import credentials
 
     return config.region or credentials().region or DEFAULT_REGION
 
@@ -216,7 +216,7 @@ def choose(config: DeployConfig) -> Any:
 
 def prepare(config: DeployConfig) -> vm.Plan:
     """Read-only checks: credentials work, an instance type fits, the image is in a registry."""
-    from ngcx import acr
+    from ..registry import acr
 
     picked = config.pick_push(lambda host: acr.region_of(host) is not None)
     if picked is None:
@@ -255,7 +255,7 @@ def _cloud(record: DeployRecord) -> Ecs:
 
 
 def orphans() -> list[dict[str, str]]:
-    from ngcx.deploy.aliyun_api import credentials
+    from ..clouds.aliyun import credentials
 
     default = credentials().region or DEFAULT_REGION
     return vm.orphans_in([cloud_for(region) for region in vm.record_regions(NAME, default)])

@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ngcx.deploy import vm
-from ngcx.deploy.common import SERVE_PORT, Capabilities, CapacityError, DeployConfig, DeployRecord, HostStatus
-from ngcx.errors import UserError
+from ..core.errors import UserError
+from . import vm
+from .common import SERVE_PORT, Capabilities, CapacityError, DeployConfig, DeployRecord, HostStatus
 
 CAPABILITIES = Capabilities(stop_start_host=True, choose_instance=True, bake=True, list_orphans=True)
 NAME = "aws"
@@ -103,7 +103,7 @@ class Ec2:
         self.api.call("ec2", "stop_instances", InstanceIds=[instance_id])
 
     def delete(self, instance_id: str) -> None:
-        from ngcx.deploy.aws_api import AwsError
+        from ..clouds.aws import AwsError
 
         try:
             self.api.call("ec2", "terminate_instances", InstanceIds=[instance_id])
@@ -151,8 +151,8 @@ class Ec2:
         self.instance_profile = self._instance_profile()
 
     def _security_group(self, vpc: str, allow_from: str) -> str:
-        from ngcx.deploy import store
-        from ngcx.deploy.aws_api import AwsError
+        from ..clouds.aws import AwsError
+        from . import store
 
         owner = store.owner_id()
         groups = self.api.call("ec2", "describe_security_groups", Filters=[
@@ -188,7 +188,7 @@ class Ec2:
 
     def _instance_profile(self) -> str:
         """NGCX_AWS_INSTANCE_PROFILE, else `ngcx-host` (made once: role for EC2 + AmazonSSMManagedInstanceCore)."""
-        from ngcx.deploy.aws_api import AwsError
+        from ..clouds.aws import AwsError
 
         own = os.environ.get("NGCX_AWS_INSTANCE_PROFILE")
         if own:
@@ -222,7 +222,7 @@ class Ec2:
 
     def create(self, spec: vm.CreateSpec) -> str:
         """RunInstances with spec.token; CapacityError when the zone has no stock for the type."""
-        from ngcx.deploy.aws_api import AwsError
+        from ..clouds.aws import AwsError
 
         subnet = (self.subnets or {}).get(spec.zone)
         if subnet is None:
@@ -292,7 +292,7 @@ class Ec2:
 
     def _send_command(self, instance_id: str, script: str, timeout: float) -> str:
         """SendCommand; an instance whose agent has not registered yet (InvalidInstanceId) is waited for."""
-        from ngcx.deploy.aws_api import AwsError
+        from ..clouds.aws import AwsError
 
         deadline, pause = time.monotonic() + AGENT_WAIT_S, 1.0
         while True:
@@ -313,7 +313,7 @@ class Ec2:
                 pause = min(5.0, pause * 1.5)
 
     def _invocation(self, command_id: str, instance_id: str) -> dict[str, Any] | None:
-        from ngcx.deploy.aws_api import AwsError
+        from ..clouds.aws import AwsError
 
         try:
             return self.api.call("ssm", "get_command_invocation", CommandId=command_id, InstanceId=instance_id)
@@ -327,7 +327,7 @@ class Ec2:
     def create_image(self, instance_id: str, name: str, tags: dict[str, str], token: str) -> str:
         """CreateImage has no ClientToken; the image name is unique per account and region, so a retry whose
         first answer was lost finds its image by name instead of making a second one (`token` is unused)."""
-        from ngcx.deploy.aws_api import AwsError
+        from ..clouds.aws import AwsError
 
         del token
         kinds = [{"ResourceType": kind, "Tags": _tags({**tags, "Name": name})} for kind in ("image", "snapshot")]
@@ -363,7 +363,7 @@ class Ec2:
 
     def fallback_image(self) -> str:
         """The ECS GPU-optimized AMI (NVIDIA driver, Docker, container runtime) from its public SSM parameter."""
-        from ngcx.deploy.aws_api import AwsError
+        from ..clouds.aws import AwsError
 
         if self._fallback is None:
             try:
@@ -418,7 +418,7 @@ def _market(spec: vm.CreateSpec) -> dict[str, Any]:
 
 
 def cloud_for(region: str) -> Ec2:
-    from ngcx.deploy.aws_api import Api
+    from ..clouds.aws import Api
 
     return Ec2(Api(region))
 
@@ -442,7 +442,7 @@ def has_credentials() -> bool:
 
 
 def default_region() -> str:
-    from ngcx.deploy.aws_api import default_region as configured
+    from ..clouds.aws import default_region as configured
 
     return configured() or DEFAULT_REGION
 
@@ -458,7 +458,7 @@ def choose(config: DeployConfig) -> Any:
 
 def prepare(config: DeployConfig) -> vm.Plan:
     """Read-only checks: an instance type fits, credentials work, the image is in a registry."""
-    from ngcx import ecr
+    from ..registry import ecr
 
     picked = config.pick_push(lambda host: ecr.region_of(host) is not None)
     if picked is None:
@@ -499,7 +499,7 @@ def _cloud(record: DeployRecord) -> Ec2:
 def orphans() -> list[dict[str, str]]:
     """Tagged instances no record owns. Intent is recorded before any cloud call, so a store without a
     single aws record has none: gc then makes no call (and needs no credentials or SDK)."""
-    from ngcx.deploy import store
+    from . import store
 
     if not store.records(cloud=NAME, include_gone=True):
         return []

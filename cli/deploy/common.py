@@ -14,7 +14,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ngcx.errors import UserError
+from ..core.errors import CapacityError as CapacityError  # part of the contract: a target raises it on no stock
+from ..core.errors import UserError
 
 # Where the seconds of a deploy go, in order (cold-start.md §7): cloud API calls, the host booting,
 # the image pull, the container start, and the model becoming ready (load + warm-up).
@@ -132,14 +133,6 @@ class HostStatus:
     address: str | None = None
     instance_type: str | None = None
     zone: str | None = None
-
-
-class CapacityError(Exception):
-    """The cloud has no stock for this type in this zone (NoStock, ZoneNotSupported…): try the next."""
-
-    def __init__(self, code: str, where: str) -> None:
-        self.code, self.where = code, where
-        super().__init__(f"{code} ({where})")
 
 
 class NoCapacity(UserError):

@@ -13,9 +13,9 @@ import time
 from types import ModuleType
 from typing import Any
 
-from ngcx.deploy import store, target
-from ngcx.deploy.common import FAILED, READY, STOPPED, DeployConfig, DeployRecord, NoCapacity, NotReady
-from ngcx.errors import UserError
+from ..core.errors import UserError
+from . import store, target
+from .common import FAILED, READY, STOPPED, DeployConfig, DeployRecord, NoCapacity, NotReady
 
 POLL_S = 0.1          # readiness poll interval: a local deploy's whole budget is ~3 s
 FAILURE_CHECK_S = 2.0  # default: how often a target is asked whether the container died (a cloud API call)
@@ -47,7 +47,7 @@ def deploy_any(config: DeployConfig, clouds: list[str]) -> DeployRecord:
     when a cloud has no capacity for any fitting type; each attempt is a record of its own."""
     from dataclasses import replace
 
-    from ngcx.deploy import offers
+    from . import offers
 
     order = offers.merged_order(choices_across(config, clouds))
     misses = []
@@ -93,7 +93,7 @@ def _reason(exc: BaseException) -> str:
 
 def wait_ready(module: ModuleType, record: DeployRecord, timeout: float) -> float:
     """Poll the endpoint's /v2/health/ready (the server answers it after load and warm-up)."""
-    from ngcx.project.client import Client
+    from ..project.client import Client
 
     client = Client(record.endpoint or "", timeout=5.0)
     start = last_check = time.monotonic()
@@ -140,3 +140,14 @@ def stop(record: DeployRecord) -> DeployRecord:
     module = target(record.cloud)
     record = module.stop(record)
     return store.update(record.id, status=STOPPED, pid=None)
+
+
+def clouds_with_credentials() -> list[str]:
+    """The clouds `--cloud any` may use: those whose credentials are configured (no API call made)."""
+    from ..deploy import CLOUDS, target
+
+    usable = [name for name in CLOUDS if target(name).has_credentials()]
+    if not usable:
+        raise UserError("--cloud any: no cloud has credentials here",
+                        hint="set ALIBABA_CLOUD_ACCESS_KEY_* or AWS credentials (a profile or AWS_ACCESS_KEY_ID)")
+    return usable

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from ngcx.credentials import Credentials
+from ..registry.credentials import Credentials
 
 USER_DATA_LIMIT = 16 * 1024  # ECS: raw user-data up to 16 KB (cloud-apis.md §5.1)
 
@@ -32,7 +32,7 @@ class HostJob:
 def _env():
     import jinja2
 
-    from ngcx import paths
+    from ..core import paths
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.recipes_dir() / "deploy")),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
@@ -46,7 +46,7 @@ def render(job: HostJob, mode: str) -> str:
         min_driver=job.min_driver, gpu_mode=job.gpu_mode, login=job.login, cmd=list(job.cmd),
         env=dict(job.env), port=job.port)
     if mode == "user-data" and len(text.encode()) > USER_DATA_LIMIT:
-        from ngcx.errors import UserError
+        from ..core.errors import UserError
 
         raise UserError(f"the host script is {len(text.encode())} bytes, over ECS's 16 KB user-data limit",
                         hint="shorten the CMD or environment passed to deploy")

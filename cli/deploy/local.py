@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from ngcx.deploy import store
-from ngcx.deploy.common import (
+from ..core.errors import UserError
+from . import store
+from .common import (
     IN_FLIGHT,
     PATH_LOCAL,
     REPLACED,
@@ -27,7 +28,6 @@ from ngcx.deploy.common import (
     DeployRecord,
     HostStatus,
 )
-from ngcx.errors import UserError
 
 CAPABILITIES = Capabilities(stop_start_host=False, choose_instance=False, bake=False, list_orphans=True)
 FAILURE_CHECK_S = 0.0   # asking the local engine whether the container died costs nothing
@@ -45,8 +45,8 @@ class Plan:
 
 def prepare(config: DeployConfig) -> Plan:
     """The engine answers, the image is here, and the GPU decision is made (driver checked)."""
-    from ngcx.engine import engine_client, image_or_none
-    from ngcx.host import check_driver, host_gpus, host_has_gpu
+    from ..core.engine import engine_client, image_or_none
+    from ..workstation.host import check_driver, host_gpus, host_has_gpu
 
     client = engine_client()
     if image_or_none(client, config.image) is None:
@@ -66,7 +66,7 @@ def run(config: DeployConfig, record: DeployRecord, plan: Plan) -> DeployRecord:
     """Swap out a previous deployment of the same image (keeping its port), start the container."""
     from docker.types import DeviceRequest
 
-    from ngcx.project.serving import free_port, plan_cache_dir
+    from ..project.serving import free_port, plan_cache_dir
 
     port = config.port or _swap_previous(plan.client, config.image, record.id) or free_port()
     kwargs: dict[str, Any] = {}
@@ -114,7 +114,7 @@ def _remove(client: Any, container_id: str | None) -> None:
 def _container(record: DeployRecord) -> Any:
     from docker.errors import NotFound
 
-    from ngcx.engine import engine_client
+    from ..core.engine import engine_client
 
     if not record.container:
         raise UserError(f"deployment {record.id} has no container", hint="deploy again")
@@ -144,7 +144,7 @@ def cleanup_failed(record: DeployRecord, plan: Plan) -> str:
 def query(record: DeployRecord) -> HostStatus:
     from docker.errors import NotFound
 
-    from ngcx.engine import engine_client
+    from ..core.engine import engine_client
 
     try:
         container = engine_client().containers.get(record.container or "")
@@ -165,7 +165,7 @@ def stop(record: DeployRecord) -> DeployRecord:
 
 
 def terminate(record: DeployRecord) -> DeployRecord:
-    from ngcx.engine import engine_client
+    from ..core.engine import engine_client
 
     _remove(engine_client(), record.container)
     return store.mark_destroyed(record.id)
@@ -177,7 +177,7 @@ def logs(record: DeployRecord, tail: int = 50) -> str:
 
 def orphans() -> list[dict[str, str]]:
     """Containers labelled by ngcx deploy (this state store's) that no live record owns."""
-    from ngcx.engine import engine_client
+    from ..core.engine import engine_client
 
     live = store.records(cloud="local")
     owned = {r.container for r in live if r.container}
@@ -194,7 +194,7 @@ def orphans() -> list[dict[str, str]]:
 
 
 def delete_orphan(item: dict[str, str]) -> None:
-    from ngcx.engine import engine_client
+    from ..core.engine import engine_client
 
     _remove(engine_client(), item["id"])
 

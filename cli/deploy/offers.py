@@ -43,8 +43,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ngcx.errors import UserError
-from ngcx.problems import Problem, ProblemsFound, schema_problems
+from ..core.errors import UserError
+from ..core.problems import Problem, ProblemsFound, schema_problems
 
 WORKLOADS = ("cnn", "rnn", "transformer")
 CLOUDS_DIR = Path(__file__).resolve().parent / "clouds"
@@ -214,7 +214,7 @@ def load_table(cloud: str, path: Path | None = None) -> tuple[list[InstanceType]
 @lru_cache(maxsize=8)
 def _load_cached(source: str, cloud: str, _mtime: int, _size: int) -> tuple[tuple[InstanceType, ...], dict]:
     """Parse once per file version: the dry run, the deploy and `ngcx deploy --explain` all ask."""
-    from ngcx.catalog.yamlio import read_text
+    from ..core.yamlio import read_text
 
     file = Path(source)
     data, lines = _parse(read_text(file, "check the instance table's path"), source)
@@ -233,7 +233,7 @@ def _load_cached(source: str, cloud: str, _mtime: int, _size: int) -> tuple[tupl
 
 def _parse(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
     """YAML -> (data, {path: line}) through the one limited loader; a non-mapping says what is expected."""
-    from ngcx.catalog.yamlio import load_mapping_with_lines
+    from ..core.yamlio import load_mapping_with_lines
 
     expected = "a mapping with cloud, currency, prices_as_of, sources and instance_types"
     try:
@@ -245,7 +245,7 @@ def _parse(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
 
 def _table_problems(table: _Table, cloud: str, source: str, lines: dict[tuple, int]) -> list[Problem]:
     """Rules across rows that the per-row schema cannot see."""
-    from ngcx.catalog.yamlio import where
+    from ..core.problems import where
 
     problems = []
     if table.cloud != cloud:

@@ -1,6 +1,6 @@
 """Deployments in the SQLite state store: intent before any cloud call, every transition after.
 
-Why its own module: cli/state.py owns the database (faults, migrations); this module owns what a
+Why its own module: state/db.py owns the database (faults, migrations); this module owns what a
 deployment row means. The rule that makes billed instances impossible to lose is here: a record
 exists (status `intent`, then `creating` with the RunInstances ClientToken) before the cloud is
 asked for anything, and it names the pid of the ngcx doing the work, so the next ngcx can tell an
@@ -15,9 +15,9 @@ import time
 import uuid
 from typing import Any
 
-from ngcx import state
-from ngcx.deploy.common import DESTROYED, IN_FLIGHT, INTENT, LIVE, DeployConfig, DeployRecord
-from ngcx.errors import UserError
+from ..core.errors import UserError
+from ..state import db as state
+from .common import DESTROYED, IN_FLIGHT, INTENT, LIVE, DeployConfig, DeployRecord
 
 COLUMNS = {"status", "region", "zone", "instance_type", "instance_id", "client_token", "host", "container",
            "endpoint", "model", "detail", "path", "pid", "spec", "phases"}

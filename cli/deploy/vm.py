@@ -23,8 +23,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ngcx.deploy import store
-from ngcx.deploy.common import (
+from ..core.errors import UserError
+from . import store
+from .common import (
     BOOTING,
     CREATING,
     IN_FLIGHT,
@@ -42,7 +43,6 @@ from ngcx.deploy.common import (
     HostStatus,
     NoCapacity,
 )
-from ngcx.errors import UserError
 
 BOOT_TIMEOUT_S = 900.0
 COMMAND_TIMEOUT_S = 900.0
@@ -92,7 +92,7 @@ class Plan:
 
 def choose(cloud_name: str, config: DeployConfig) -> Any:
     """The ranked instance types of `cloud_name`'s table for this image (its compute capabilities and driver floor)."""
-    from ngcx.deploy import offers
+    from . import offers
 
     caps = [c for c in config.labels.get("ai.ngcx.compute-capabilities", "").split(",") if c]
     return offers.choose(cloud_name, compute_capabilities=caps, driver_floor=config.labels.get("ai.ngcx.min-driver"),
@@ -213,7 +213,7 @@ def _wait_docker(cloud: Any, instance_id: str) -> None:
 
 
 def host_script(config: DeployConfig, record: DeployRecord, plan: Plan, mode: str) -> str:
-    from ngcx.deploy import hostscript
+    from . import hostscript
 
     job = hostscript.HostJob(record.id, plan.pull_ref, plan.registry, config.labels.get("ai.ngcx.min-driver", "0"),
                              config.gpu_mode, plan.login(), tuple(config.cmd), tuple(sorted(config.env.items())))

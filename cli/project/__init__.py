@@ -1,7 +1,9 @@
 """`ngcx.yaml` projects: a user's model and code built FROM a catalog release, with its guarantees.
 
 spec.py loads and validates the file (parse -> schema -> rules -> complete, like the catalog);
-the commands (init, build, lock, test, run) find the project with find_project_file().
+init.py writes a new project, lock.py pins its requirements, build.py and context.py build it,
+check.py tests it against examples.yaml, serving.py runs it; the commands (init, build, lock, test,
+run, deploy) find the project with find_project_file().
 """
 
 from __future__ import annotations

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ngcx.errors import UserError
-from ngcx.project.context import (
+from ..core.errors import UserError
+from .base import BaseImage, ensure_base
+from .context import (
     can_link,
     changed_layer,
     code_files,
@@ -40,30 +41,15 @@ from ngcx.project.context import (
     sync_context,
     tree_bytes,
 )
-from ngcx.project.pip_errors import pip_problem
+from .pip_errors import pip_problem
 
 if TYPE_CHECKING:
-    from ngcx.build import BuildOptions
-    from ngcx.catalog.model import Catalog
-    from ngcx.progress import ProgressParser
-    from ngcx.project.spec import Project
+    from ..build.image import BuildOptions
+    from ..catalog.model import Catalog
+    from ..core.progress import ProgressParser
+    from .spec import Project
 
 DOCKER_MARGIN = 256 << 20      # free space kept on the Docker data root beyond the model's two copies
-
-
-@dataclass(frozen=True)
-class BaseImage:
-    """The catalog image a project builds FROM, identified by content."""
-
-    ref: str                    # onnxruntime:25.08
-    tag: str                    # ngcx/onnxruntime:25.08-runtime
-    id: str                     # sha256:... image ID (changes when only its labels change)
-    layers: tuple[str, ...]     # RootFS diff IDs: what the project's layers sit on
-
-    @property
-    def chain(self) -> str:
-        """One digest of the base's layers: equal for two builds of the same content."""
-        return "sha256:" + hashlib.sha256("\n".join(self.layers).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -83,25 +69,6 @@ class ProjectBuildResult:
 # ----------------------------------------------------------------------------- base
 
 
-def ensure_base(project: Project, opts: BuildOptions, client: Any, catalog: Catalog | None) -> BaseImage:
-    """The base release's local image, built first with the catalog build path when it is missing."""
-    from dataclasses import replace
-
-    from ngcx import build as catalog_build
-    from ngcx import naming
-    from ngcx.engine import image_or_none
-
-    release = project.release
-    tag = naming.local_tag(release.image, release.tag, project.spec.variant)
-    img = image_or_none(client, tag)
-    if img is None:
-        print(f"base {tag} is not built here: building {release.ref} ({project.spec.variant}) first")
-        catalog_build.build(release, replace(opts, tag=None, variant=project.spec.variant), catalog)
-        img = client.images.get(tag)
-    layers = tuple(img.attrs.get("RootFS", {}).get("Layers") or ())
-    return BaseImage(release.ref, tag, img.id, layers)
-
-
 # ----------------------------------------------------------------------------- inputs
 
 
@@ -119,7 +86,7 @@ def check_model_space(model: Path, size: int, context_free: int | None, docker_f
                       needs_copy: bool, context_dir: Path, docker_root: str | None) -> None:
     """A model larger than the disk is one line before anything is copied: the Docker data root holds
     it twice (BuildKit's copy of the context, then the layer); the context holds it unless hard-linked."""
-    from ngcx.output import human_size
+    from ..core.output import human_size
 
     if needs_copy and context_free is not None and context_free < size:
         raise UserError(f"model {model.name} ({human_size(size)}) does not fit in the build context "
@@ -141,10 +108,10 @@ def _docker_root(client: Any) -> str | None:
 
 def build_project(project: Project, opts: BuildOptions, catalog: Catalog | None = None) -> ProjectBuildResult:
     """Base first (if missing), then context, Dockerfile, BuildKit build, checks, state."""
-    from ngcx import build as cb
-    from ngcx import state
-    from ngcx.engine import docker_cli, engine_client
-    from ngcx.project import render
+    from ..build import image as cb
+    from ..core.engine import docker_cli, engine_client
+    from ..state import db as state
+    from . import render
 
     cb._check_url(opts.pip_index_url, "--pip-index-url")
     for url in opts.pip_extra_index_urls:
@@ -164,7 +131,7 @@ def build_project(project: Project, opts: BuildOptions, catalog: Catalog | None 
 
     reqs, locked = requirements_text(project)
     if locked:
-        from ngcx import lock
+        from . import lock
 
         lock.check_lock(project, base)
     code = code_files(project)
@@ -232,8 +199,8 @@ def _discard(folder: Path) -> None:
 def _docker_build(cli: str, project: Project, base: BaseImage, ctx: Path, opts: BuildOptions, ca: Path | None,
                   dockerfile: str) -> ProgressParser:
     """docker build with the catalog build's secrets and progress display."""
-    from ngcx import build as cb
-    from ngcx.progress import run_build
+    from ..build import image as cb
+    from ..core.progress import run_build
 
     with tempfile.TemporaryDirectory(prefix="ngcx-secrets-") as secret_dir:
         os.chmod(secret_dir, 0o700)
@@ -255,8 +222,8 @@ def _docker_build(cli: str, project: Project, base: BaseImage, ctx: Path, opts: 
 
 def _fail(parser: ProgressParser, dockerfile: str, base_ref: str, requirements: str) -> None:
     """A failed wheels step that is a pin conflict -> one line, exit 2; anything else -> the step's log."""
-    from ngcx import build as cb
-    from ngcx.project.render import step_layers
+    from ..build import image as cb
+    from .render import step_layers
 
     step = parser.failed()
     if step is not None:
@@ -270,7 +237,7 @@ def _fail(parser: ProgressParser, dockerfile: str, base_ref: str, requirements: 
 
 def _first_rebuilt(parser: ProgressParser, dockerfile: str) -> str | None:
     """The first layer with a step BuildKit ran (not CACHED); FROM itself is never cached."""
-    from ngcx.project.render import step_layers
+    from .render import step_layers
 
     layers = step_layers(dockerfile)
     for step in parser.build_steps():

@@ -1,7 +1,7 @@
 """`ngcx test` in a project folder: the release's checks, then the served model against examples.yaml.
 
 Why both: the project image inherits its base's pins, and a user requirement could still have
-broken what the dynamic linker loads, so the release's checks (cli/test.py test_image) run on
+broken what the dynamic linker loads, so the release's checks (test/image.py test_image) run on
 the PROJECT image; then the image is started as a user's host would start it (serving.py), and
 every example is sent through the same KServe v2 wire format a client uses, compared within its
 tolerance (examples.py), and timed: p50 / p99 over `repeats` requests per example.
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ngcx.project.spec import Project
-    from ngcx.test import Check
+    from ..test.image import Check
+    from .spec import Project
 
 
 @dataclass
@@ -42,8 +42,8 @@ def percentile(values: list[float], q: float) -> float:
 
 def run_examples(client: Any, model: str, examples: list, repeats: int) -> list[ExampleRun]:
     """Send every example once and compare; then `repeats` more times each for the latency figures."""
-    from ngcx.project.client import InferError
-    from ngcx.project.examples import compare
+    from .client import InferError
+    from .examples import compare
 
     runs = []
     for ex in examples:
@@ -67,7 +67,7 @@ def _timed(client: Any, model: str, inputs: dict, into: list[float]) -> dict:
 
 
 def example_checks(runs: list[ExampleRun]) -> list[Check]:
-    from ngcx.test import FAIL, PASS, SKIP, Check
+    from ..test.image import FAIL, PASS, SKIP, Check
 
     checks = []
     for r in runs:
@@ -86,12 +86,12 @@ def example_checks(runs: list[ExampleRun]) -> list[Check]:
 
 def test_project(project: Project, gpu_mode: str, repeats: int = 20) -> tuple[list[Check], dict[str, Any]]:
     """Release checks on the project image, then serve it and run the examples. (checks, report)."""
-    from ngcx.errors import UserError
-    from ngcx.host import host_has_gpu
-    from ngcx.project import serving
-    from ngcx.project.client import Client
-    from ngcx.project.examples import load_examples
-    from ngcx.test import test_image
+    from ..core.errors import UserError
+    from ..test.image import test_image
+    from ..workstation.host import host_has_gpu
+    from . import serving
+    from .client import Client
+    from .examples import load_examples
 
     checks, probe = test_image(project.image_tag, gpu_mode)
     if project.examples is None:

@@ -15,7 +15,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from ngcx.errors import UserError
+from ..core.errors import UserError
 
 
 class InferError(Exception):

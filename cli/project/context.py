@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ngcx.project.build import BaseImage
-    from ngcx.project.spec import Project
+    from .base import BaseImage
+    from .spec import Project
 
 SKIP_PARTS = ("__pycache__", ".git", ".ipynb_checkpoints")
 SKIP_SUFFIXES = (".pyc", ".pyo")
@@ -93,7 +93,7 @@ def code_files(project: Project) -> dict[str, Path]:
 
 def requirements_text(project: Project) -> tuple[str, bool]:
     """(what the wheels layer installs, locked?): ngcx.lock when present and valid, else the list."""
-    from ngcx import lock
+    from . import lock
 
     lock_file = project.root / lock.LOCK_FILE
     if not lock_file.is_file():
@@ -116,7 +116,7 @@ def layer_inputs(project: Project, base: BaseImage, reqs: str, model: str | None
 
 def changed_layer(old: dict | None, new: dict, locked: bool) -> tuple[str | None, str]:
     """(first layer whose inputs changed, why) — ("base", "first build") when there is no old build."""
-    from ngcx.project.render import LAYERS
+    from .render import LAYERS
 
     if not old:
         return "base", "first build of this project"
@@ -244,7 +244,7 @@ def context_files(project: Project, reqs: str, code: dict[str, Path], dockerfile
 
 
 def project_dir(name: str) -> Path:
-    from ngcx import paths
+    from ..core import paths
 
     return paths.state_dir() / "projects" / name
 

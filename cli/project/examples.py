@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ngcx.problems import Problem, ProblemsFound, schema_problems
+from ..core.problems import Problem, ProblemsFound, schema_problems
 
 if TYPE_CHECKING:
     import numpy as np
@@ -142,7 +142,7 @@ def load_examples(file: Path, inputs: list | None = None, outputs: list | None =
     """Parse, validate and build examples.yaml; with a signature (lists of {name, datatype, shape}
     dicts or TensorSpec-like objects) also check every example against it. Problems -> ProblemsFound."""
 
-    from ngcx.catalog.yamlio import read_text
+    from ..core.yamlio import read_text
 
     source = str(file)
     text = read_text(file, "check `examples:` in ngcx.yaml, or run `ngcx init` for a stub")
@@ -175,7 +175,7 @@ def load_project_examples(project: Any, signature: Any = None) -> list[Example]:
     """A project's examples.yaml ([] when it has none), checked against `signature` (a sniff.Signature,
     e.g. from the running server's /v2/models/NAME metadata) or else the one known before building
     (sniff.project_signature: the handler's declared tensors or the ONNX model's)."""
-    from ngcx.project.sniff import project_signature
+    from .sniff import project_signature
 
     if project.examples is None:
         return []
@@ -185,13 +185,13 @@ def load_project_examples(project: Any, signature: Any = None) -> list[Example]:
 
 def _parse(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
     """YAML text -> (data, {path: line}) through the one limited loader."""
-    from ngcx.catalog.yamlio import load_mapping_with_lines
+    from ..core.yamlio import load_mapping_with_lines
 
     return load_mapping_with_lines(text, source, "a mapping with an `examples:` list")
 
 
 def _where(source: str, lines: dict[tuple, int], loc: tuple) -> str:
-    from ngcx.catalog.yamlio import where
+    from ..core.problems import where
 
     return where(source, lines, loc)
 
@@ -344,7 +344,7 @@ def _input_array(t: InputTensor, root: Path) -> np.ndarray:
                         "npy" if t.npy else "data", "examples.count", "fix the shape or the values")
     if t.datatype == "BYTES":
         return _as_bytes(arr).reshape(shape)
-    from ngcx.project.sniff import numpy_dtype
+    from .sniff import numpy_dtype
 
     try:
         return arr.astype(numpy_dtype(t.datatype)).reshape(shape)

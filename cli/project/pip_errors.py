@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from ngcx.errors import UserError
+from ..core.errors import UserError
 
 if TYPE_CHECKING:
     pass
@@ -67,7 +67,7 @@ def pip_problem(lines: list[str], base_ref: str, requirements: str = "") -> User
 
 def _matching_pin(pins: list[str], dep: str) -> str:
     """The constraint about the same package as dep (e.g. protobuf==7.36.2 for protobuf==3.20.2)."""
-    from ngcx.project.spec import canonical
+    from .spec import canonical
 
     name = canonical(re.split(r"[<>=!~ \[;]", dep.strip(), maxsplit=1)[0]) if dep else ""
     return next((p for p in pins if canonical(re.split(r"[<>=!~ ]", p, maxsplit=1)[0]) == name), pins[-1])

@@ -15,7 +15,7 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ngcx.project.spec import Project
+    from .spec import Project
 
 APP_DIR = "/opt/ngcx/app"
 MODEL_DIR = "/opt/ngcx/model"
@@ -57,7 +57,7 @@ class Plan:
 def quote(value: str, what: str) -> str:
     """A Dockerfile ENV/LABEL value in double quotes: \\ " and $ escaped (ENV expands $VAR otherwise).
     A newline cannot be written there at all, so it is one line for the user, not a broken Dockerfile."""
-    from ngcx.errors import UserError
+    from ..core.errors import UserError
 
     if any(c in value for c in "\r\n\0"):
         raise UserError(f"{what} holds a line break, which a Dockerfile cannot carry",
@@ -130,7 +130,7 @@ def _summary(files: list[str]) -> str:
 
 def render(plan: Plan) -> str:
     """The Dockerfile text (recipes/project.Dockerfile.j2, the catalog recipes' Jinja2 environment)."""
-    from ngcx import render as catalog_render
+    from ..render import dockerfile as catalog_render
 
     text = catalog_render._environment().get_template("project.Dockerfile.j2").render(plan=plan)
     return catalog_render._tidy(text)
@@ -139,7 +139,7 @@ def render(plan: Plan) -> str:
 def step_layers(dockerfile_text: str) -> dict[int, str]:
     """BuildKit step number ([n/m]) -> the layer it belongs to, from the "# ---- NAME:" headings;
     steps counted as build.dockerfile_steps counts them for the progress titles."""
-    from ngcx.build import dockerfile_steps
+    from ..build.image import dockerfile_steps
 
     layers: dict[int, str] = {}
     layer = "base"

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ngcx.errors import UserError
+from ..core.errors import UserError
 
 if TYPE_CHECKING:
-    from ngcx.project.spec import Project
+    from .spec import Project
 
 PLAN_CACHE_IN_IMAGE = "/var/cache/ngcx/plans"
 LABEL_RUN = "ai.ngcx.project.run"
@@ -25,7 +25,7 @@ LABEL_RUN = "ai.ngcx.project.run"
 
 def plan_cache_dir() -> Path:
     """Host folder for optimized plans: $NGCX_PLAN_CACHE, else <state dir>/plans."""
-    from ngcx import paths
+    from ..core import paths
 
     folder = Path(os.environ.get("NGCX_PLAN_CACHE") or paths.state_dir() / "plans")
     folder.mkdir(parents=True, exist_ok=True)
@@ -66,8 +66,8 @@ def start(project: Project, *, port: int | None = None, gpu: bool = False, ready
     """docker run -d the project image, publish its first port on 127.0.0.1, wait until ready."""
     from docker.types import DeviceRequest
 
-    from ngcx.engine import engine_client, image_or_none
-    from ngcx.project.client import Client, wait_ready
+    from ..core.engine import engine_client, image_or_none
+    from .client import Client, wait_ready
 
     client = engine_client()
     if image_or_none(client, project.image_tag) is None:

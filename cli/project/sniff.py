@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ngcx.errors import UserError
+from ..core.errors import UserError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -94,7 +94,7 @@ def image_signature(model: Path, fmt: str, image_tag: str, build_hint: str) -> S
     """
     from docker.errors import APIError, ContainerError
 
-    from ngcx.engine import engine_client, image_or_none
+    from ..core.engine import engine_client, image_or_none
 
     client = engine_client()
     if image_or_none(client, image_tag) is None:

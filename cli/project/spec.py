@@ -1,6 +1,6 @@
 """`ngcx.yaml`: load, validate and complete a project (parse -> schema -> rules -> complete).
 
-Why the catalog's shape: one limited YAML loader (catalog/yamlio.py: no code execution, bounded
+Why the catalog's shape: one limited YAML loader (core/yamlio.py: no code execution, bounded
 nesting and aliases), a strict pydantic schema (unknown keys are errors; the published JSON
 Schema, ngcx.schema.json beside this file, is generated from it), then rules that need the
 catalog and the project folder, each a typed Problem with file:line. `base:` names a catalog
@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ngcx.problems import Problem, ProblemsFound, schema_problems
+from ..core.problems import Problem, ProblemsFound, schema_problems
 
 if TYPE_CHECKING:
-    from ngcx.catalog.model import Catalog, Release
+    from ..catalog.model import Catalog, Release
 
 NAME = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*\Z")          # a Docker repository path component
 HANDLER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -95,13 +95,13 @@ def schema_file() -> Path:
 
 def parse(text: str, source: str) -> tuple[dict, dict[tuple, int]]:
     """YAML text -> (mapping, {path: line}); the limited loader raises UserError for bad YAML."""
-    from ngcx.catalog.yamlio import load_mapping_with_lines
+    from ..core.yamlio import load_mapping_with_lines
 
     return load_mapping_with_lines(text, source, "a mapping with at least 'name' and 'base'")
 
 
 def _where(source: str, lines: dict[tuple, int], loc: tuple) -> str:
-    from ngcx.catalog.yamlio import where
+    from ..core.problems import where
 
     return where(source, lines, loc)
 
@@ -171,7 +171,7 @@ class _Rules:
                      "use lower-case letters, digits and single . _ - between them, e.g. resnet-classifier")
 
     def base(self) -> None:
-        from ngcx.errors import UserError
+        from ..core.errors import UserError
 
         try:
             self.release = self.catalog.resolve(self.spec.base)
@@ -287,7 +287,7 @@ def canonical(name: str) -> str:
 def pinned_versions(release: Release) -> dict[str, tuple[str, str]]:
     """canonical name -> (wheel, version) for every wheel the base pins (CUDA libraries, framework,
     extras): exactly what the base image's /etc/ngcx/constraints.txt holds (recipes/cuda.j2, framework.j2)."""
-    from ngcx.catalog.model import parse_pin
+    from ..catalog.model import parse_pin
 
     out = {canonical(p.wheel): (p.wheel, p.version) for p in release.pins}
     for text in (release.framework.requirement if release.framework else None, *release.extras):
@@ -343,8 +343,8 @@ def _parses_as_onnx(path: Path) -> bool:
 
 def load_project(file: Path, catalog: Catalog | None = None) -> Project:
     """Parse, validate and complete ngcx.yaml; every problem found -> ProblemsFound (exit 2)."""
-    from ngcx.catalog import load_catalog
-    from ngcx.catalog.yamlio import read_text
+    from ..catalog import load_catalog
+    from ..core.yamlio import read_text
 
     source = str(file)
     text = read_text(file, "check the path; `ngcx init` writes an ngcx.yaml")

@@ -116,7 +116,7 @@ def _damage(db: Path, how: str) -> bytes:
 
 def _fill_store(state_dir: Path) -> None:
     """Enough rows that the store spans many pages, so cutting it in half really breaks it."""
-    code = ("from ngcx import state\n"
+    code = ("from ngcx.state import db as state\n"
             "for n in range(300): state.record_push(tag=f't{n}', remote_ref='r', digest='sha256:' + 'ab' * 32)")
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "NGCX_STATE_DIR": str(state_dir)})
 

@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from conftest import run_ngcx
-from ngcx import state
+from ngcx.state import db as state
 
 pytestmark = pytest.mark.docker
 

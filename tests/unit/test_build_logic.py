@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from ngcx.build import BuildOptions, detect_ca, pip_conf_text
+from ngcx.build.image import BuildOptions, detect_ca, pip_conf_text
 from ngcx.catalog import load_catalog
-from ngcx.errors import UserError
-from ngcx.host import check_driver
-from ngcx.output import redact
-from ngcx.progress import ProgressParser
-from ngcx.test import FAIL, PASS, framework_checks, library_checks, version_matches
+from ngcx.core.errors import UserError
+from ngcx.core.output import redact
+from ngcx.core.progress import ProgressParser
+from ngcx.test.image import FAIL, PASS, framework_checks, library_checks, version_matches
+from ngcx.workstation.host import check_driver
 
 
 @pytest.mark.parametrize(("loaded", "pin", "ok"), [
@@ -127,7 +127,7 @@ def test_progress_parser_finds_the_failing_step_and_redacts_its_log():
 
 
 def test_rendered_context_holds_no_secret_material(tmp_path: Path):
-    from ngcx.render import write_context
+    from ngcx.render.dockerfile import write_context
 
     release = load_catalog().resolve("cuda:24.05")
     ctx = write_context(release, tmp_path / "ctx")

@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ngcx import paths
-from ngcx.catalog.model import Catalog, load_catalog, problems_of
+from ngcx.catalog import load_catalog
+from ngcx.catalog.model import Catalog, problems_of
+from ngcx.core import paths
 
 SHIPPED = paths.registry_file()
 

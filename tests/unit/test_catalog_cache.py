@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from ngcx import paths
 from ngcx.catalog import cache
 from ngcx.catalog.model import validated_catalog
-from ngcx.errors import UserError
+from ngcx.core import paths
+from ngcx.core.errors import UserError
 
 SHIPPED = paths.registry_file()
 # An edit the rules refuse: torch 2.8.0 is built for CUDA 12.8, the 24.11 release pins CUDA 12.4.
@@ -80,7 +80,7 @@ def test_a_hit_is_the_catalog_a_fresh_validation_gives(_own_dirs: Path) -> None:
 
 def test_a_warm_render_imports_neither_pydantic_nor_jinja2_and_prints_the_same(_own_dirs: Path) -> None:
     """The point of the cache: the second `ngcx render` skips validation and templating, same bytes."""
-    probe = ("import sys, ngcx.catalog, ngcx.render as r; c = ngcx.catalog.load_catalog(); "
+    probe = ("import sys, ngcx.catalog, ngcx.render.dockerfile as r; c = ngcx.catalog.load_catalog(); "
              "t = r.render_dockerfile(c.resolve('pytorch:24.11'), 'runtime', None, c); "
              "print(sorted({'pydantic', 'jinja2', 'yaml'} & set(sys.modules)))")
     cold = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)

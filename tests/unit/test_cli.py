@@ -171,16 +171,16 @@ try:
     ngcx.main.main(sys.argv[1:])
 except SystemExit as exc:
     code = exc.code
-print(json.dumps({'code': code, 'stages': sorted(m for m in sys.modules if m.count('.') == 1
-                                                    and m.split('.')[1] in ngcx.main.COMMAND_MODULES)}))
+print(json.dumps({'code': code, 'stages': sorted(m for m in sys.modules if m.startswith('ngcx.commands.')
+                                                    and m.split('.')[2] in ngcx.main.COMMAND_MODULES)}))
 """
 
 
 @pytest.mark.parametrize(("argv", "stages"), [
-    (["render", "--help"], ["ngcx.render"]),
-    (["logout", "--help"], ["ngcx.login"]),
-    (["catalog", "ls", "--help"], ["ngcx.catalog"]),
-    (["--help"], sorted(f"ngcx.{m}" for m in (
+    (["render", "--help"], ["ngcx.commands.render"]),
+    (["logout", "--help"], ["ngcx.commands.login"]),
+    (["catalog", "ls", "--help"], ["ngcx.commands.catalog"]),
+    (["--help"], sorted(f"ngcx.commands.{m}" for m in (
         "init", "catalog", "render", "base", "build", "lock", "test", "push", "login", "run",
         "deploy", "deployments", "hosts", "images", "doctor"))),
 ])

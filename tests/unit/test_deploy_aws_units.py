@@ -19,11 +19,11 @@ import pytest
 from emulators.aws_ec2 import Ec2Emulator
 from emulators.hosts_api import CommandResult
 
-from ngcx import ecr
+from ngcx.clouds.aws import Api, AwsError, default_region, session
+from ngcx.core.errors import UserError
 from ngcx.deploy import aws, vm
-from ngcx.deploy.aws_api import Api, AwsError, default_region, session
 from ngcx.deploy.common import CapacityError
-from ngcx.errors import UserError
+from ngcx.registry import ecr
 
 KEY, SECRET = "AKIAUNITTEST00000001", "unit-secret-never-printed-51f2"
 AWS_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE",

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from ngcx.core.errors import UserError
 from ngcx.deploy.offers import WORKLOADS, Choice, choose, explain, load_table
-from ngcx.errors import UserError
 
 ALL_CCS = ["6.0", "6.1", "7.0", "7.5", "8.0", "8.6", "8.9", "9.0"]
 AMPERE_UP = ["8.0", "8.6", "8.9", "9.0"]

@@ -13,11 +13,11 @@ import subprocess
 
 import pytest
 
+from ngcx.clouds.aliyun import credentials, endpoint_override, tag_params
+from ngcx.core.errors import UserError
 from ngcx.deploy import TARGETS, VERBS, store, target
-from ngcx.deploy.aliyun_api import credentials, endpoint_override, tag_params
 from ngcx.deploy.common import CREATING, INTENT, DeployConfig, format_phases
 from ngcx.deploy.hostscript import HostJob, render
-from ngcx.errors import UserError
 
 SECRET = "s3cr3t-do-not-print"
 
@@ -93,7 +93,7 @@ HOSTILE = "x'; touch /tmp/pwned; echo '"
 
 
 def test_the_host_script_is_valid_sh_and_every_value_stays_one_word():
-    from ngcx.credentials import Credentials
+    from ngcx.registry.credentials import Credentials
 
     job = HostJob(7, "registry-vpc.cn-hangzhou.aliyuncs.com/team/app@sha256:" + "a" * 64,
                   "registry-vpc.cn-hangzhou.aliyuncs.com", "525.60.13", "require", Credentials("cr_temp_user", HOSTILE),
@@ -153,7 +153,7 @@ def test_phases_read_in_order_with_a_total():
 def test_a_missing_cloud_sdk_names_the_extra_to_install(no_env, monkeypatch):
     import sys
 
-    from ngcx.deploy.aliyun_api import AliyunCredentials, Api
+    from ngcx.clouds.aliyun import AliyunCredentials, Api
 
     monkeypatch.setitem(sys.modules, "aliyunsdkcore.client", None)   # as if `ngcx[aliyun]` were not installed
     with pytest.raises(UserError) as err:

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ngcx.errors import UserError
-from ngcx.problems import ProblemsFound
+from ngcx.core.errors import UserError
+from ngcx.core.problems import ProblemsFound
 from ngcx.project.examples import Expected, compare, load_examples, load_project_examples
 from ngcx.project.sniff import handler_attributes, onnx_signature, project_signature
 from ngcx.project.spec import load_project

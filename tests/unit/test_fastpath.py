@@ -1,4 +1,4 @@
-"""Spec of ngcx.fastpath: `ngcx render` and `ngcx catalog ls` without typer, and not one byte different.
+"""Spec of ngcx.commands.fastpath: `ngcx render` and `ngcx catalog ls` without typer, and not one byte different.
 
 Why these tests: the fast path exists for speed (issue 13: no slower than hpccm; measured by
 `python -m bench cli`), and it is only acceptable if a user cannot tell it from typer's commands.
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import ngcx.main
-from ngcx import fastpath
+from ngcx.commands import fastpath
 
 
 def registered(words: tuple[str, ...]):

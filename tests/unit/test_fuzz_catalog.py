@@ -33,10 +33,11 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ngcx import paths
-from ngcx.catalog import _check
-from ngcx.catalog.model import load_catalog, problems_of
-from ngcx.errors import UserError
+from ngcx.catalog import load_catalog
+from ngcx.catalog.model import problems_of
+from ngcx.commands.catalog import _check
+from ngcx.core import paths
+from ngcx.core.errors import UserError
 
 SHIPPED_TEXT = paths.registry_file().read_text(encoding="utf-8")
 SHIPPED = yaml.safe_load(SHIPPED_TEXT)

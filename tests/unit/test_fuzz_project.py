@@ -24,8 +24,8 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ngcx.errors import UserError
-from ngcx.problems import ProblemsFound
+from ngcx.core.errors import UserError
+from ngcx.core.problems import ProblemsFound
 from ngcx.project.examples import load_examples
 from ngcx.project.spec import load_project
 

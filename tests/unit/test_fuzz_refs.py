@@ -21,13 +21,15 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from ngcx import base, naming
-from ngcx.base import check_inputs, public_url
-from ngcx.catalog.model import RELEASE_TAG, load_catalog
-from ngcx.errors import UserError
-from ngcx.host import _direct
-from ngcx.login import DOCKER_HUB_KEY, normalize_registry
-from ngcx.registry_api import PATH_COMPONENT, REGISTRY_HOST, TAG, registry_base_url, split_registry
+from ngcx.build import base
+from ngcx.build.base import check_inputs, public_url
+from ngcx.catalog import load_catalog
+from ngcx.catalog.model import RELEASE_TAG
+from ngcx.core import naming
+from ngcx.core.errors import UserError
+from ngcx.registry.api import PATH_COMPONENT, REGISTRY_HOST, TAG, registry_base_url, split_registry
+from ngcx.registry.login import DOCKER_HUB_KEY, normalize_registry
+from ngcx.workstation.host import _direct
 
 # deadline: a slow input (exponential blow-up) takes far longer than 5 s; a busy 2-core CI box once
 # took 2.7 s for a 50 ms example, so 2 s flaked.

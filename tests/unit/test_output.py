@@ -1,4 +1,4 @@
-"""Spec of the tables every read command prints (ngcx.output.table).
+"""Spec of the tables every read command prints (ngcx.core.output.table).
 
 Why compare with rich: a table is drawn by ngcx itself when its cells are plain text that fits
 (importing rich costs ~0.03 s of `ngcx catalog ls`, issue 13), and by rich otherwise; a user must
@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from ngcx import output
+from ngcx.core import output
 
 COLUMNS = ["image:release", "CUDA", "note"]
 ROWS = [["cuda:24.05", "12.4", ""], ["pytorch:26.03 *", "13.0", "render-only"]]

@@ -42,7 +42,7 @@ def _ngcx(installed: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess
 
 
 def test_installed_wheel_uses_its_own_data(installed, tmp_path):
-    where = subprocess.run([sys.executable, "-c", "import ngcx.paths as p; print(p.registry_file())"],
+    where = subprocess.run([sys.executable, "-c", "import ngcx.core.paths as p; print(p.registry_file())"],
                            capture_output=True, text=True, cwd=tmp_path,
                            env={**os.environ, "PYTHONPATH": str(installed)}).stdout.strip()
     assert where.startswith(str(installed)) and where.endswith("ngcx/_data/registry.yaml")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ngcx.errors import UserError
+from ngcx.core.errors import UserError
 from ngcx.project import build as pbuild
 from ngcx.project import context as pcontext
 from ngcx.project import pip_errors, render

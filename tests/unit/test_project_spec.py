@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ngcx.problems import ProblemsFound
+from ngcx.core.problems import ProblemsFound
 from ngcx.project import find_project_file
 from ngcx.project.spec import json_schema, load_project, schema_file, sniff_format
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from ngcx.base import check_inputs, public_url
-from ngcx.errors import UserError
-from ngcx.host import _direct
-from ngcx.login import DOCKER_HUB_KEY, normalize_registry
-from ngcx.registry_api import registry_base_url, split_registry
+from ngcx.build.base import check_inputs, public_url
+from ngcx.core.errors import UserError
+from ngcx.registry.api import registry_base_url, split_registry
+from ngcx.registry.login import DOCKER_HUB_KEY, normalize_registry
+from ngcx.workstation.host import _direct
 
 
 @pytest.mark.parametrize(("typed", "host", "namespace"), [
@@ -69,7 +69,7 @@ def test_bootstrap_inputs_refused_before_any_work(args, needle):
 
 def test_finished_rootfs_has_no_mirror_credentials_caches_or_docs(tmp_path):
     """What goes into the image layer: sources.list without user:password, no .debs, slim docs."""
-    from ngcx.base import finish_rootfs
+    from ngcx.build.base import finish_rootfs
 
     mirror = "http://bob:hunter2@mirror.corp/debian"
     root = tmp_path / "rootfs"

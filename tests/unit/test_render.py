@@ -26,10 +26,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ngcx import naming, paths
-from ngcx.catalog.model import Release, load_catalog
-from ngcx.errors import UserError
-from ngcx.render import BASE_APT, DEVEL_APT, load_recipe, render_dockerfile, write_context
+from ngcx.catalog import load_catalog
+from ngcx.catalog.model import Release
+from ngcx.core import naming, paths
+from ngcx.core.errors import UserError
+from ngcx.render.dockerfile import BASE_APT, DEVEL_APT, load_recipe, render_dockerfile, write_context
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 CATALOG = load_catalog()

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ngcx import state
+from ngcx.state import db as state
 
 
 @pytest.fixture(autouse=True)
@@ -61,7 +61,7 @@ def test_pushes_recorded_newest_first():
 
 def test_records_survive_across_processes(isolated_state):
     """A build recorded by one ngcx process is seen by the next (no in-memory state)."""
-    code = ("from ngcx import state; state.record_build(image='x', release='1', variant='devel',"
+    code = ("from ngcx.state import db as state; state.record_build(image='x', release='1', variant='devel',"
             " tag='ngcx/x:1-devel', image_id='sha256:zz')")
     subprocess.run([sys.executable, "-c", code], check=True)
     latest = state.latest_build("x", "1", "devel")
@@ -76,7 +76,7 @@ def test_failed_transaction_leaves_no_row():
 
 
 def test_newer_schema_is_refused_with_one_line(isolated_state):
-    from ngcx.errors import UserError
+    from ngcx.core.errors import UserError
 
     state.list_builds()
     conn = sqlite3.connect(isolated_state["state"] / "state.db")
@@ -88,7 +88,7 @@ def test_newer_schema_is_refused_with_one_line(isolated_state):
 
 def test_concurrent_writers_lose_nothing(isolated_state):
     """Two ngcx processes recording at once (a build and a push): every row lands, no 'locked'."""
-    code = ("import sys; from ngcx import state\n"
+    code = ("import sys; from ngcx.state import db as state\n"
             "for i in range(40): state.record_push(tag=sys.argv[1], remote_ref=f'r/{i}', digest=f'sha256:{i}')")
     procs = [subprocess.Popen([sys.executable, "-c", code, f"w{n}"], stderr=subprocess.PIPE, text=True)
              for n in range(3)]
@@ -139,7 +139,7 @@ def test_corrupt_store_is_moved_aside_with_one_warning_and_a_fresh_one_starts(is
 def test_two_processes_meeting_one_corrupt_store_move_it_once(isolated_state):
     state.list_builds()
     (isolated_state["state"] / "state.db").write_bytes(b"garbage" * 1000)
-    code = "from ngcx import state; state.record_push(tag='p', remote_ref='r', digest='d')"
+    code = "from ngcx.state import db as state; state.record_push(tag='p', remote_ref='r', digest='d')"
     procs = [subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True) for _ in range(3)]
     errs = [proc.communicate(timeout=60)[1] for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0, 0], errs
@@ -149,7 +149,7 @@ def test_two_processes_meeting_one_corrupt_store_move_it_once(isolated_state):
 
 
 def test_store_locked_longer_than_the_timeout_is_one_line_then_works(isolated_state, monkeypatch):
-    from ngcx.errors import UserError
+    from ngcx.core.errors import UserError
 
     state.list_builds()
     monkeypatch.setenv("NGCX_STATE_LOCK_TIMEOUT", "1")
@@ -168,7 +168,7 @@ def test_store_locked_longer_than_the_timeout_is_one_line_then_works(isolated_st
 
 def test_unwritable_state_folder_is_one_line(tmp_path, monkeypatch):
     """Root ignores permission bits, so the folder is made impossible: a path under a regular file."""
-    from ngcx.errors import UserError
+    from ngcx.core.errors import UserError
 
     (tmp_path / "a-file").write_text("")
     monkeypatch.setenv("NGCX_STATE_DIR", str(tmp_path / "a-file" / "state"))

@@ -1,0 +1,234 @@
+"""Alibaba Cloud API calls for deploy: credentials, endpoint, one call with ngcx's own retries.
+
+Why not the SDK's retry: aliyun-python-sdk-core re-sends a RunInstances answered 5xx with a new
+nonce and NO ClientToken (its `_add_request_client_token` is dead code, cloud-apis.md §3), which
+can create a second billed instance. So the client is made with auto_retry=False and this module
+retries — reads freely, writes only when they carry a ClientToken — with full-jitter backoff on
+Throttling and 5xx until a deadline. Capacity errors (HTTP 403 NoStock, ZoneNotSupported, §5.1)
+become CapacityError for the failover in aliyun.py; a wrong key or secret is one line without it.
+
+Credentials the standard way: ALIBABA_CLOUD_ACCESS_KEY_ID / ALIBABA_CLOUD_ACCESS_KEY_SECRET, else
+the `aliyun` CLI's ~/.aliyun/config.json (profile $ALIBABA_CLOUD_PROFILE or its `current`).
+NGCX_ALIYUN_ECS_ENDPOINT=HOST:PORT points ECS and ACR calls at another server (tests: the emulator
+in tests/emulators); plain http is used only for loopback, every other endpoint is https.
+The SDKs are an extra (`pip install 'ngcx[aliyun]'`), imported on first use.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import CapacityError, UserError
+
+EXTRA_HINT = "install the Alibaba Cloud SDKs: pip install 'ngcx[aliyun]'"
+CAPACITY_CODES = {"OperationDenied.NoStock", "Zone.NotOnSale", "InvalidInstanceType.ZoneNotSupported",
+                  "InvalidInstanceType.NotSupported", "InvalidResourceType.NotSupported", "InstanceType.Offline",
+                  "CategoryNotSupported", "OperationDenied.ZoneNotAllowed"}
+RETRY_CODES = {"Throttling", "Throttling.User", "Throttling.Api", "ServiceUnavailable", "InternalError",
+               "UnknownError", "SDK.HttpError", "SDK.ServerUnreachable"}
+AUTH_CODES = {"InvalidAccessKeyId.NotFound", "InvalidAccessKeyId.Inactive", "InvalidAccessKeySecret",
+              "SignatureDoesNotMatch", "IncompleteSignature"}
+BASE_BACKOFF_S, MAX_BACKOFF_S = 0.5, 20.0
+
+
+@dataclass(frozen=True)
+class AliyunCredentials:
+    access_key_id: str
+    access_key_secret: str
+    source: str                 # where they came from, for messages (never the secret itself)
+    region: str | None = None   # the profile's region, when the config file names one
+
+    def __repr__(self) -> str:  # a traceback or debug print must not show the secret
+        return f"AliyunCredentials({self.access_key_id!r}, source={self.source!r})"
+
+
+def credentials() -> AliyunCredentials:
+    """Environment first (as the aliyun CLI and SDKs do), then ~/.aliyun/config.json."""
+    ak, secret = os.environ.get("ALIBABA_CLOUD_ACCESS_KEY_ID"), os.environ.get("ALIBABA_CLOUD_ACCESS_KEY_SECRET")
+    if ak and secret:
+        return AliyunCredentials(ak, secret, "the ALIBABA_CLOUD_ACCESS_KEY_* variables")
+    if ak or secret:
+        missing = "ALIBABA_CLOUD_ACCESS_KEY_SECRET" if ak else "ALIBABA_CLOUD_ACCESS_KEY_ID"
+        raise UserError(f"{missing} is not set (its partner is)", hint="set both, or neither to use ~/.aliyun")
+    return _profile_credentials(Path.home() / ".aliyun" / "config.json")
+
+
+def _profile_credentials(path: Path) -> AliyunCredentials:
+    hint = "set ALIBABA_CLOUD_ACCESS_KEY_ID and ALIBABA_CLOUD_ACCESS_KEY_SECRET, or run `aliyun configure`"
+    if not path.is_file():
+        raise UserError("no Alibaba Cloud credentials: no ALIBABA_CLOUD_ACCESS_KEY_* variables and no "
+                        f"{path}", hint=hint)
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path} is not readable JSON ({type(exc).__name__})", hint=hint) from None
+    wanted = os.environ.get("ALIBABA_CLOUD_PROFILE") or config.get("current") or "default"
+    profiles = {p.get("name"): p for p in config.get("profiles", []) if isinstance(p, dict)}
+    profile = profiles.get(wanted)
+    if profile is None:
+        raise UserError(f"{path} has no profile {wanted!r} (it has: {', '.join(map(str, profiles)) or 'none'})",
+                        hint="set ALIBABA_CLOUD_PROFILE to one of them")
+    ak, secret = profile.get("access_key_id"), profile.get("access_key_secret")
+    if not ak or not secret:
+        raise UserError(f"profile {wanted!r} in {path} has no access_key_id/access_key_secret "
+                        f"(mode {profile.get('mode', '?')!r}; ngcx reads AK profiles)", hint=hint)
+    return AliyunCredentials(ak, secret, f"profile {wanted!r} in {path}", profile.get("region_id"))
+
+
+def endpoint_override() -> tuple[str, int, str] | None:
+    """(host, port, scheme) from NGCX_ALIYUN_ECS_ENDPOINT, or None for the SDK's own endpoints."""
+    raw = os.environ.get("NGCX_ALIYUN_ECS_ENDPOINT", "").strip()
+    if not raw:
+        return None
+    host, sep, port_text = raw.rpartition(":")
+    if not sep or not port_text.isdigit() or not host or not 0 < int(port_text) < 65536:
+        raise UserError(f"NGCX_ALIYUN_ECS_ENDPOINT={raw!r} is not HOST:PORT", hint="e.g. 127.0.0.1:8443")
+    return host, int(port_text), "http" if _loopback(host) else "https"
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class Api:
+    """One region's ECS (+ ACR token) API, called with ngcx's retry policy."""
+
+    def __init__(self, region: str, creds: AliyunCredentials | None = None, deadline_s: float = 120.0) -> None:
+        self.creds = creds or credentials()
+        self.region = region
+        self.deadline_s = deadline_s
+        self.override = endpoint_override()
+        self._client = self._make_client()
+
+    def _make_client(self) -> Any:
+        try:
+            from aliyunsdkcore.client import AcsClient
+        except ImportError:
+            raise UserError("the Alibaba Cloud SDK (aliyun-python-sdk-core) is not installed",
+                            hint=EXTRA_HINT) from None
+        port = self.override[1] if self.override else 443
+        return AcsClient(self.creds.access_key_id, self.creds.access_key_secret, self.region, auto_retry=False,
+                         max_retry_time=0, port=port, connect_timeout=5, timeout=30)
+
+    def ecs(self, action: str, params: dict[str, Any] | None = None, *, token: str | None = None,
+            write: bool = False) -> dict[str, Any]:
+        """Call ECS `action` (a typed aliyunsdkecs request); retried per the module docstring."""
+        def build() -> Any:
+            request = _typed_request(action)
+            for key, value in (params or {}).items():
+                if value is not None:
+                    request.add_query_param(key, _param(value))
+            if token:
+                request.add_query_param("ClientToken", token)
+            return request
+        return self._call(action, build, retry=not write or token is not None)
+
+    def cr(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Container Registry (cr 2018-12-01) RPC, e.g. GetAuthorizationToken."""
+        def build() -> Any:
+            from aliyunsdkcore.request import CommonRequest
+
+            request = CommonRequest(domain=f"cr.{self.region}.aliyuncs.com", version="2018-12-01",
+                                    action_name=action, product="cr")
+            request.set_method("POST")
+            for key, value in params.items():
+                request.add_query_param(key, _param(value))
+            return request
+        return self._call(action, build, retry=True)
+
+    def _call(self, action: str, build: Any, retry: bool) -> dict[str, Any]:
+        from aliyunsdkcore.acs_exception.exceptions import ClientException, ServerException
+
+        deadline = time.monotonic() + self.deadline_s
+        attempt = 0
+        while True:
+            request = build()
+            self._route(request)
+            try:
+                return json.loads(self._client.do_action_with_exception(request))
+            except ServerException as exc:
+                code, status = exc.get_error_code(), exc.get_http_status()
+                failure = self._server_failure(action, code, status, exc.get_error_msg())
+            except ClientException as exc:
+                code, status = exc.get_error_code(), 0
+                failure = UserError(f"Alibaba Cloud {action}: {exc.get_error_code()}: "
+                                    f"{_scrub(str(exc.get_error_msg()), self.creds)[:200]}",
+                                    hint="check the network or NGCX_ALIYUN_ECS_ENDPOINT")
+            retryable = retry and (code in RETRY_CODES or status >= 500 or status == 0)
+            attempt += 1
+            pause = random.uniform(0, min(MAX_BACKOFF_S, BASE_BACKOFF_S * 2 ** attempt))  # full jitter
+            if not retryable or time.monotonic() + pause > deadline:
+                raise failure
+            time.sleep(pause)
+
+    def _route(self, request: Any) -> None:
+        if self.override:
+            host, _port, scheme = self.override
+            request.set_endpoint(host)
+            request.set_protocol_type(scheme)
+        else:
+            request.set_protocol_type("https")
+
+    def _server_failure(self, action: str, code: str, status: int, message: str) -> Exception:
+        if code in CAPACITY_CODES:
+            return CapacityError(code, action)
+        if code in AUTH_CODES:
+            what = "access key ID" if code.startswith("InvalidAccessKeyId") else "access key secret"
+            return UserError(f"Alibaba Cloud rejected the {what} ({code}) from {self.creds.source}",
+                             hint="check the key pair in the Alibaba Cloud console (RAM > AccessKey)")
+        if code == "Forbidden.RAM" or code.startswith("NoPermission"):
+            return UserError(f"Alibaba Cloud {action}: the RAM user of {self.creds.access_key_id} may not call it "
+                             f"({code})", hint=f"grant ecs:{action} (and cr:GetAuthorizationToken) to it")
+        clean = _scrub(message or "", self.creds).split(" server string to sign is")[0]
+        return AliyunError(code, status, f"Alibaba Cloud {action} failed: {code} (HTTP {status}): {clean[:240]}")
+
+
+class AliyunError(UserError):
+    """An API error that is neither capacity nor credentials; `code` lets callers react to it."""
+
+    def __init__(self, code: str, status: int, message: str) -> None:
+        self.code, self.status = code, status
+        super().__init__(message)
+
+
+def _typed_request(action: str) -> Any:
+    import importlib
+
+    try:
+        module = importlib.import_module(f"aliyunsdkecs.request.v20140526.{action}Request")
+    except ImportError:
+        raise UserError("the Alibaba Cloud ECS SDK (aliyun-python-sdk-ecs) is not installed or lacks "
+                        f"{action}", hint=EXTRA_HINT) from None
+    return getattr(module, f"{action}Request")()
+
+
+def _param(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    return str(value)
+
+
+def _scrub(text: str, creds: AliyunCredentials) -> str:
+    return text.replace(creds.access_key_secret, "***") if creds.access_key_secret else text
+
+
+def tag_params(tags: dict[str, str]) -> dict[str, str]:
+    """{'ngcx:owner': 'x'} -> {'Tag.1.Key': 'ngcx:owner', 'Tag.1.Value': 'x'} (N = 1..20)."""
+    out: dict[str, str] = {}
+    for n, (key, value) in enumerate(sorted(tags.items()), start=1):
+        out[f"Tag.{n}.Key"], out[f"Tag.{n}.Value"] = key, value
+    return out

@@ -1,0 +1,155 @@
+"""`ngcx deploy [IMAGE[:RELEASE]] --cloud local|aliyun [...] [-- CMD]`: the CLI face of cli/deploy/.
+
+Why apart from flow.py: this module turns flags into a DeployConfig (every user mistake is one line
+here, before the state store or a cloud hears of it) and prints; flow.py does the work.
+Only typer and the standard library at import time (`ngcx --help` stays fast).
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+
+from ..core.errors import UserError
+from .options import CatalogOpt, JsonOpt, ProjectFileOpt, VariantOpt
+
+
+class Cloud(StrEnum):
+    local = "local"
+    aliyun = "aliyun"
+    aws = "aws"
+    any = "any"       # every cloud with credentials, best candidate first, failing over on capacity
+
+
+class Workload(StrEnum):
+    cnn = "cnn"
+    rnn = "rnn"
+    transformer = "transformer"
+
+
+class GpuMode(StrEnum):
+    require = "require"   # the host must give the container a GPU (default on clouds)
+    auto = "auto"         # a GPU when the host has one, else the CPU (default locally)
+    off = "off"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("deploy", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(deploy_cmd)
+
+
+def deploy_cmd(
+    ctx: typer.Context,
+    ref: Annotated[str | None, typer.Argument(
+        help="IMAGE[:RELEASE] or a local image tag; omit it in a project folder (ngcx.yaml).")] = None,
+    cloud: Annotated[Cloud, typer.Option("--cloud", case_sensitive=False, help="Where to serve it.")] = Cloud.local,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="GPU model: T4, A10, V100, A100, L20, … (clouds).")] = None,
+    workload: Annotated[Workload, typer.Option("--workload", case_sensitive=False,
+                                               help="Ranks GPUs: cnn by tensor FLOP/s; rnn/transformer by memory "
+                                                    "bandwidth and capacity.")] = Workload.cnn,
+    region: Annotated[str | None, typer.Option("--region", help="Cloud region (default: the profile's).")] = None,
+    zone: Annotated[str | None, typer.Option("--zone", help="Only this zone.")] = None,
+    max_price: Annotated[float | None, typer.Option("--max-price", help="Highest hourly price (table's currency).")]
+    = None,
+    spot: Annotated[bool, typer.Option("--spot", help="Spot instances (ranked by spot price).")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the ranked candidates and why; change nothing.")]
+    = False,
+    gpu_mode: Annotated[GpuMode | None, typer.Option(
+        "--gpu-mode", case_sensitive=False,
+        help="require: fail without a usable GPU (clouds' default); auto: CPU when none (local default); off.")] = None,
+    registry: Annotated[str | None, typer.Option(
+        "--registry", help="Push here first (HOST[:PORT]/NS or acr://REGION/NS); default: the image's last push.")]
+    = None,
+    port: Annotated[int | None, typer.Option("--port", help="Local: host port on 127.0.0.1 (default: free).")] = None,
+    allow_from: Annotated[str, typer.Option("--allow-from", help="Cloud: CIDR allowed to reach port 8000.")]
+    = "0.0.0.0/0",
+    ready_timeout: Annotated[float, typer.Option("--ready-timeout", help="Seconds to wait for /v2/health/ready.")]
+    = 900.0,
+    project_file: ProjectFileOpt = None,
+    variant: VariantOpt = None,
+    catalog_file: CatalogOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Serve an image (or this folder's project) on this workstation or a cloud GPU; prints the URL."""
+    from ..deploy.common import DeployConfig
+    from ..deploy.image import pushes, resolve
+
+    ref, cmd = _split_command(ref, list(ctx.args))
+    image, labels = resolve(ref, project_file, variant, catalog_file)
+    if not cmd and "ai.ngcx.project.name" not in labels and labels.get("ai.ngcx.image"):
+        raise UserError(f"{image} is a catalog image without a model to serve",
+                        hint="deploy a project (ngcx init) or give the command: -- ngcx-runtime serve MODEL")
+    mode = (gpu_mode or (GpuMode.auto if cloud == Cloud.local else GpuMode.require)).value
+    config = DeployConfig(cloud=cloud.value, image=image, pull_ref=None, registry=None, labels=labels,
+                          model=labels.get("ai.ngcx.project.name"), cmd=cmd, gpu=gpu, gpu_mode=mode,
+                          workload=workload.value, region=region, zone=zone, max_price=max_price, spot=spot,
+                          port=port, allow_from=_cidr(allow_from), ready_timeout=ready_timeout)
+    if dry_run:
+        return _dry_run(config)
+    if cloud != Cloud.local:
+        config.pushes = pushes(image, registry)
+        config.pull_ref, config.registry = config.pick_push(lambda _host: True) or (None, None)
+    warn_interrupted()
+    from ..deploy.common import format_phases
+    from ..deploy.flow import clouds_with_credentials, deploy, deploy_any
+
+    record = deploy_any(config, clouds_with_credentials()) if cloud == Cloud.any else deploy(config)
+    if as_json:
+        from ..core.output import emit_json
+
+        return emit_json(record.as_json())
+    print(f"ngcx: deployment {record.id} ready ({record.path}{', ' + record.instance_id if record.instance_id else ''})"
+          f": {format_phases(record.phases)}", file=sys.stderr)
+    if record.detail:
+        print(f"ngcx: note: {record.detail}", file=sys.stderr)
+    print(record.endpoint)
+
+
+def _split_command(ref: str | None, extra: list[str]) -> tuple[str | None, list[str]]:
+    """(IMAGE, CMD): click hands the first word after `--` to the optional IMAGE when none was given
+    (a project deploy with a command), so the split is read from the command line itself."""
+    argv = sys.argv[1:]
+    if "--" not in argv:
+        if extra:
+            raise UserError(f"unexpected {extra[0]!r}", hint="put the container's command after `--`")
+        return ref, []
+    cut = argv.index("--")
+    cmd = argv[cut + 1:]
+    return (ref if ref is not None and ref in argv[:cut] else None), cmd
+
+
+def _cidr(text: str) -> str:
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_network(text.strip(), strict=False))
+    except ValueError:
+        raise UserError(f"--allow-from {text!r} is not a CIDR", hint="e.g. 203.0.113.7/32 or 0.0.0.0/0") from None
+
+
+def _dry_run(config: Any) -> None:
+    """What a deploy would do, without a single write call (offline ranking for clouds)."""
+    if config.cloud == "local":
+        print(f"would serve {config.image} on this host's Docker engine (gpu mode {config.gpu_mode}), "
+              f"port {config.port or 'a free one'} on 127.0.0.1")
+        return
+    from ..deploy import CLOUDS, offers
+    from ..deploy.flow import choices_across
+
+    choices = choices_across(config, list(CLOUDS) if config.cloud == "any" else [config.cloud])
+    lines = offers.explain_merged(choices) if len(choices) > 1 else offers.explain(choices[0])
+    for line in lines:
+        print(line)
+    if not any(choice.candidates for choice in choices):
+        raise UserError(f"no {config.cloud} instance type fits {config.image}", hint="see the reasons above")
+
+
+def warn_interrupted() -> None:
+    from ..deploy import store
+
+    for record in store.interrupted():
+        print(f"ngcx: warning: deployment {record.id} ({record.cloud}) was interrupted while {record.status}"
+              f"{' with instance ' + record.instance_id if record.instance_id else ''}; "
+              "run `ngcx deployments gc` to find and clean up what it left", file=sys.stderr)

@@ -1,0 +1,183 @@
+"""`ngcx deployments ls | show | logs | stop | start | destroy | gc`: what is deployed, and its lifecycle.
+
+Why a module of its own (not in cli/deploy/): these are the commands a user runs the days after a
+deploy; each reads the state store and calls the record's target through the router. Every read
+command takes --json. Every command first says when a deploy was interrupted (Ctrl-C, kill -9):
+an untracked billed instance must be impossible to miss.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Annotated
+
+import typer
+
+from ..core.errors import UserError
+from .options import JsonOpt
+
+IdArg = Annotated[str, typer.Argument(help="Deployment id (see `ngcx deployments ls`).")]
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="Deployed models: list, logs, stop/start (keeps the host's disk), destroy, gc.",
+                        no_args_is_help=True)
+    group.command("ls")(ls_cmd)
+    group.command("show")(show_cmd)
+    group.command("logs")(logs_cmd)
+    group.command("stop")(stop_cmd)
+    group.command("start")(start_cmd)
+    group.command("destroy")(destroy_cmd)
+    group.command("gc")(gc_cmd)
+    app.add_typer(group, name="deployments")
+
+
+def _record(text: str):
+    from ..deploy import store
+
+    warn_interrupted()
+    return store.get(store.parse_id(text))
+
+
+def warn_interrupted() -> None:
+    from .deploy import warn_interrupted as warn
+
+    warn()
+
+
+def ls_cmd(all_: Annotated[bool, typer.Option("--all", help="Include destroyed and replaced ones.")] = False,
+           as_json: JsonOpt = False) -> None:
+    """List deployments (live ones unless --all)."""
+    from ..core.output import emit_json, table
+    from ..deploy import store
+
+    warn_interrupted()
+    records = store.records(include_gone=all_)
+    if as_json:
+        return emit_json([r.as_json() for r in records])
+    table(None, ("id", "cloud", "status", "image", "where", "endpoint", "age"),
+          [(r.id, r.cloud, r.status, r.image, " ".join(x for x in (r.instance_id, r.instance_type, r.zone) if x)
+            or (r.container or "")[:12], r.endpoint or "", _age(r.created_at)) for r in records])
+
+
+def show_cmd(deployment: IdArg, as_json: JsonOpt = False) -> None:
+    """Everything the record holds, with the per-phase seconds of its deploy."""
+    from ..core.output import emit_json
+    from ..deploy.common import format_phases
+
+    record = _record(deployment)
+    if as_json:
+        return emit_json(record.as_json())
+    for key, value in record.as_json().items():
+        if key == "phases":
+            value = format_phases(value) if value else ""
+        if key == "spec":
+            value = {k: v for k, v in value.items() if k != "marks"}
+        if value not in (None, "", {}):
+            print(f"{key:14} {value}")
+
+
+def logs_cmd(deployment: IdArg,
+             tail: Annotated[int, typer.Option("--tail", "-n", help="Last N lines.")] = 50) -> None:
+    """The served container's last log lines (through the engine, or Cloud Assistant on ECS)."""
+    from ..deploy import target
+
+    record = _record(deployment)
+    _live(record, "show logs of")
+    print(target(record.cloud).logs(record, tail), end="")
+
+
+def stop_cmd(deployment: IdArg) -> None:
+    """Stop it: on a cloud the host stops (no GPU billing, disk and pulled layers kept); locally the container."""
+    from ..deploy.common import READY, STARTING
+    from ..deploy.flow import stop
+
+    record = _record(deployment)
+    if record.status not in (READY, STARTING):
+        raise UserError(f"deployment {record.id} is {record.status}, not running", hint="nothing to stop")
+    stop(record)
+    print(f"ngcx: deployment {record.id} stopped; `ngcx deploy` of the same spec reuses it, "
+          f"`ngcx deployments start {record.id}` serves it again", file=sys.stderr)
+
+
+def start_cmd(deployment: IdArg,
+              ready_timeout: Annotated[float, typer.Option("--ready-timeout")] = 900.0) -> None:
+    """Start a stopped deployment again and wait until it serves; prints the URL."""
+    from ..deploy.common import STOPPED, format_phases
+    from ..deploy.flow import start
+
+    record = _record(deployment)
+    if record.status != STOPPED:
+        raise UserError(f"deployment {record.id} is {record.status}, not stopped", hint="nothing to start")
+    record = start(record, ready_timeout)
+    print(f"ngcx: deployment {record.id} ready: {format_phases(record.phases)}", file=sys.stderr)
+    print(record.endpoint)
+
+
+def destroy_cmd(deployment: IdArg,
+                yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False) -> None:
+    """Delete the host (cloud) or container (local) and close the record."""
+    from ..deploy import store, target
+    from ..deploy.common import DESTROYED
+
+    record = _record(deployment)
+    if record.status == DESTROYED:
+        raise UserError(f"deployment {record.id} is already destroyed")
+    what = f"instance {record.instance_id}" if record.instance_id else f"container {(record.container or '?')[:12]}"
+    if not yes and not typer.confirm(f"destroy deployment {record.id} ({record.cloud}, {what})?"):
+        raise typer.Exit(1)
+    if record.instance_id or record.container:
+        target(record.cloud).terminate(record)
+    else:
+        store.mark_destroyed(record.id, "nothing was created")
+    print(f"ngcx: deployment {record.id} destroyed ({what})", file=sys.stderr)
+
+
+def gc_cmd(yes: Annotated[bool, typer.Option("--yes", "-y", help="Delete without asking.")] = False,
+           as_json: JsonOpt = False) -> None:
+    """Find hosts and containers with ngcx's tags that no record owns (an interrupted deploy), offer to delete."""
+    from ..core.output import emit_json
+    from ..deploy import TARGETS, store, target
+    from ..deploy.common import FAILED
+
+    for record in store.interrupted():   # their ngcx is gone: whatever they made is an orphan now
+        store.update(record.id, status=FAILED, pid=None,
+                     detail=f"interrupted while {record.status}; found by gc at {time.ctime()}")
+    found = []
+    for cloud in TARGETS:
+        module = target(cloud)
+        try:
+            items = module.orphans()
+        except UserError as exc:
+            if cloud != "local" and "credentials" in exc.message:
+                continue  # no credentials for this cloud: nothing of ours can be there
+            raise
+        found += [dict(item, cloud=cloud) for item in items]
+    if as_json:
+        return emit_json(found)
+    if not found:
+        print("ngcx: no orphaned hosts or containers", file=sys.stderr)
+        return
+    for item in found:
+        print(f"{item['cloud']:7} {item['id']:24} {item.get('status', '')} {item.get('type', item.get('name', ''))}")
+    if not yes and not typer.confirm(f"delete these {len(found)}?"):
+        raise typer.Exit(1)
+    for item in found:
+        target(item["cloud"]).delete_orphan(item)
+    print(f"ngcx: deleted {len(found)}", file=sys.stderr)
+
+
+def _live(record, verb: str) -> None:
+    from ..deploy.common import LIVE
+
+    if record.status not in LIVE:
+        raise UserError(f"cannot {verb} deployment {record.id}: it is {record.status}")
+
+
+def _age(since: float) -> str:
+    seconds = max(0, int(time.time() - since))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"

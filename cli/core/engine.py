@@ -1,0 +1,95 @@
+"""The Docker Engine and the docker CLI: one place that knows how to reach them.
+
+Why one module: base, build, test, run, push, images, doctor and the project commands all need an
+engine client that fails with one clear line when dockerd is down (not a 40-line traceback), and
+build, run and doctor need the one docker CLI on PATH that drives BuildKit without buildx.
+Heavy imports (docker SDK) stay inside functions so `ngcx --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError
+
+ENGINE_HINT = "start it with scripts/setup.sh, or: nohup dockerd >/var/log/ngcx-dockerd.log 2>&1 &"
+
+
+def engine_client(timeout: int = 600) -> Any:
+    """A docker SDK client that has answered a ping; UserError (one line) when the engine is down."""
+    import docker
+    from docker.errors import DockerException
+
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    try:
+        client = docker.from_env(timeout=timeout)
+        client.ping()
+    except DockerException as exc:
+        reason = short_reason(str(exc))
+        raise UserError(f"Docker Engine not reachable at {host}: {reason}", hint=ENGINE_HINT) from None
+    return client
+
+
+def short_reason(text: str) -> str:
+    """The most telling fragment of a docker/requests error, kept to one line.
+
+    Public because the engine, the credentials store and the registry API all turn their SDK's
+    multi-line errors into the same one-line reasons."""
+    for pattern in (r"Connection refused", r"No such file or directory", r"Permission denied",
+                    r"timed out", r"Name or service not known"):
+        if re.search(pattern, text, re.IGNORECASE):
+            return pattern.lower()
+    return text.splitlines()[0][:160] if text else "unknown error"
+
+
+def image_or_none(client: Any, ref: str) -> Any:
+    """The local image `ref`, or None when it does not exist locally."""
+    from docker.errors import ImageNotFound
+
+    try:
+        return client.images.get(ref)
+    except ImageNotFound:
+        return None
+
+
+def docker_cli() -> str | None:
+    """Path of a docker CLI able to run `DOCKER_BUILDKIT=1 docker build` without buildx.
+
+    Why not just `docker` from PATH: a newer CLI (>= 23) refuses DOCKER_BUILDKIT=1 without the
+    buildx plugin, while the Debian docker.io CLI (20.10) drives BuildKit itself. We take the
+    first CLI on PATH that has buildx or is a 20.10-era client. $NGCX_DOCKER_CLI overrides.
+    """
+    override = os.environ.get("NGCX_DOCKER_CLI")
+    if override:
+        return override
+    seen: set[str] = set()
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        candidate = Path(folder) / "docker"
+        if not candidate.is_file() or not os.access(candidate, os.X_OK):
+            continue
+        real = str(candidate.resolve())
+        if real in seen:
+            continue
+        seen.add(real)
+        if _cli_drives_buildkit(str(candidate)):
+            return str(candidate)
+    return shutil.which("docker")
+
+
+def _cli_drives_buildkit(cli: str) -> bool:
+    """True when `cli` can run BuildKit builds: buildx present, or a client older than 23."""
+    try:
+        buildx = subprocess.run([cli, "buildx", "version"], capture_output=True, timeout=10)
+        if buildx.returncode == 0:
+            return True
+        out = subprocess.run([cli, "version", "--format", "{{.Client.Version}}"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    match = re.match(r"(\d+)\.", out)
+    return bool(match) and int(match.group(1)) < 23
