@@ -18,9 +18,9 @@ import time
 import traceback
 from pathlib import Path
 
-from bench import chart, report
-from bench.core import RESULTS, ROOT, SuiteResult, SuiteSkipped, load_average, machine, now
-from bench.suites import SUITES
+from . import chart, report
+from .core import RESULTS, ROOT, SuiteResult, SuiteSkipped, load_average, machine, now
+from .suites import SUITES
 
 MIN_REPEAT = 3
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.core import SuiteResult, ensure_package
+from .core import SuiteResult, ensure_package
 
 COLORS = {"ngcx": "#76b900", "hpccm": "#1f77b4", "naive": "#d62728", "python": "#999999"}
 

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bench.core import ROOT
+from .core import ROOT
 
 INTRO = """# Benchmarks
 

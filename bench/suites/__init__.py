@@ -2,11 +2,14 @@
 
 A suite is a function run(result: SuiteResult, work: Path, out: Path) that fills `result`
 (measurements, ratios, notes, extra) or raises SuiteSkipped with the reason it does not apply.
+The other modules here are helpers of the suite they are named after: peers.py (the hpccm recipes
+of cli and build), project_figures.py, push_figures.py / push_compress.py / push_registry.py /
+push_pull.py, and deploy_phases.py (the deploy measurement, also runnable alone).
 """
 
 from __future__ import annotations
 
-from bench.suites import build, cli, deploy, project, push, runtime
+from . import build, cli, deploy, project, push, runtime
 
 SUITES = {
     "cli": cli.run,

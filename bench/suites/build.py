@@ -4,7 +4,7 @@ All three are built the same way (`DOCKER_BUILDKIT=1 docker build`, the CA as a 
 from the same build context (`ngcx render cuda:24.05 --base offline --context`: ngcx-runtime/ and
 the image's tests/), FROM the same local base (ngcx/base:bookworm) and the same wheel source:
   ngcx   the Dockerfile `ngcx render` writes (what `ngcx build` builds)
-  hpccm  `hpccm --recipe` on bench/peers.py's recipe for the same release, given the CA secret
+  hpccm  `hpccm --recipe` on bench/suites/peers.py's recipe for the same release, given the CA secret
   naive  bench/naive/cuda.Dockerfile: one stage, the app copied before one big pip install
 Figures: cold build (no layer cache), rebuild after editing one app file (a module of
 ngcx-runtime), rebuild after a patch change of one pin (nvidia-cuda-runtime-cu12 12.4.127 ->
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.core import ROOT, Measurement, Ratio, Stats, SuiteResult, SuiteSkipped, ensure_package, ratio, script
-from bench.peers import adapt_for_build, write_hpccm_recipe
+from ..core import ROOT, Measurement, Ratio, Stats, SuiteResult, SuiteSkipped, ensure_package, ratio, script
+from .peers import adapt_for_build, write_hpccm_recipe
 
 REF = "cuda:24.05"
 SECOND = "pytorch:24.11"          # the framework image on the same CUDA stack (12.4, cuDNN 9.1.0.70, NCCL 2.21.5)
@@ -297,8 +297,8 @@ def check_disk(root: str) -> None:
 def open_engine(cls: type[Engine] = Engine, **fields: Any) -> Engine:
     """The docker CLI able to build with BuildKit and this machine's CA bundle, as every build suite needs
     (build, project), or SuiteSkipped with the reason."""
-    from ngcx.build import CA_ENV_VARS
-    from ngcx.engine import docker_cli
+    from ngcx.build.image import CA_ENV_VARS
+    from ngcx.core.engine import docker_cli
 
     cli = docker_cli()
     if cli is None:
@@ -490,12 +490,12 @@ def sharing_notes(shared: dict[str, float], stack_bytes: float, common: int | No
     its whole CUDA stack (at least STACK_LAYERS bottom layers) or when it shares less than a peer."""
     figures = (f"Shared with {SECOND}: ngcx {shared['ngcx'] / 1e6:,.0f} MB, hpccm {shared['hpccm'] / 1e6:,.0f} MB, "
                f"naive {shared['naive'] / 1e6:,.0f} MB.")
-    peers = ("hpccm's recipe (bench/peers.py, as a user of its apt_get building block writes it) installs the "
+    peers = ("hpccm's recipe (bench/suites/peers.py, as a user of its apt_get building block writes it) installs the "
              "framework's OS packages in its one apt layer before the CUDA wheels, so its two images part there "
              "and share the base only; naive installs one apt set for every image, then copies each image's own "
              "app before its one pip install, so it shares base and apt layer and stores the CUDA stack twice.")
     if common is not None and common >= STACK_LAYERS:
-        from ngcx.render import image_packages, load_recipe
+        from ngcx.render.dockerfile import image_packages, load_recipe
 
         own = ", ".join(image_packages(load_recipe(SECOND.split(":")[0]))) or "none"
         return [f"{figures} ngcx's two images share their bottom {common} layers: the base, OS packages, venv and "
@@ -530,7 +530,7 @@ def notes(ms: list[Measurement], stack_bytes: float, common: int | None, parting
     by = {m.name: m for m in ms}
     med = {name: m.wall.median for name, m in by.items()}
     layers = {t: int(med.get(f"{t}: layers", 0)) for t in TOOLS}
-    same = "the same steps in the same order" if layers["ngcx"] == layers["hpccm"] else "see bench/peers.py"
+    same = "the same steps in the same order" if layers["ngcx"] == layers["hpccm"] else "see bench/suites/peers.py"
     out = [f"Same context, base ({BASE}), wheel source (PyPI through this machine's proxy, CA as a BuildKit "
            f"secret) and engine for all three; a figure is the median of the rounds, tools interleaved. Layers: "
            f"ngcx {layers['ngcx']}, hpccm {layers['hpccm']} ({same}), naive {layers['naive']}."]

@@ -18,8 +18,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.core import ROOT, Measurement, SuiteResult, Timed, ensure_package, ratio, script, time_interleaved
-from bench.peers import write_hpccm_recipe
+from ..core import ROOT, Measurement, SuiteResult, Timed, ensure_package, ratio, script, time_interleaved
+from .peers import write_hpccm_recipe
 
 REF = "pytorch:24.11"
 HPCCM = "hpccm"

@@ -5,7 +5,7 @@ Paths: local (image present) against what a user does by hand on the same engine
 SDK against the ECS emulator and boto3 against moto + tests/emulators/aws_ec2.py, whose instances are real
 machines, a running host reused, a stopped
 host restarted, a fresh host from a baked image and a fresh host that pulls — the measuring itself
-is bench/deploy_phases.py (also runnable alone). The emulator's API-side delays are the published
+is bench/suites/deploy_phases.py (also runnable alone). The emulator's API-side delays are the published
 EC2 figures (start 16.4 s, launch 17.8 s: cold-start.md [V1]); machine boots and pulls are real.
 Ratios: ngcx local / docker-run baseline, and each warm path / the fresh pull (how much the warm
 paths save).
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.core import ROOT, Measurement, Ratio, Stats, SuiteResult, SuiteSkipped
+from ..core import ROOT, Measurement, Ratio, Stats, SuiteResult, SuiteSkipped
 
 PHASES = ("api", "boot", "pull", "start", "ready")
 
@@ -67,14 +67,13 @@ def local_note(by: dict[str, Measurement]) -> list[str]:
 def run(result: SuiteResult, work: Path, out: Path) -> None:
     if subprocess.run(["/usr/bin/docker", "info"], capture_output=True).returncode != 0:
         raise SuiteSkipped("needs the Docker engine (scripts/setup.sh)")
-    sys.path.insert(0, str(ROOT / "bench"))
-    import deploy_phases as phases
+    from . import deploy_phases as phases
 
     repeat = max(result.repeat, 1)
     root = phases.project_copy(work)
     rows = {"local": phases.local_rows(root, work, repeat), **phases.cloud_rows(root, work, repeat)}
     baseline = _docker_run_baseline(root, repeat)
-    command = f"python bench/deploy_phases.py --repeat {repeat} (through python -m bench deploy)"
+    command = f"python -m bench.suites.deploy_phases --repeat {repeat} (through python -m bench deploy)"
     result.measurements.append(Measurement(
         name="docker run -d -p + poll ready (by hand)", tool="docker", unit="s", better="lower",
         wall=Stats.of(baseline), command="docker run -d -p 127.0.0.1:PORT:8000 ngcx-app/onnx-zero-code"))

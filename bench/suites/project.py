@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.core import ROOT, SuiteResult, SuiteSkipped, script
-from bench.project_figures import (
+from ..core import ROOT, SuiteResult, SuiteSkipped, script
+from .build import NAIVE, TAG_PREFIX, Engine, check_disk, open_engine, run_markers
+from .project_figures import (
     BASE_TAG,
     CASES,
     TOOLS,
@@ -49,7 +50,6 @@ from bench.project_figures import (
     ratios,
     wheels_step_cached,
 )
-from bench.suites.build import NAIVE, TAG_PREFIX, Engine, check_disk, open_engine, run_markers
 
 REF = "onnxruntime:25.08"
 MODEL_MB = 100

@@ -1,11 +1,11 @@
 """push: bytes and time to push cuda:24.05 into an empty registry and to pull it into an empty engine,
 with the layer compression ngcx uses today and the alternatives it could use.
 
-Compressions (each repetition pushes each into its own empty registry: bench/push_registry.py):
+Compressions (each repetition pushes each into its own empty registry: bench/suites/push_registry.py):
   gzip  `ngcx push` as it is: the engine's own push, one Go gzip stream per layer (dockerd 20.10)
   pigz  docker save -> each layer through pigz -6 (gzip, every core) -> the registry API
   zstd  docker save -> each layer through zstd -3 -T0 -> the registry API, OCI manifest
-Pulls (bench/push_pull.py): a fresh machine of tests/emulators (Debian's docker.io 20.10, own empty
+Pulls (bench/suites/push_pull.py): a fresh machine of tests/emulators (Debian's docker.io 20.10, own empty
 disk) pulls through a RegistryRelay with `docker pull`; also with unpigz put on its PATH (gzip), and
 with containerd's `ctr` (gzip, zstd): dockerd 20.10 cannot unpack zstd layers, and its failure is
 recorded as a finding with the engine's own error line. Then a second image FROM cuda:24.05 (one
@@ -25,8 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.core import SuiteResult, SuiteSkipped, script, time_once
-from bench.push_figures import (
+from ..core import SuiteResult, SuiteSkipped, script, time_once
+from .push_figures import (
     CONTAINERD,
     PAYLOAD_MB,
     REF,
@@ -141,8 +141,8 @@ def _ngcx_push(image: str, registry: str, env: dict[str, str]) -> float:
 
 
 def _push(codec: str, registry: str, env: dict[str, str], figs: Figures) -> dict[str, Any]:
-    from bench.push_compress import host_cpu_seconds, push_compressed
-    from bench.push_registry import manifest, wire_bytes
+    from .push_compress import host_cpu_seconds, push_compressed
+    from .push_registry import manifest, wire_bytes
 
     cpu0 = host_cpu_seconds()
     if codec == "gzip":
@@ -155,7 +155,7 @@ def _push(codec: str, registry: str, env: dict[str, str], figs: Figures) -> dict
         wall = time.perf_counter() - start
         figs.facts.setdefault("export", {}).setdefault(codec, []).append(pushed.export_s)
         command = f"docker save {PINNED} | {' '.join(_compressor(codec))} per layer | registry API"
-        note = "bench/push_compress.py: streamed; includes docker save's export"
+        note = "bench/suites/push_compress.py: streamed; includes docker save's export"
     cpu1 = host_cpu_seconds()
     cpu = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
     served = manifest(registry, REPO, TAG)
@@ -166,7 +166,7 @@ def _push(codec: str, registry: str, env: dict[str, str], figs: Figures) -> dict
 
 
 def _compressor(codec: str) -> list[str]:
-    from bench.push_compress import COMPRESSORS
+    from .push_compress import COMPRESSORS
 
     return COMPRESSORS[codec]
 
@@ -222,8 +222,8 @@ def _pulls(codec: str, site, figs: Figures, second: dict[str, Any] | None) -> No
 
 
 def _round(round_: int, work: Path, env: dict[str, str], figs: Figures) -> None:
-    from bench.push_pull import PullSite
-    from bench.push_registry import FreshRegistry, manifest, wire_bytes
+    from .push_pull import PullSite
+    from .push_registry import FreshRegistry, manifest, wire_bytes
 
     for codec in rotated(CODECS, round_):
         print(f"bench push: round {round_ + 1}, {codec}", file=sys.stderr)

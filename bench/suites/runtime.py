@@ -4,7 +4,7 @@ The model is tests/runtime/models.py's conv_net at 64x64 with 32 channels (3 con
 GFLOP per image): small enough for a 2-core box, big enough that the convolutions, not Python,
 dominate at batch 8. Each repetition is one `ngcx-runtime bench --serve` run per plan; a row's
 min / median / max is over the repetitions. The GPU figures are not measured here: the last
-GPU run's saved results (bench/results/h100/) are summarized beside them with the device named.
+GPU run's saved results (bench/results/gpu/resnet50/h100/) are summarized beside them with the device named.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.core import ROOT, Measurement, Ratio, Stats, SuiteResult, SuiteSkipped, script
+from ..core import ROOT, Measurement, Ratio, Stats, SuiteResult, SuiteSkipped, script
 
 BATCHES = "1,8"
 CONCURRENCY = "1,4"
 DURATION_S = "1.0"
-GPU_RESULTS = ROOT / "bench" / "results" / "h100"
+GPU_RESULTS = ROOT / "bench" / "results" / "gpu" / "resnet50" / "h100"
 
 
 def _model(work: Path) -> tuple[Path, Path]:
@@ -107,7 +107,7 @@ def run(result: SuiteResult, work: Path, out: Path) -> None:
         "Throughput (inferences/s, higher is better). served = KServe v2 HTTP in front of the same plan; "
         "'x4' = 4 client threads (the dynamic batcher merges their requests).",
         "GPU figures are not re-measured by this suite; gpu_reference in runtime.json summarizes the last "
-        "saved GPU run (bench/gpu_resnet50.py on the device named there).",
+        "saved GPU run (bench/gpu/resnet50.py on the device named there).",
     ]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.core import Measurement, Ratio, Stats
+from ..core import Measurement, Ratio, Stats
 
 REF = "cuda:24.05"
 PAYLOAD_MB = 8
@@ -284,10 +284,10 @@ def _adoption(figs: Figures) -> list[str]:
         out.append("What zstd would take in ngcx: dockerd's push (20.10, and later engines with their classic image "
                    "store) always writes gzip, so `ngcx push` would have to push without it: `skopeo copy "
                    "--dest-compress-format zstd docker-daemon:IMAGE docker://REF` (skopeo 1.9 is in bookworm), the "
-                   "registry-API path this suite uses (bench/push_compress.py), or a BuildKit builder (buildx with "
-                   "the docker-container driver) whose image exporter writes compression=zstd. Every engine that "
-                   "pulls must then read zstd: Docker Engine 23.0 or later, or containerd; ngcx's hosts run "
-                   "Debian bookworm's docker.io 20.10, which cannot, so their image would need a newer engine, "
+                   "registry-API path this suite uses (bench/suites/push_compress.py), or a BuildKit builder "
+                   "(buildx with the docker-container driver) whose image exporter writes compression=zstd. Every "
+                   "engine that pulls must then read zstd: Docker Engine 23.0 or later, or containerd; ngcx's hosts "
+                   "run Debian bookworm's docker.io 20.10, which cannot, so their image would need a newer engine, "
                    "or ngcx would have to keep a gzip copy for such hosts.")
     p = figs.stats(push_name("pigz"))
     if p and g and clearly_lower(p, g):

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.core import ROOT
+from ..core import ROOT
 
 LABEL = "ngcx-bench-push"          # DockerHosts' label: this suite's machines only, never the tests'
 CONTAINERD = "/run/docker/containerd/containerd.sock"   # the containerd dockerd 20.10 starts for itself

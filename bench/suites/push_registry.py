@@ -31,7 +31,7 @@ from typing import Any
 
 REGISTRY_BIN = "docker-registry"
 CONFIG = """\
-# Written by bench/push_registry.py: a throwaway loopback registry with empty storage.
+# Written by bench/suites/push_registry.py: a throwaway loopback registry with empty storage.
 version: 0.1
 log:
   level: error

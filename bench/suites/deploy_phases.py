@@ -1,6 +1,8 @@
 """Deploy -> first successful inference, per phase (api, boot, pull, start, ready), for every path.
 
-    .venv/bin/python bench/deploy_phases.py [--repeat 3] [--out bench/results/deploy_phases.json]
+    .venv/bin/python -m bench.suites.deploy_phases [--repeat 3] [--out bench/results/deploy_phases.json]
+
+(from the repo root; `python -m bench deploy` runs the same measurement as a suite).
 
 Paths (issue 10's performance table, issue 11's for AWS): local (image present), and through the real
 Alibaba Cloud SDK / boto3 against the ECS emulator / moto + tests/emulators/aws_ec2.py, whose instances are
@@ -28,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "e2e")]
 
 START_S, LAUNCH_S = 16.4, 17.8      # cold-start.md [V1]: EC2 start-from-stopped and cold launch, pending -> running
@@ -166,7 +168,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     report = {"machine": {"cores": os.cpu_count(), "load": os.getloadavg(), "python": platform.python_version()},
               "emulator": {"start_seconds": START_S, "boot_seconds": LAUNCH_S},
-              "command": "python bench/deploy_phases.py --repeat " + str(args.repeat),
+              "command": "python -m bench.suites.deploy_phases --repeat " + str(args.repeat),
               "rows": results, "summary": {k: summary(v) for k, v in results.items() if not k.endswith("bake_s")}}
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"{'path':22} " + " ".join(f"{p:>7}" for p in (*PHASES, "total")) + "   (median s)")

@@ -1,8 +1,9 @@
 """ResNet-50 on one GPU: eager FP32/FP16 vs `ngcx-runtime optimize --precision fp16` (pytorch backend),
 in-process and served through the KServe HTTP server.
 
-Random weights (torchvision weights=None; no download). Run from the repo root:
-    python3 bench/gpu_resnet50.py --out bench/results/resnet50.json
+Random weights (torchvision weights=None; no download). Run from the repo root, on a GPU host:
+    python3 bench/gpu/resnet50.py --out $OUT/resnet50.json [--batches 1,256] [--concurrency 1,4,16]
+Saved runs: bench/results/gpu/resnet50/ (the runtime suite reports the newest H100 one).
 Reference (runtime.md §9, H100, torch.compile reduce-overhead, FP16, channels_last, inputs on the
 GPU): ~2,200 img/s at batch 1, ~24,000 img/s at batch 256.
 
@@ -26,7 +27,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for gpu_shim (shared with tests/gpu)
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
 import gpu_shim  # noqa: E402
@@ -229,7 +230,7 @@ def served_rows(
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     t0 = time.perf_counter()
     proc = subprocess.Popen(
         [
@@ -281,7 +282,7 @@ def stage(report: dict, name: str, fn):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--batches", default="1,256")
     ap.add_argument("--concurrency", default="1,4,16")

@@ -1,10 +1,9 @@
 """What the project suite reports: its figures, ratios and notes, from the builds' own output.
 
 Why apart from bench/suites/project.py: everything here is pure (build output, cache records and
-image histories in, figures and sentences out), so tests/unit/test_bench.py checks it without
+image histories in, figures and sentences out), so tests/bench/test_bench_project.py checks it without
 Docker; the suite keeps the flow that drives the engine. It borrows the build suite's history and
-spread helpers inside the functions that use them: importing bench.suites.build here would load every
-suite (bench/suites/__init__.py), this module's own among them, before this module is done.
+spread helpers (.build) inside the functions that use them.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import re
 import statistics
 from typing import Any
 
-from bench.core import Measurement, Ratio, Stats, ratio
+from ..core import Measurement, Ratio, Stats, ratio
 
 BASE_TAG = "ngcx/onnxruntime:25.08-runtime"
 TOOLS = ("ngcx", "naive")
@@ -132,7 +131,7 @@ def project_records(records: list[dict[str, Any]], before: set[str], markers: se
 def added_layers(history: list[dict[str, Any]], base_layers: int, n_layers: int) -> list[tuple[str, int]]:
     """(instruction, bytes) of each layer an image adds on top of its base, bottom first; [] when the
     history does not map onto the layers."""
-    from bench.suites.build import EMPTY_INSTRUCTIONS, layer_sizes
+    from .build import EMPTY_INSTRUCTIONS, layer_sizes
 
     sizes = layer_sizes(history, n_layers)
     if sizes is None:

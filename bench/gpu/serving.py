@@ -1,6 +1,10 @@
-"""Issue 12's GPU figures (Performance section) and the HTTP transport measurement (item 7), one run.
+"""Served throughput on one GPU: shared memory vs the body, batch-1 merging, instances and MPS, transports.
 
-    python3 bench/gpu_issue12.py --out DIR [--seconds 4] [--quick]
+    python3 bench/gpu/serving.py --out DIR [--seconds 4] [--skip shm,body,bs1,mps,small,transport] [--tag T]
+
+Run from the repo root on a GPU host; writes DIR/serving[_T].json. Asked for by issue 12 (its Performance
+section and the HTTP transport decision, item 7); saved runs: bench/results/gpu/serving/ and
+bench/results/http-transport/.
 
 What it measures, on the GPU it finds (named in the report), random-weight torchvision models
 through `ngcx-runtime optimize --precision fp16` (PyTorch backend: torch.compile + CUDA graphs):
@@ -40,7 +44,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHIM = Path(tempfile.gettempdir()) / "ngcx-shim"
 
 
@@ -387,11 +391,11 @@ def mps_state() -> dict[str, Any]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--only", default="", help="comma-separated server phases to run (e.g. resnet18_1inst_batch)")
-    ap.add_argument("--tag", default="", help="suffix of the report file (gpu_issue12_TAG.json)")
+    ap.add_argument("--tag", default="", help="suffix of the report file (serving_TAG.json)")
     ap.add_argument("--skip", default="", help="comma-separated phases to skip: shm,body,bs1,mps,small,transport")
     ap.add_argument("--work", type=Path, default=None,
                     help="work folder (plans, plan cache); reuse it to skip rebuilding the plans in a later run")
@@ -400,7 +404,7 @@ def main() -> int:
     ONLY.update(filter(None, args.only.split(",")))
     args.out.mkdir(parents=True, exist_ok=True)
     env = _shim_env()
-    work = args.work or Path(tempfile.mkdtemp(prefix="issue12-"))
+    work = args.work or Path(tempfile.mkdtemp(prefix="ngcx-gpu-serving-"))
     work.mkdir(parents=True, exist_ok=True)
     logs = work / "logs"                        # server logs stay in the work folder (tar them if wanted)
     logs.mkdir(exist_ok=True)
@@ -409,7 +413,7 @@ def main() -> int:
                               "cpu_count": os.cpu_count()}
 
     def write() -> None:
-        (args.out / f"gpu_issue12{'_' + args.tag if args.tag else ''}.json").write_text(json.dumps(report, indent=1))
+        (args.out / f"serving{'_' + args.tag if args.tag else ''}.json").write_text(json.dumps(report, indent=1))
 
     t0 = time.perf_counter()
     prep = prepare(work, args.seconds, env)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from bench.push_registry import image_manifest, push_blob, push_manifest
+from .push_registry import image_manifest, push_blob, push_manifest
 
 DOCKER = "/usr/bin/docker"
 CHUNK = 1 << 20
