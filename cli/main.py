@@ -30,7 +30,7 @@ COMMAND_MODULES = (
 )
 
 # Command (or group) name as typed -> the module whose register() adds it. Static so that picking
-# the module costs no import; tests/unit/test_cli.py checks it against what every module registers.
+# the module costs no import; tests/commands/test_cli.py checks it against what every module registers.
 COMMAND_OWNERS = {
     "init": "init", "catalog": "catalog", "render": "render", "base": "base", "build": "build",
     "lock": "lock", "test": "test", "push": "push", "login": "login", "logout": "login", "run": "run",

@@ -9,7 +9,7 @@ Why it cannot drift from the typer commands: it takes only the command lines it 
 understands (the command's own arguments and options, each given once, no value that looks like
 an option, no `--help`) and runs them through the same functions typer's commands call
 (render.render_command, catalog.list_releases). Anything else returns False and goes to typer,
-so every help text and usage error stays typer's own. tests/unit/test_fastpath.py runs command
+so every help text and usage error stays typer's own. tests/commands/test_fastpath.py runs command
 lines through both paths and compares what the user sees.
 """
 
@@ -45,7 +45,7 @@ def _catalog_ls(**params: Any) -> None:
 
 
 # Must list exactly what the typer commands declare (commands/render.py and commands/catalog.py register):
-# tests/unit/test_fastpath.py compares these tables with the registered click parameters.
+# tests/commands/test_fastpath.py compares these tables with the registered click parameters.
 COMMANDS = (
     Command(("render",), _render, arguments=("ref",),
             options={"-o": ("output", Path), "--output": ("output", Path), "--variant": ("variant", str),

@@ -27,7 +27,7 @@ def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any
     ls` (bench/results/cli.json), for a grid rich would draw the same way. plain_table() draws
     rich's grid (box.HEAVY_HEAD, padding 1, title centred) for ASCII cells without markup, and
     returns None for anything else (wide or markup-looking text, a table wider than the terminal),
-    which rich then wraps and measures as before. tests/unit/test_output.py compares the two.
+    which rich then wraps and measures as before. tests/core/test_output.py compares the two.
     """
     width = max(100, _term_width())
     cells = [["" if v is None else str(v) for v in row] for row in rows]

@@ -1,7 +1,7 @@
 """A project's Dockerfile: ngcx.yaml + the resolved base -> recipes/project.Dockerfile.j2.
 
 Why apart from build.py: rendering is pure (no Docker, no disk beyond the templates), so the layer
-order, the default command and the labels are tested as text (tests/unit/test_project_render.py),
+order, the default command and the labels are tested as text (tests/project/test_project_render.py),
 like the catalog's golden renders. The layer order is the cache order (app-projects.md §9.2):
 base -> system packages -> wheels -> model -> code -> config, each under a "# ---- NAME:" heading
 that build.py uses to say which layer a change invalidated.

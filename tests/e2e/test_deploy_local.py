@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from deploy_helpers import ngcx, one_inference
 
-from conftest import ctrl_c_able
+from support import ctrl_c_able
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

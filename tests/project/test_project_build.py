@@ -22,9 +22,7 @@ from pathlib import Path
 
 import pytest
 
-# At module level, while `conftest` is still tests/conftest.py: pytest later imports
-# tests/runtime/conftest.py under the same module name.
-from conftest import SecretScan, local_layers
+from support import SecretScan, local_layers
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
 import models  # noqa: E402

@@ -21,7 +21,7 @@ import time
 import pytest
 
 import ngcx_runtime
-from conftest import run_ngcx
+from support import run_ngcx
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -47,6 +47,7 @@ from aliyunsdkecs.request.v20140526 import (
     StopInstanceRequest,
     StopInstancesRequest,
 )
+
 from emulators.aliyun_ecs import PUBLIC_IMAGES, EcsEmulator
 from emulators.aliyun_rpc import NonceStore, sign, signed_query, string_to_sign, verify
 from emulators.hosts_api import CommandResult

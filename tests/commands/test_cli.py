@@ -3,7 +3,7 @@
 Why the import check instead of a timer: `ngcx --help` must answer in < 0.3 s (the issue), and
 what makes it slow is importing pydantic, Jinja2, the Docker SDK or cloud SDKs at start-up. A
 wall-clock assertion would be flaky on a loaded CI box; "these modules are not imported" is exact.
-The time itself is measured by bench/cli_startup.py.
+The time itself is measured by `python -m bench cli`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Golden files: tests/golden/<image>-<release>-<variant>.Dockerfile hold the exact
 image:release x variant, like hpccm's recipe tests. They are the reviewable diff of every pin
 bump or recipe change. After an intended change, regenerate them and review `git diff`:
 
-    NGCX_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/unit/test_render.py -k golden
+    NGCX_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/render/test_render.py -k golden
 
 The property tests below say WHY a render is right (secrets, labels, layer order, variants), so a
 regenerated golden that breaks a property still fails.

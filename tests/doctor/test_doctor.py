@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import run_ngcx
+from support import run_ngcx
 
 pytestmark = pytest.mark.docker
 

@@ -28,11 +28,11 @@ import pytest
 import requests
 from botocore.config import Config
 from botocore.exceptions import ClientError
+
 from emulators.aws_ec2 import Ec2Emulator
 from emulators.docker_hosts import NAME_PREFIX, DockerHosts, ensure_host_image
 from emulators.hosts_api import CommandResult
-
-from conftest import missing
+from support import missing
 
 REGION = "us-east-1"
 GPU_AMI_PARAMETER = "/aws/service/ecs/optimized-ami/amazon-linux-2/gpu/recommended"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ctrl_c_able, missing, run_ngcx
+from support import ctrl_c_able, missing, run_ngcx
 
 pytestmark = pytest.mark.docker
 

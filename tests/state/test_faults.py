@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import missing, run_ngcx, serve_registry
+from support import missing, run_ngcx, serve_registry
 
 pytestmark = pytest.mark.docker
 

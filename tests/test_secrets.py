@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SecretScan, local_layers, run_ngcx
+from support import SecretScan, local_layers, run_ngcx
 
 pytestmark = pytest.mark.docker
 

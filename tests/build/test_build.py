@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from conftest import BASE_IMAGE, SecretScan, run_ngcx
+from support import BASE_IMAGE, SecretScan, run_ngcx
 
 pytestmark = pytest.mark.docker
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 from docker.errors import ImageNotFound, NotFound
+
 from emulators.docker_hosts import (
     DISK_PREFIX,
     IMAGE_PREFIX,
@@ -31,8 +32,7 @@ from emulators.docker_hosts import (
     ensure_host_image,
     host_image_tag,
 )
-
-from conftest import missing
+from support import missing
 
 pytestmark = pytest.mark.docker
 

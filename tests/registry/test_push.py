@@ -12,8 +12,8 @@ import stat
 import pytest
 import requests
 
-from conftest import run_ngcx
 from ngcx.state import db as state
+from support import run_ngcx
 
 pytestmark = pytest.mark.docker
 

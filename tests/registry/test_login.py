@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from conftest import run_ngcx
+from support import run_ngcx
 
 pytestmark = pytest.mark.docker
 
