@@ -31,8 +31,8 @@ pytest_plugins = ["e2e.clouds"]
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run tests/e2e last. Its session clouds hold this process's one moto server (moto keeps one state per
-    process: tests/emulators/aws_ec2.py) until the session ends, so the AWS double's own tests in
-    the Docker-backed tests of the other folders must have run (and closed theirs) before the first e2e test starts it."""
+    process: tests/emulators/aws_ec2.py) until the session ends, so the AWS double's own tests
+    (tests/emulators/) must have run (and closed theirs) before the first e2e test starts it."""
     e2e = Path(__file__).parent / "e2e"
     items.sort(key=lambda item: Path(str(item.fspath)).is_relative_to(e2e))
 
