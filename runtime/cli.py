@@ -2,7 +2,7 @@
 
 Why argparse and lazy modules: the runtime ships inside slim images with numpy as its only
 import-time dependency; each subcommand module exposes add_parser(subparsers) and sets
-func(args) -> int. Every module in COMMANDS ships in every image (render.py copies the whole
+func(args) -> int. Every module in COMMANDS ships in every image (cli/render/dockerfile.py copies the whole
 package), so a missing one is an ImportError, never a silently absent command.
 """
 

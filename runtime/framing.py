@@ -3,9 +3,9 @@
 Why a module of its own: framing decides where the NEXT request on a keep-alive connection
 starts, so any leniency here is request smuggling. The stdlib's http.server leaves body framing
 to the handler, and `int()` accepts `-5`, `+5`, `1_0` and ` 5 ` — a negative Content-Length once
-made serve.py answer a previous request's buffer again and parse the real body as a new request
-(issue 8). Everything here is strict, bounded and pure over (headers, rfile), so the fuzz tests
-drive it without sockets.
+made the HTTP server (then in serve.py, now transport.py) answer a previous request's buffer again
+and parse the real body as a new request (issue 8). Everything here is strict, bounded and pure
+over (headers, rfile), so the fuzz tests drive it without sockets.
 
 Rules (RFC 9112 §6.1, §6.3, §7.1): Content-Length is ASCII digits only; several Content-Length
 values must agree; Transfer-Encoding must be exactly `chunked` (any other coding is refused,

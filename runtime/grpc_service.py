@@ -19,6 +19,10 @@ UNAVAILABLE (not ready, unloaded, draining), 413 RESOURCE_EXHAUSTED, 403 PERMISS
 (shared memory from another host), 500 INTERNAL; a message over --max-body-mb is refused by gRPC
 itself with RESOURCE_EXHAUSTED before it is read.
 
+Who may call an RPC is asked of the server's access.Policy before its handler runs (_handler),
+with the RPC's category (access.GRPC_CATEGORIES), its peer and its metadata: the same check, and
+the same rules, as every HTTP route.
+
 The messages come from a vendored descriptor (grpc_proto.py says why); grpcio is imported only
 when --grpc-port is given, so HTTP-only use needs no gRPC at all.
 """
@@ -26,12 +30,12 @@ when --grpc-port is given, so HTTP-only use needs no gRPC at all.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from concurrent import futures
 from typing import Any
 
 from . import __version__, inference
+from .access import GRPC_CONTROL, Call, Category, Policy, grpc_category
 from .errors import RuntimeUserError
 from .grpc_proto import SERVICE, message, methods
 from .protocol import (
@@ -41,6 +45,7 @@ from .protocol import (
     parse_infer_request,
     shm_output,
 )
+from .routes import SERVER_NAME, App, counted
 from .served import NotFound
 
 DEFAULT_WORKERS = 64          # RPCs handled at once (each inference waits in its batcher)
@@ -146,9 +151,10 @@ def request_doc(request: Any) -> tuple[dict[str, Any], memoryview | None]:
 
 
 class Service:
-    """The RPC handlers over a server's app (serve._App: table, shm, cuda_shm, draining, ready)."""
+    """The RPC handlers over a server's routes.App (table, shm, cuda_shm, draining, ready); who may
+    call them is asked of app.policy before each one (_handler)."""
 
-    def __init__(self, app: Any):
+    def __init__(self, app: App):
         self.app = app
 
     # -- health and metadata --
@@ -168,8 +174,6 @@ class Service:
         return message("ModelReadyResponse")(ready=model.ready and not self.app.draining)
 
     def ServerMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
-        from .serve import SERVER_NAME
-
         return message("ServerMetadataResponse")(name=SERVER_NAME, version=__version__,
                                                  extensions=self.app.extensions())
 
@@ -232,21 +236,13 @@ class Service:
         if app.draining:
             raise ProtocolError("the server is shutting down; retry against another replica", 503)
         model = app.table.lookup(request.model_name, request.model_version or None)
-        stats = model.stats
-        start = time.monotonic_ns()
-        stats.count_request()
-        try:
+        with counted(model):
             engine = model.engine if model.engine is not None and model.closed is None else model.require_engine()
-            view = app.shm_view(peer_address(context.peer()))
+            view = app.shm_view(_call(context, Category.INFERENCE))
             doc, binary = request_doc(request)
             req = parse_infer_request(doc, binary, engine.inputs, engine.outputs, model.name, model.batched, view)
             results = inference.run(model, req)
-            response = self._response(model, req, results, view)
-        except ProtocolError:
-            stats.count_failure()
-            raise
-        stats.count_success(time.monotonic_ns() - start)
-        return response
+            return self._response(model, req, results, view)
 
     @staticmethod
     def _response(model: Any, req: Any, results: dict, view: Any) -> Any:
@@ -292,7 +288,6 @@ class Service:
         return message("RepositoryModelUnloadResponse")()
 
     def _control(self, action: Callable[[], Any]) -> None:
-        self.app.check_control()
         try:
             action()
         except NotFound as exc:
@@ -302,7 +297,7 @@ class Service:
 
     # -- system shared memory --
     def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
-        shm = self._shm(context)
+        shm = self.app.shm
         status = message("SystemSharedMemoryStatusResponse")
         out = status()
         for r in shm.status(request.name or None):
@@ -310,22 +305,17 @@ class Service:
         return out
 
     def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:  # noqa: N802
-        self._shm(context).register(request.name, {"key": request.key, "offset": request.offset,
+        self.app.shm.register(request.name, {"key": request.key, "offset": request.offset,
                                                    "byte_size": request.byte_size})
         return message("SystemSharedMemoryRegisterResponse")()
 
     def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:  # noqa: N802
-        self._shm(context).unregister(request.name or None)
+        self.app.shm.unregister(request.name or None)
         return message("SystemSharedMemoryUnregisterResponse")()
-
-    def _shm(self, context: Any) -> Any:
-        shm = self.app.shm
-        shm.check_peer(peer_address(context.peer()))
-        return shm
 
     # -- CUDA shared memory --
     def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
-        cuda = self._cuda(context)
+        cuda = self.app.cuda_shm
         status = message("CudaSharedMemoryStatusResponse")
         out = status()
         for r in cuda.status(request.name or None):
@@ -333,23 +323,28 @@ class Service:
         return out
 
     def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:  # noqa: N802
-        self._cuda(context).register(request.name, request.raw_handle, request.device_id, request.byte_size)
+        self.app.cuda_shm.register(request.name, request.raw_handle, request.device_id, request.byte_size)
         return message("CudaSharedMemoryRegisterResponse")()
 
     def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:  # noqa: N802
-        self._cuda(context).unregister(request.name or None)
+        self.app.cuda_shm.unregister(request.name or None)
         return message("CudaSharedMemoryUnregisterResponse")()
 
-    def _cuda(self, context: Any) -> Any:
-        self.app.shm.check_peer(peer_address(context.peer()))
-        return self.app.cuda_shm
 
 
-def _handler(fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-    """Run one RPC; a ProtocolError (or a user error) becomes its gRPC status with the same message."""
+def _call(context: Any, category: Category | None, control: bool = False) -> Call:
+    """An RPC as the access policy sees it: its category, its peer's address and its metadata."""
+    return Call(category, peer_address(context.peer()), dict(context.invocation_metadata() or ()), control)
+
+
+def _handler(fn: Callable[[Any, Any], Any], name: str, policy: Policy) -> Callable[[Any, Any], Any]:
+    """Run one RPC once the access policy allows it (access.py: the same Policy.check as HTTP); a
+    ProtocolError (or a user error) becomes its gRPC status with the same message."""
+    category, control = grpc_category(name), name in GRPC_CONTROL
 
     def call(request: Any, context: Any) -> Any:
         try:
+            policy.check(_call(context, category, control))
             return fn(request, context)
         except ProtocolError as exc:
             code, text = status_code(exc.status), exc.message
@@ -404,7 +399,7 @@ class GrpcEndpoint:
         return self._stopped
 
 
-def start(app: Any, host: str, port: int, *, max_message_bytes: int, workers: int = DEFAULT_WORKERS,
+def start(app: App, host: str, port: int, *, max_message_bytes: int, workers: int = DEFAULT_WORKERS,
           reuse_port: bool = False) -> GrpcEndpoint:
     """Serve the GRPCInferenceService for `app` on host:port (0 = a free port) from a thread pool.
 
@@ -427,7 +422,7 @@ def start(app: Any, host: str, port: int, *, max_message_bytes: int, workers: in
         if fn is None or streaming:
             continue                            # not served: grpc answers UNIMPLEMENTED
         handlers[name] = grpc.unary_unary_rpc_method_handler(
-            _handler(fn), request_deserializer=message(req_name).FromString,
+            _handler(fn, name, app.policy), request_deserializer=message(req_name).FromString,
             response_serializer=message(resp_name).SerializeToString)
     options = [("grpc.max_receive_message_length", max_message_bytes), ("grpc.max_send_message_length", -1),
                ("grpc.so_reuseport", 1 if reuse_port else 0)]

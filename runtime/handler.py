@@ -2,7 +2,7 @@
 
 Why an Engine: the server, the dynamic batcher and bench already speak the Engine contract
 (engine.py); a handler that looks like one more engine gets KServe v2, BYTES tensors, batching
-and draining for free, and serve.py needs no handler-specific paths.
+and draining for free, and the routes (routes.py) need no handler-specific paths.
 
 The contract a handler class follows:
   inputs / outputs   class attributes, lists of {"name", "datatype", "shape"} (KServe v2

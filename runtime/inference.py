@@ -1,5 +1,5 @@
 """What every transport does with a parsed request: run it through the model's batcher, and the
-repository's load parameters. Shared by the HTTP server (serve.py) and the gRPC service
+repository's load parameters. Shared by the HTTP routes (routes.py) and the gRPC service
 (grpc_service.py), so both answer the same request with the same result or the same error.
 
 Errors are ProtocolErrors with an HTTP status; gRPC maps the status to its own codes

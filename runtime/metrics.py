@@ -29,6 +29,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
+from .access import Call, Category
+from .protocol import ProtocolError
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # metric, type, help, Stats key, divisor (ns -> us)
@@ -178,6 +181,7 @@ class _MetricsServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     render: Callable[[], str]
+    check: Callable[[Call], None] | None
 
 
 class _MetricsHandler(BaseHTTPRequestHandler):
@@ -214,6 +218,12 @@ class _MetricsHandler(BaseHTTPRequestHandler):
             self._send(404, "application/json", json.dumps({"error": "unknown path; metrics are at /metrics"})
                        .encode(), send_body)
             return
+        if self.server.check is not None:
+            try:
+                self.server.check(Call(Category.STATISTICS, self.client_address[0], self.headers))
+            except ProtocolError as exc:
+                self._send(exc.status, "application/json", json.dumps({"error": exc.message}).encode(), send_body)
+                return
         self._send(200, CONTENT_TYPE, self.server.render().encode(), send_body)
 
     def _send(self, status: int, ctype: str, body: bytes, send_body: bool = True) -> None:
@@ -230,9 +240,12 @@ class _MetricsHandler(BaseHTTPRequestHandler):
 class MetricsServer:
     """The exposition on its own port, for scrapers kept apart from inference traffic."""
 
-    def __init__(self, host: str, port: int, render_fn: Callable[[], str]):
+    def __init__(self, host: str, port: int, render_fn: Callable[[], str],
+                 check: Callable[[Call], None] | None = None):
+        """check: the server's access.Policy.check, asked as for a statistics call before every answer."""
         self._server = _MetricsServer((host, port), _MetricsHandler)
         self._server.render = render_fn
+        self._server.check = check
         self.host, self.port = self._server.server_address[:2]
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
                                         name="ngcx-metrics", daemon=True)

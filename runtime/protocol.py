@@ -2,7 +2,7 @@
 
 Why a module of its own: the wire format (JSON tensors, nested or flat, plus Triton's binary
 tensor extension) is pure data handling that the tests can exercise without sockets, and the
-HTTP layer in serve.py stays about connections, routing and errors.
+HTTP layer stays about connections (transport.py), routing and errors (routes.py).
 
 Performance rules for large bodies (ResNet-50 batch 256 is ~77 MB FP16 per request): binary
 inputs become np.frombuffer views over the received buffer (no copy), binary outputs are written

@@ -15,25 +15,26 @@ request. The cost is one copy from the page cache per input, the copy an HTTP bo
 Who may use it (--shared-memory): `local` (default) accepts registration and shared-memory
 tensors only from loopback peers, since a region is any object in /dev/shm the server can open;
 `any` trusts every peer (a container reached through a bridge, with /dev/shm shared on purpose);
-`off` disables the extension.
+`off` disables the extension. The rule itself is access.py's (check_shared_memory), asked by
+every transport for these routes and by PeerView for every region a tensor names.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import stat
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .access import SHARED_MEMORY_POLICIES as POLICIES
 from .protocol import ProtocolError
 
 SHM_DIR = Path("/dev/shm")
-POLICIES = ("local", "any", "off")
 MAX_REGIONS = 1024
 
 
@@ -118,21 +119,6 @@ class SharedMemory:
     @property
     def enabled(self) -> bool:
         return self.policy != "off"
-
-    def check_peer(self, peer: str) -> None:
-        """Refuse a peer the policy does not trust with shared memory (403), or everyone when off (400)."""
-        if self.policy == "off":
-            raise ProtocolError("system shared memory is disabled on this server (--shared-memory off); send "
-                                "tensors in the request body")
-        if self.policy == "any":
-            return
-        try:
-            loopback = ipaddress.ip_address(peer.split("%")[0]).is_loopback
-        except ValueError:
-            loopback = peer in ("", "localhost")          # a unix socket peer has no address
-        if not loopback:
-            raise ProtocolError(f"system shared memory is only for clients on this host (peer {_brief(peer)}); "
-                                "start the server with --shared-memory any to allow other peers", 403)
 
     # -- the extension's endpoints --
     def register(self, name: str, doc: dict[str, Any]) -> None:
@@ -275,16 +261,17 @@ def _buffer(slot: int, size: int) -> np.ndarray:
 
 
 class PeerView:
-    """The registries as one request's peer may use them: every access checks the policy first.
+    """The registries as one request's peer may use them: every access asks the policy first (allow,
+    access.Policy.check for a shared-memory call from this request's peer).
 
     A region name is looked up among the system regions, then the CUDA ones (cuda_shm.py): Triton
     uses the same shared_memory_region parameter for both kinds. One view per request: its system
     shared-memory inputs are read into the serving thread's reused buffers (_buffer).
     """
 
-    def __init__(self, shm: SharedMemory, peer: str, cuda: Any = None):
+    def __init__(self, shm: SharedMemory, allow: Callable[[], None], cuda: Any = None):
         self.shm = shm
-        self.peer = peer
+        self.allow = allow
         self.cuda = cuda
         self._slot = 0
 
@@ -294,7 +281,7 @@ class PeerView:
         return self.shm
 
     def read(self, name: Any, offset: int, size: int, where: str) -> np.ndarray:
-        self.shm.check_peer(self.peer)
+        self.allow()
         kind = self._kind(name)
         if kind is not self.shm:
             return kind.read(name, offset, size, where)
@@ -302,5 +289,5 @@ class PeerView:
         return self.shm.read(name, offset, size, where, out=_buffer(self._slot - 1, size))
 
     def write(self, name: Any, offset: int, byte_size: int, data: memoryview, where: str) -> None:
-        self.shm.check_peer(self.peer)
+        self.allow()
         self._kind(name).write(name, offset, byte_size, data, where)

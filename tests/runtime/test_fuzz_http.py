@@ -40,8 +40,9 @@ from ngcx_runtime.protocol import ProtocolError
 
 ort = pytest.importorskip("onnxruntime")
 
+from ngcx_runtime.codings import decompress  # noqa: E402
 from ngcx_runtime.plan import load  # noqa: E402
-from ngcx_runtime.serve import _decompress, start_server  # noqa: E402
+from ngcx_runtime.serve import start_server  # noqa: E402
 
 INFER = "/v2/models/mlp/infer"
 LIMIT_MB = 0.05
@@ -171,7 +172,7 @@ def test_a_mutated_chunked_body_fails_cleanly_within_its_bytes(data):
     assert LINE_MAX < 4096
 
 
-# -- Content-Encoding (serve._decompress) --
+# -- Content-Encoding (codings.decompress) --
 
 def compress(payload: bytes, coding: str) -> bytes:
     if coding == "gzip":
@@ -192,7 +193,7 @@ def test_a_compressed_body_decodes_whole_or_is_refused(payload, coding, cut):
     data = data[:len(data) - cut] if cut else data
     encoding = "gzip" if coding == "gzip" else "deflate"
     try:
-        out = _decompress(memoryview(data), encoding, 1 << 20, "1 MB")
+        out = decompress(memoryview(data), encoding, 1 << 20, "1 MB")
     except ProtocolError as exc:
         assert exc.status == 400 and cut, (exc.message, cut)
         return
@@ -205,7 +206,7 @@ def test_a_compressed_body_decodes_whole_or_is_refused(payload, coding, cut):
 def test_random_or_bomb_compressed_bodies_are_a_clean_4xx(data, encoding):
     TRIED["Content-Encoding random / bombs"] += 1
     try:
-        out = _decompress(memoryview(data), encoding, 64 * 1024, "64 KB")
+        out = decompress(memoryview(data), encoding, 64 * 1024, "64 KB")
     except ProtocolError as exc:
         assert exc.status in (400, 413)
         return
