@@ -13,12 +13,12 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import models
 import numpy as np
 import pytest
+from concurrency import concurrently
 
 ort = pytest.importorskip("onnxruntime")
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -159,20 +159,8 @@ def test_tritonclient_grpc_health_metadata_config_and_inference(server, repo):
 def test_concurrent_grpc_requests_share_the_batcher_and_the_metrics(server, repo):
     n = 6
     xs = [models.sample_inputs("mlp", 1, seed=40 + i)["x"] for i in range(n)]
-    out: list = [None] * n
     before = server.stats("mlp", "2")
-
-    def call(i: int) -> None:
-        try:
-            out[i] = client_of(server).infer("mlp", [infer_input("x", xs[i])]).as_numpy("y")
-        except Exception as exc:  # noqa: BLE001 - asserted below
-            out[i] = exc
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(TIMEOUT)
+    out = concurrently(lambda i: client_of(server).infer("mlp", [infer_input("x", xs[i])]).as_numpy("y"), n, TIMEOUT)
     for x, y in zip(xs, out, strict=True):
         assert isinstance(y, np.ndarray), y
         np.testing.assert_allclose(y, reference(repo / "mlp/2/model.onnx", {"x": x})["y"], rtol=1e-5, atol=1e-5)

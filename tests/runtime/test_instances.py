@@ -23,6 +23,7 @@ from pathlib import Path
 import models
 import numpy as np
 import pytest
+from concurrency import concurrently
 
 ort = pytest.importorskip("onnxruntime")
 requests = pytest.importorskip("requests")
@@ -58,17 +59,8 @@ def infer(url: str, x: float) -> int:
 
 
 def concurrent(url: str, n: int) -> tuple[float, list[int]]:
-    who: list = [None] * n
-
-    def call(i: int) -> None:
-        who[i] = infer(url, 1.0)
-
     t0 = time.monotonic()
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(TIMEOUT)
+    who = concurrently(lambda i: infer(url, 1.0), n, TIMEOUT)
     return time.monotonic() - t0, who
 
 
@@ -112,18 +104,13 @@ def test_a_repository_config_instance_group_serves_correct_merged_answers(tmp_pa
         sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         n = 24
         xs = [models.sample_inputs("mlp", 1, seed=i)["x"] for i in range(n)]
-        out: list = [None] * n
 
-        def call(i: int) -> None:
+        def call(i: int) -> np.ndarray | str:
             doc = {"inputs": [{"name": "x", "shape": [1, 32], "datatype": "FP32", "data": xs[i].ravel().tolist()}]}
             r = requests.post(f"{handle.url}/v2/models/mlp/infer", json=doc, timeout=TIMEOUT)
-            out[i] = np.array(r.json()["outputs"][0]["data"], np.float32).reshape(1, 10) if r.ok else r.text
+            return np.array(r.json()["outputs"][0]["data"], np.float32).reshape(1, 10) if r.ok else r.text
 
-        threads = [threading.Thread(target=call, args=(i,)) for i in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(TIMEOUT)
+        out = concurrently(call, n, TIMEOUT)
         for x, y in zip(xs, out, strict=True):
             assert isinstance(y, np.ndarray), y
             np.testing.assert_allclose(y, sess.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)

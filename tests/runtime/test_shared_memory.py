@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 from pathlib import Path
 
 import models
 import numpy as np
 import pytest
+from concurrency import concurrently
 
 ort = pytest.importorskip("onnxruntime")
 httpclient = pytest.importorskip("tritonclient.http")
@@ -124,19 +124,8 @@ def test_tritonclient_infers_through_shared_memory_both_ways(server, mlp_path, r
 def test_concurrent_shared_memory_requests_are_merged_and_each_gets_its_own_answer(server, mlp_path, regions):
     n = 6
     xs = [models.sample_inputs("mlp", 2, seed=20 + i)["x"] for i in range(n)]
-    results: list = [None] * n
-
-    def call(i: int) -> None:
-        try:
-            results[i] = shm_infer(client_of(server), "mlp", "x", "y", xs[i], regions, f"c{i}", 2 * 10 * 4)
-        except Exception as exc:  # noqa: BLE001 - asserted below
-            results[i] = exc
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(TIMEOUT)
+    results = concurrently(lambda i: shm_infer(client_of(server), "mlp", "x", "y", xs[i], regions, f"c{i}",
+                                               2 * 10 * 4), n, TIMEOUT)
     for x, y in zip(xs, results, strict=True):
         assert isinstance(y, np.ndarray), y
         np.testing.assert_allclose(y, reference(mlp_path, {"x": x})["y"], rtol=1e-5, atol=1e-5)

@@ -1,4 +1,4 @@
-"""Issue 12 on a GPU: MPS processes, CUDA shared memory and engine instances (items 3 and 4).
+"""serve on a GPU: MPS processes, CUDA shared memory and engine instances (issue 12, items 3 and 4).
 
 What a user notices on a GPU host: `serve --mps 2` starts (or joins) the MPS control daemon, its
 two processes run their CUDA work through one MPS server and answer with the model's numbers,
@@ -23,6 +23,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))  # concurrency.py, beside the serving tests
+from concurrency import concurrently  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[2]
@@ -234,19 +237,7 @@ def test_two_pytorch_instances_on_one_gpu_answer_concurrent_requests(pt2, tmp_pa
         assert config["instance_group"] == [{"name": "mlp", "kind": "KIND_GPU", "count": 2, "gpus": [0]}]
         n = 32
         xs = [np.random.default_rng(i).standard_normal((1, 64)).astype(np.float32) for i in range(n)]
-        out: list = [None] * n
-
-        def call(i: int) -> None:
-            try:
-                out[i] = _infer_json(handle.url, xs[i])
-            except Exception as exc:  # noqa: BLE001 - asserted below
-                out[i] = exc
-
-        threads = [threading.Thread(target=call, args=(i,)) for i in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+        out = concurrently(lambda i: _infer_json(handle.url, xs[i]), n, 120)
         with torch.no_grad():
             for x, y in zip(xs, out, strict=True):
                 assert isinstance(y, np.ndarray), y
