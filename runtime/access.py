@@ -24,8 +24,9 @@ Every other call is allowed. The checks cost a few attribute reads per request.
 Where the doors ask: HTTP after the request line and headers, and for the small JSON requests
 (repository, shared-memory registration) after their body is parsed, so a malformed body keeps
 its 400 before any refusal as it always had; for inference before the body is read; gRPC before
-the RPC's handler; the metrics port before it renders. The next rules (keys, an admin key for
-model control) belong in Policy.check: each Call carries the peer and the headers already.
+the RPC's handler (a load or unload once its parameters are parsed, likewise); the metrics port
+before it renders. The next rules (keys, an admin key for model control) belong in Policy.check:
+each Call carries the peer and the headers (or metadata) already.
 """
 
 from __future__ import annotations

@@ -276,7 +276,7 @@ class Service:
     def RepositoryModelLoad(self, request: Any, context: Any) -> Any:  # noqa: N802
         params = _params(request.parameters)
         override = inference.load_override(params, request.model_name)
-        self._control(lambda: self.app.table.load(request.model_name, override))
+        self._control(context, lambda: self.app.table.load(request.model_name, override))
         return message("RepositoryModelLoadResponse")()
 
     def RepositoryModelUnload(self, request: Any, context: Any) -> Any:  # noqa: N802
@@ -284,10 +284,13 @@ class Service:
             if key != "unload_dependents" or not isinstance(value, bool):
                 raise ProtocolError(f"unknown unload parameter '{inference.peer_text(key, 40)}'; known: "
                                     "unload_dependents (bool)")
-        self._control(lambda: self.app.table.unload(request.model_name))
+        self._control(context, lambda: self.app.table.unload(request.model_name))
         return message("RepositoryModelUnloadResponse")()
 
-    def _control(self, action: Callable[[], Any]) -> None:
+    def _control(self, context: Any, action: Callable[[], Any]) -> None:
+        """A load or unload, asked of the policy as model control once its parameters are parsed (as
+        HTTP asks once the body is), so a malformed request keeps its own error first."""
+        self.app.policy.check(_call(context, Category.MODEL_REPOSITORY, control=True))
         try:
             action()
         except NotFound as exc:
@@ -338,13 +341,15 @@ def _call(context: Any, category: Category | None, control: bool = False) -> Cal
 
 
 def _handler(fn: Callable[[Any, Any], Any], name: str, policy: Policy) -> Callable[[Any, Any], Any]:
-    """Run one RPC once the access policy allows it (access.py: the same Policy.check as HTTP); a
-    ProtocolError (or a user error) becomes its gRPC status with the same message."""
-    category, control = grpc_category(name), name in GRPC_CONTROL
+    """Run one RPC once the access policy allows it (access.py: the same Policy.check as HTTP; a
+    load or unload asks in Service._control, after its parameters); a ProtocolError (or a user
+    error) becomes its gRPC status with the same message."""
+    category, asks_first = grpc_category(name), name not in GRPC_CONTROL
 
     def call(request: Any, context: Any) -> Any:
         try:
-            policy.check(_call(context, category, control))
+            if asks_first:
+                policy.check(_call(context, category))
             return fn(request, context)
         except ProtocolError as exc:
             code, text = status_code(exc.status), exc.message

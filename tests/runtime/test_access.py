@@ -154,3 +154,35 @@ def test_http_grpc_metrics_and_inference_tensors_ask_the_same_policy(tmp_path, r
         assert expected in categories, categories
     assert categories.count(Category.SHARED_MEMORY) == 4       # 2 HTTP routes, 1 tensor, 1 gRPC
     assert all(peer in ("127.0.0.1", "::1") for _, peer in refusing), refusing
+
+
+def test_model_control_is_refused_by_the_policy_after_the_request_is_parsed_over_http_and_grpc(tmp_path):
+    """serve --mps's processes refuse load / unload; a malformed request still gets its own 400 first."""
+    requests = pytest.importorskip("requests")
+    pytest.importorskip("onnxruntime")
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    from tritonclient.utils import InferenceServerException
+
+    from ngcx_runtime.plan import load
+    from ngcx_runtime.serve import start_server
+
+    engine = load(models.mlp(tmp_path / "mlp.onnx"), backend="onnxruntime")
+    with start_server(engine, port=0, name="mlp", grpc_port=0) as handle:
+        handle._app.policy.control_refusal = "refused: one of several processes"
+        base = f"{handle.url}/v2/repository"
+        r = requests.post(f"{base}/models/mlp/load", data=b"{", timeout=10)
+        assert r.status_code == 400 and "malformed JSON" in r.json()["error"]
+        for action in ("load", "unload"):
+            r = requests.post(f"{base}/models/mlp/{action}", json={}, timeout=10)
+            assert r.status_code == 400 and r.json()["error"] == "refused: one of several processes"
+        assert requests.post(f"{base}/index", json={}, timeout=10).status_code == 200
+        client = grpcclient.InferenceServerClient(handle.grpc_target)
+        with pytest.raises(InferenceServerException) as exc:
+            client.load_model("mlp", config="not json")
+        assert "refused" not in str(exc.value) and "INVALID_ARGUMENT" in str(exc.value.status())
+        for call in (lambda: client.load_model("mlp"), lambda: client.unload_model("mlp")):
+            with pytest.raises(InferenceServerException) as exc:
+                call()
+            assert "refused: one of several processes" in str(exc.value)
+        assert len(client.get_model_repository_index().models) == 1
+        client.close()
