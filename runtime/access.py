@@ -9,8 +9,9 @@ the ProtocolError that door answers with (HTTP status, or the gRPC code for it).
 
 The categories are Triton's (`--http-restricted-api` / `--grpc-restricted-protocol`): health,
 metadata, inference, shared memory, statistics (with Prometheus metrics), model repository. An
-HTTP request's category comes from the same route table that dispatches it (routes.resolve), a
-gRPC call's from GRPC_CATEGORIES, so a route cannot be served one way and classified another.
+HTTP request's category comes from the route table here (resolve: which route a method and path
+are, or the 404 / 405 they get), the same table the transports dispatch by, and a gRPC call's
+from GRPC_CATEGORIES, so a route cannot be served one way and classified another.
 
 The rules today (moved here unchanged):
 - shared memory (registration, status, and any inference tensor that names a region): `local`
@@ -35,8 +36,10 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from urllib.parse import unquote
 
 from .protocol import ProtocolError
+from .protocol import peer_text as _peer
 
 SHARED_MEMORY_POLICIES = ("local", "any", "off")
 
@@ -84,10 +87,93 @@ class Call:
         return self.headers.get(name.lower())
 
 
+# -- the HTTP route table: which route a request is, in which category --
+
+@dataclass(frozen=True)
+class Route:
+    """A resolved request: which route answers it, with what of its path, in which access category.
+
+    reads: the body the route takes: "none" (a transport discards it), "json" (a small JSON
+    object: parse_small_json), "tensors" (inference: read by the transport, decode_request).
+    """
+
+    kind: str                # metrics, server, health, stats, model, infer, repository, shm
+    path: str                # the request path without its trailing '/', for error lines
+    args: tuple = ()
+    category: Category | None = None
+    control: bool = False
+    reads: str = "none"
+
+
+_MODEL_TAILS = {(): Category.METADATA, ("config",): Category.METADATA, ("stats",): Category.STATISTICS,
+                ("ready",): Category.HEALTH}
+
+
+def resolve(method: str, path: str) -> Route:
+    """The route of a request path (percent-decoded per segment), or the ProtocolError (404 / 405) it gets.
+    Checked in this order, as a client sees it: the path's shape, then the method."""
+    path = path.rstrip("/")
+    if path == "/metrics":
+        if method not in ("GET", "HEAD"):
+            raise ProtocolError(f"method {method} is not allowed on /metrics; use GET", 405)
+        return Route("metrics", path, (), Category.STATISTICS)
+    parts = [unquote(p) for p in path.split("/")[1:]]
+    if not parts or parts[0] != "v2":
+        raise ProtocolError(f"unknown path {_peer(path or '/')}; this server speaks KServe v2 under /v2", 404)
+    rest = parts[1:]
+    if method == "POST" and rest and rest[0] == "models" and rest[-1] == "infer":
+        return Route("infer", path, _model_path(rest[1:-1]), Category.INFERENCE, reads="tensors")
+    if rest and rest[0] == "repository":
+        sub = rest[1:]
+        if not (sub == ["index"] or (len(sub) == 3 and sub[0] == "models" and sub[2] in ("load", "unload"))):
+            raise ProtocolError(f"unknown path {_peer(path)}", 404)
+        if method != "POST":
+            raise ProtocolError(f"method {method} is not allowed on {_peer(path)}; use POST", 405)
+        return Route("repository", path, tuple(sub), Category.MODEL_REPOSITORY, control=sub != ["index"],
+                     reads="json")
+    if rest and rest[0] in ("systemsharedmemory", "cudasharedmemory"):
+        return _shm_route(method, path, rest[0], rest[1:])
+    if method not in ("GET", "HEAD"):
+        raise ProtocolError(f"method {method} is not allowed on {_peer(path)}", 405)
+    if rest == []:
+        return Route("server", path, (), Category.METADATA)
+    if rest in (["health", "live"], ["health", "ready"]):
+        return Route("health", path, (rest[1],), Category.HEALTH)
+    if rest == ["models", "stats"]:
+        return Route("stats", path, (), Category.STATISTICS)
+    if rest and rest[0] == "models":
+        name, version, tail = _model_path(rest[1:])
+        return Route("model", path, (name, version, tail), _MODEL_TAILS.get(tuple(tail)))
+    raise ProtocolError(f"unknown path {_peer(path)}", 404)
+
+
+def _model_path(rest: list[str]) -> tuple[str, str | None, list[str]]:
+    """[NAME, (versions, V)?, ...tail] -> (name, version or None, tail)."""
+    if not rest:
+        raise ProtocolError("no model name in the path; use /v2/models/NAME/...", 404)
+    tail = rest[1:]
+    if len(tail) >= 2 and tail[0] == "versions":
+        return rest[0], tail[1], tail[2:]
+    return rest[0], None, tail
+
+
+def _shm_route(method: str, path: str, kind: str, rest: list[str]) -> Route:
+    """GET /v2/{system,cuda}sharedmemory[/region/NAME]/status, POST .../region/NAME/register, POST
+    /v2/{system,cuda}sharedmemory[/region/NAME]/unregister (Triton's extensions; shm.py, cuda_shm.py)."""
+    region = rest[1] if len(rest) == 3 and rest[0] == "region" else None
+    action = rest[-1] if rest else ""
+    if not (rest in (["status"], ["unregister"]) or (region is not None and action in
+                                                      ("status", "register", "unregister"))):
+        raise ProtocolError(f"unknown path {_peer(path)}", 404)
+    want = "GET" if action == "status" else "POST"
+    if method != want and not (want == "GET" and method == "HEAD"):
+        raise ProtocolError(f"method {method} is not allowed on {_peer(path)}; use {want}", 405)
+    return Route("shm", path, (kind, region, action), Category.SHARED_MEMORY,
+                 reads="json" if want == "POST" else "none")
+
+
 def http_category(method: str, path: str) -> Category | None:
     """The category of an HTTP request (None where no route answers it: 404 / 405)."""
-    from .routes import resolve
-
     try:
         return resolve(method, path).category
     except ProtocolError:

@@ -26,7 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from . import __version__, routes
+from . import __version__, access, routes
 from .access import Call
 from .codings import compress, response_coding, too_large
 from .framing import FramingError, strict_int
@@ -122,7 +122,7 @@ class AsgiApp:
     async def route(self, req: _Request) -> routes.Reply:
         """Resolve, ask the access policy, read the body the route takes, answer (blocking work in the pool)."""
         app = self.app
-        route = routes.resolve(req.method, req.path)
+        route = access.resolve(req.method, req.path)
         call = Call(route.category, req.peer, req.headers, route.control)
         if route.kind == "infer":
             app.policy.check(call)
@@ -133,7 +133,7 @@ class AsgiApp:
             return await self._run(routes.answer, app, route, doc)
         return routes.answer(app, route, doc)
 
-    async def _infer(self, req: _Request, route: routes.Route, call: Call) -> routes.Reply:
+    async def _infer(self, req: _Request, route: access.Route, call: Call) -> routes.Reply:
         model = routes.infer_model(self.app, route)
         with routes.counted(model):
             engine = model.engine if model.engine is not None and model.closed is None else model.require_engine()

@@ -43,6 +43,7 @@ from .protocol import (
     ProtocolError,
     output_bytes,
     parse_infer_request,
+    peer_text,
     shm_output,
 )
 from .routes import SERVER_NAME, App, counted
@@ -110,7 +111,7 @@ def request_doc(request: Any) -> tuple[dict[str, Any], memoryview | None]:
         params = _params(tensor.parameters)
         entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape),
                                  "parameters": params}
-        where = f"input '{inference.peer_text(tensor.name, 60)}'"
+        where = f"input '{peer_text(tensor.name, 60)}'"
         has_contents = tensor.HasField("contents")
         if params.get("shared_memory_region") is not None:
             if has_contents:
@@ -127,7 +128,7 @@ def request_doc(request: Any) -> tuple[dict[str, Any], memoryview | None]:
         elif has_contents:
             field = CONTENTS.get(tensor.datatype)
             if field is None:
-                raise ProtocolError(f"{where}: datatype {inference.peer_text(tensor.datatype, 20)} has no typed "
+                raise ProtocolError(f"{where}: datatype {peer_text(tensor.datatype, 20)} has no typed "
                                     "contents field; send it in raw_input_contents")
             values = list(getattr(tensor.contents, field))
             if tensor.datatype == BYTES:             # length-prefixed, as the binary extension
@@ -282,7 +283,7 @@ class Service:
     def RepositoryModelUnload(self, request: Any, context: Any) -> Any:  # noqa: N802
         for key, value in _params(request.parameters).items():
             if key != "unload_dependents" or not isinstance(value, bool):
-                raise ProtocolError(f"unknown unload parameter '{inference.peer_text(key, 40)}'; known: "
+                raise ProtocolError(f"unknown unload parameter '{peer_text(key, 40)}'; known: "
                                     "unload_dependents (bool)")
         self._control(context, lambda: self.app.table.unload(request.model_name))
         return message("RepositoryModelUnloadResponse")()

@@ -15,7 +15,7 @@ import numpy as np
 
 from .batching import BadRequest, EngineFailure, ShuttingDown
 from .errors import RuntimeUserError
-from .protocol import InferRequest, ProtocolError
+from .protocol import InferRequest, ProtocolError, peer_text
 from .served import ServedModel
 
 
@@ -38,13 +38,6 @@ def run(model: ServedModel, req: InferRequest) -> dict[str, np.ndarray]:
     if missing:
         raise ProtocolError(f"engine '{model.name}' returned no output {', '.join(missing)}", 500)
     return results
-
-
-def peer_text(text: str, limit: int = 80) -> str:
-    """A peer's name inside an error: as is when short and printable, else escaped and cut (one line)."""
-    if len(text) <= limit and text.isprintable():
-        return text
-    return repr(text[:limit])[1:-1] + ("..." if len(text) > limit else "")
 
 
 def load_override(params: dict[str, Any], name: str):

@@ -29,7 +29,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-from .access import Call, Category
 from .protocol import ProtocolError
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -181,7 +180,7 @@ class _MetricsServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     render: Callable[[], str]
-    check: Callable[[Call], None] | None
+    check: Callable[[str, Any], None] | None
 
 
 class _MetricsHandler(BaseHTTPRequestHandler):
@@ -220,7 +219,7 @@ class _MetricsHandler(BaseHTTPRequestHandler):
             return
         if self.server.check is not None:
             try:
-                self.server.check(Call(Category.STATISTICS, self.client_address[0], self.headers))
+                self.server.check(self.client_address[0], self.headers)
             except ProtocolError as exc:
                 self._send(exc.status, "application/json", json.dumps({"error": exc.message}).encode(), send_body)
                 return
@@ -241,8 +240,9 @@ class MetricsServer:
     """The exposition on its own port, for scrapers kept apart from inference traffic."""
 
     def __init__(self, host: str, port: int, render_fn: Callable[[], str],
-                 check: Callable[[Call], None] | None = None):
-        """check: the server's access.Policy.check, asked as for a statistics call before every answer."""
+                 check: Callable[[str, Any], None] | None = None):
+        """check(peer, headers): asked before every answer (server.py asks access.Policy about a
+        statistics call); a ProtocolError it raises is the answer instead."""
         self._server = _MetricsServer((host, port), _MetricsHandler)
         self._server.render = render_fn
         self._server.check = check

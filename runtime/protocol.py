@@ -89,6 +89,13 @@ def _brief(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def peer_text(text: str, limit: int = 80) -> str:
+    """A peer's name inside an error: as is when short and printable, else escaped and cut (one line)."""
+    if len(text) <= limit and text.isprintable():
+        return text
+    return repr(text[:limit])[1:-1] + ("..." if len(text) > limit else "")
+
+
 def _quoted(name: str, limit: int = 60) -> str:
     """A peer's name in an error line: 'name' when short and printable, else escaped and cut (one line)."""
     return f"'{name}'" if len(name) <= limit and name.isprintable() else _brief(name, limit)

@@ -2,10 +2,10 @@
 
 Why apart from the transports: the hand-written HTTP/1.1 server (transport.py) and uvicorn
 (asgi.py) read requests and write answers their own way (framing, buffers, an event loop), but
-must answer every request alike. So a transport resolves the path here (resolve: a Route, or
-the 404 / 405 it gets), asks access.Policy, reads the body the route takes, and calls answer()
-(or, for inference, infer_model / decode_request / respond around its own body reading) with
-the parsed request; what comes back is a Reply to write. gRPC (grpc_service.py) shares the
+must answer every request alike. So a transport resolves the path (access.resolve: a Route with
+its category, or the 404 / 405 it gets), asks access.Policy, reads the body the route takes, and
+calls answer() here (or, for inference, infer_model / decode_request / respond around its own
+body reading) with the parsed request; what comes back is a Reply to write. gRPC (grpc_service.py) shares the
 models, counters and inference.py below this layer.
 
 What it serves (served.py): `serve MODEL_OR_PLAN_DIR` one model, as version 1; `serve DIR` a
@@ -42,12 +42,10 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, NamedTuple
-from urllib.parse import unquote
 
 from . import __version__, inference
-from .access import Call, Category, Policy
+from .access import Call, Category, Policy, Route
 from .batching import Batcher
 from .codings import decompress
 from .cuda_shm import CudaSharedMemory
@@ -56,6 +54,7 @@ from .errors import RuntimeUserError
 from .framing import FramingError, strict_int
 from .metrics import CONTENT_TYPE, GpuGauges, MetricsServer, render
 from .protocol import InferRequest, ProtocolError, build_response, parse_header, parse_infer_request
+from .protocol import peer_text as _peer
 from .served import ModelTable, NotFound, ServedModel
 from .shm import PeerView, SharedMemory
 
@@ -64,7 +63,6 @@ EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "model_
 SHM_EXTENSION = "system_shared_memory"
 CUDA_SHM_EXTENSION = "cuda_shared_memory"
 DEFAULT_MAX_CONNECTIONS = 512    # open connections (one thread each); more get a 503 at once
-_peer = inference.peer_text
 
 
 class App:
@@ -143,89 +141,6 @@ class Reply(NamedTuple):
 
 def json_reply(status: int, doc: Any) -> Reply:
     return Reply(status, [json.dumps(doc, separators=(",", ":")).encode()])
-
-
-@dataclass(frozen=True)
-class Route:
-    """A resolved request: which route answers it, with what of its path, in which access category.
-
-    reads: the body the route takes: "none" (a transport discards it), "json" (a small JSON
-    object: parse_small_json), "tensors" (inference: read by the transport, decode_request).
-    """
-
-    kind: str                # metrics, server, health, stats, model, infer, repository, shm
-    path: str                # the request path without its trailing '/', for error lines
-    args: tuple = ()
-    category: Category | None = None
-    control: bool = False
-    reads: str = "none"
-
-
-_MODEL_TAILS = {(): Category.METADATA, ("config",): Category.METADATA, ("stats",): Category.STATISTICS,
-                ("ready",): Category.HEALTH}
-
-
-def resolve(method: str, path: str) -> Route:
-    """The route of a request path (percent-decoded per segment), or the ProtocolError (404 / 405) it gets.
-    Checked in this order, as a client sees it: the path's shape, then the method."""
-    path = path.rstrip("/")
-    if path == "/metrics":
-        if method not in ("GET", "HEAD"):
-            raise ProtocolError(f"method {method} is not allowed on /metrics; use GET", 405)
-        return Route("metrics", path, (), Category.STATISTICS)
-    parts = [unquote(p) for p in path.split("/")[1:]]
-    if not parts or parts[0] != "v2":
-        raise ProtocolError(f"unknown path {_peer(path or '/')}; this server speaks KServe v2 under /v2", 404)
-    rest = parts[1:]
-    if method == "POST" and rest and rest[0] == "models" and rest[-1] == "infer":
-        return Route("infer", path, _model_path(rest[1:-1]), Category.INFERENCE, reads="tensors")
-    if rest and rest[0] == "repository":
-        sub = rest[1:]
-        if not (sub == ["index"] or (len(sub) == 3 and sub[0] == "models" and sub[2] in ("load", "unload"))):
-            raise ProtocolError(f"unknown path {_peer(path)}", 404)
-        if method != "POST":
-            raise ProtocolError(f"method {method} is not allowed on {_peer(path)}; use POST", 405)
-        return Route("repository", path, tuple(sub), Category.MODEL_REPOSITORY, control=sub != ["index"],
-                     reads="json")
-    if rest and rest[0] in ("systemsharedmemory", "cudasharedmemory"):
-        return _shm_route(method, path, rest[0], rest[1:])
-    if method not in ("GET", "HEAD"):
-        raise ProtocolError(f"method {method} is not allowed on {_peer(path)}", 405)
-    if rest == []:
-        return Route("server", path, (), Category.METADATA)
-    if rest in (["health", "live"], ["health", "ready"]):
-        return Route("health", path, (rest[1],), Category.HEALTH)
-    if rest == ["models", "stats"]:
-        return Route("stats", path, (), Category.STATISTICS)
-    if rest and rest[0] == "models":
-        name, version, tail = _model_path(rest[1:])
-        return Route("model", path, (name, version, tail), _MODEL_TAILS.get(tuple(tail)))
-    raise ProtocolError(f"unknown path {_peer(path)}", 404)
-
-
-def _model_path(rest: list[str]) -> tuple[str, str | None, list[str]]:
-    """[NAME, (versions, V)?, ...tail] -> (name, version or None, tail)."""
-    if not rest:
-        raise ProtocolError("no model name in the path; use /v2/models/NAME/...", 404)
-    tail = rest[1:]
-    if len(tail) >= 2 and tail[0] == "versions":
-        return rest[0], tail[1], tail[2:]
-    return rest[0], None, tail
-
-
-def _shm_route(method: str, path: str, kind: str, rest: list[str]) -> Route:
-    """GET /v2/{system,cuda}sharedmemory[/region/NAME]/status, POST .../region/NAME/register, POST
-    /v2/{system,cuda}sharedmemory[/region/NAME]/unregister (Triton's extensions; shm.py, cuda_shm.py)."""
-    region = rest[1] if len(rest) == 3 and rest[0] == "region" else None
-    action = rest[-1] if rest else ""
-    if not (rest in (["status"], ["unregister"]) or (region is not None and action in
-                                                      ("status", "register", "unregister"))):
-        raise ProtocolError(f"unknown path {_peer(path)}", 404)
-    want = "GET" if action == "status" else "POST"
-    if method != want and not (want == "GET" and method == "HEAD"):
-        raise ProtocolError(f"method {method} is not allowed on {_peer(path)}; use {want}", 405)
-    return Route("shm", path, (kind, region, action), Category.SHARED_MEMORY,
-                 reads="json" if want == "POST" else "none")
 
 
 def answer(app: App, route: Route, doc: dict[str, Any]) -> Reply:

@@ -25,6 +25,7 @@ from .errors import RuntimeUserError
 from .layout import BatchLayout, prepare, run_warmup, warmup_feeds
 from .metrics import ModelSample
 from .protocol import ProtocolError
+from .protocol import peer_text as _peer
 from .repository import ModelConfig, model_names, model_versions, read_config, valid_name
 
 READY, LOADING, UNAVAILABLE = "READY", "LOADING", "UNAVAILABLE"
@@ -470,10 +471,3 @@ class ModelTable:
         for model in self.served():
             if model.batcher is not None:
                 model.batcher.stop(timeout)
-
-
-def _peer(text: str, limit: int = 80) -> str:
-    """A peer's name inside an error: as is when short and printable, else escaped and cut (one line)."""
-    if len(text) <= limit and text.isprintable():
-        return text
-    return repr(text[:limit])[1:-1] + ("..." if len(text) > limit else "")

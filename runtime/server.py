@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .access import Call, Category
 from .engine import Engine
 from .errors import RuntimeUserError
 from .metrics import GpuGauges, MetricsServer
@@ -344,7 +345,9 @@ def _listen(app: App, host: str, port: int, max_connections: int = DEFAULT_MAX_C
 
     if metrics_port is not None:
         try:
-            app.metrics_server = MetricsServer(host, metrics_port, app.render_metrics, app.policy.check)
+            app.metrics_server = MetricsServer(
+                host, metrics_port, app.render_metrics,
+                lambda peer, headers: app.policy.check(Call(Category.STATISTICS, peer, headers)))
         except OSError as exc:
             close_listener()
             app.table.stop(0.1)

@@ -40,12 +40,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import __version__, routes
+from . import __version__, access, routes
 from .access import Call
 from .codings import compress, response_coding, too_large
 from .framing import Framing, FramingError, read_chunked, request_framing
-from .inference import peer_text
-from .protocol import ProtocolError
+from .protocol import ProtocolError, peer_text
 from .routes import SERVER_NAME, App
 
 SMALL_WRITE = 64 * 1024          # responses below this go out in one send
@@ -190,7 +189,7 @@ class HttpHandler(BaseHTTPRequestHandler):
     def _route(self, method: str) -> None:
         """Resolve the route (routes.py), ask the access policy, read the body the route takes, answer."""
         app = self.server.app
-        route = routes.resolve(method, urlsplit(self.path).path)
+        route = access.resolve(method, urlsplit(self.path).path)
         call = Call(route.category, self.client_address[0], self.headers, route.control)
         if route.kind == "infer":
             app.policy.check(call)
@@ -209,7 +208,7 @@ class HttpHandler(BaseHTTPRequestHandler):
         return routes.parse_small_json(body)
 
     # -- inference --
-    def _infer(self, route: routes.Route, call: Call) -> None:
+    def _infer(self, route: access.Route, call: Call) -> None:
         app = self.server.app
         model = routes.infer_model(app, route)
         with routes.counted(model):

@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 
 from ngcx_runtime import access
-from ngcx_runtime.access import Call, Category, Policy, check_shared_memory, grpc_category, http_category
+from ngcx_runtime.access import (
+    Call,
+    Category,
+    Policy,
+    check_shared_memory,
+    grpc_category,
+    http_category,
+    resolve,
+)
 from ngcx_runtime.protocol import ProtocolError
 
 M = "m"
@@ -54,8 +62,6 @@ def test_a_request_no_route_answers_has_no_category(method, path):
 
 
 def test_only_load_and_unload_are_model_control():
-    from ngcx_runtime.routes import resolve
-
     control = {path for (method, path) in HTTP_ROUTES if resolve(method, path).control}
     assert control == {f"/v2/repository/models/{M}/load", f"/v2/repository/models/{M}/unload"}
     assert {"RepositoryModelLoad", "RepositoryModelUnload"} == access.GRPC_CONTROL
