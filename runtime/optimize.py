@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .errors import RuntimeUserError
-from .plan import (
+from .manifest import (
     MANIFEST,
     PLAN_FORMAT,
     PRECISIONS,
@@ -226,7 +226,7 @@ def _build(
     try:
         fields = mod.optimize(model, tmp, opts)
         if fields.get("device") == "cpu":  # e.g. ORT without a GPU EP: tied to the CPU, not the GPU
-            from .plan import cpu_target
+            from .manifest import cpu_target
 
             target = cpu_target()
         manifest = {
@@ -294,7 +294,7 @@ def run(args: argparse.Namespace) -> int:
     calib = sha = None
     if args.calibration_data is not None:
         calib, sha = load_calibration(args.calibration_data)
-    from .plan import _model_name
+    from .manifest import model_name
 
     opts = OptimizeOptions(
         precision=args.precision,
@@ -302,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
         calibration=calib,
         calibration_sha256=sha,
         calibration_method=args.calibration_method,
-        name=args.name or _model_name(args.model),
+        name=args.name or model_name(args.model),
     )
     res = optimize(
         args.model,

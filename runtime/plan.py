@@ -3,74 +3,30 @@
 Why a manifest: optimized artifacts are not portable (TensorRT plans and ORT's offline-optimized
 graphs are tied to the GPU architecture and engine version, runtime.md §3), so every plan records
 what it was built for and where its source model came from. `load()` compares that with this
-host and refuses with a clear message, or rebuilds when the source model is still at hand.
+host and refuses with a clear message, or rebuilds when the source model is still at hand
+(through optimize.py). What a manifest holds and a plan is tied to is manifest.py's.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .engine import Engine
 from .errors import RuntimeUserError
-
-MANIFEST = "manifest.json"
-PLAN_FORMAT = 1
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
-
-
-@dataclass
-class OptimizeOptions:
-    """Everything that changes the artifact (and therefore the cache key)."""
-
-    precision: str = "fp32"
-    batch_profile: list[int] = field(default_factory=lambda: [1, 8, 64])
-    calibration: dict[str, np.ndarray] | None = None
-    calibration_sha256: str | None = None
-    calibration_method: str = "entropy"
-    gpu: bool = False
-    name: str = "model"
-
-
-def runtime_version() -> str:
-    """ngcx-runtime's version, part of every manifest: the package's own, never distribution
-    metadata (images install the distribution `ngcx-runtime`, a dev checkout `ngcx`)."""
-    from . import __version__
-
-    return __version__
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def host_target() -> dict[str, Any]:
-    """What a plan built here is tied to: the first GPU's name + compute capability, or "cpu"."""
-    from . import probe
-
-    gpus = probe.gpus()
-    if not gpus:
-        return {"kind": "cpu", "name": "cpu", "compute_capability": None}
-    g = gpus[0]
-    return {"kind": "gpu", "name": g["name"], "compute_capability": g["compute_capability"]}
-
-
-def cpu_target() -> dict[str, Any]:
-    """Target of a CPU plan: ORT's offline-optimized graphs carry CPU-specific (NCHWc) layouts."""
-    import platform
-
-    return {"kind": "cpu", "name": "cpu", "compute_capability": None, "machine": platform.machine()}
-
+from .manifest import (  # noqa: F401 - re-exported: ngcx_runtime.plan names them as ever
+    MANIFEST,
+    PLAN_FORMAT,
+    PRECISIONS,
+    OptimizeOptions,
+    cpu_target,
+    host_target,
+    runtime_version,
+    sha256_file,
+)
+from .manifest import model_name as _model_name
 
 MAX_MANIFEST_BYTES = 1 << 20  # a manifest is ~1 KB
 # Field -> the JSON types it may have; what _load_plan, mismatch and bench read without further checks.
@@ -169,10 +125,6 @@ def _check_device(device: int | str | None, target: dict[str, Any]) -> None:
                                "instance_group's gpus) to run the instances on the CPU")
     if device is not None and device != "cpu" and not isinstance(device, int):
         raise RuntimeUserError(f"instance device {device!r}: give a GPU index or 'cpu'")
-
-
-def _model_name(path: Path) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in path.stem) or "model"
 
 
 def _load_plan(plan_dir: Path, backend: str | None, rebuild: bool, device: int | str | None = None) -> Engine:

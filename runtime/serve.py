@@ -170,14 +170,14 @@ def _cached_plan(model: Path, backend: str | None, precision: str, batch_profile
                  calibration: str | Path | None, name: str | None, log: Callable[[str], None]) -> Path:
     """Optimize through optimize.py's cache (keyed by model hash, backend version, GPU, precision,
     batch profile, calibration): the first start builds, every later one is a cache hit."""
+    from .manifest import OptimizeOptions, model_name
     from .optimize import load_calibration, optimize
-    from .plan import OptimizeOptions, _model_name
 
     calib = sha = None
     if calibration is not None:
         calib, sha = load_calibration(Path(calibration))
     opts = OptimizeOptions(precision=precision, calibration=calib, calibration_sha256=sha,
-                           name=name or _model_name(model))
+                           name=name or model_name(model))
     if batch_profile is not None:
         opts.batch_profile = list(batch_profile)
     res = optimize(model, None, opts, backend=backend,
@@ -287,7 +287,8 @@ def _check_repository_args(args: argparse.Namespace) -> None:
 
 def _default_name(args: argparse.Namespace) -> str:
     """The URL name before the engine exists: --name, the plan's, the model file's, or the handler module's."""
-    from .plan import _model_name, read_manifest
+    from .manifest import model_name
+    from .plan import read_manifest
 
     if args.name:
         return args.name
@@ -295,8 +296,8 @@ def _default_name(args: argparse.Namespace) -> str:
         path = Path(args.model)
         if path.is_dir():
             name = read_manifest(path).get("name")
-            return name if isinstance(name, str) and name and "/" not in name else _model_name(path)
-        return _model_name(path)
+            return name if isinstance(name, str) and name and "/" not in name else model_name(path)
+        return model_name(path)
     return args.handler.partition(":")[0].rsplit(".", 1)[-1]
 
 
