@@ -20,20 +20,14 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ngcx_runtime.manifest import sha256_file  # one copy: the runtime keys plans by it too
+
 if TYPE_CHECKING:
     from .base import BaseImage
     from .spec import Project
 
 SKIP_PARTS = ("__pycache__", ".git", ".ipynb_checkpoints")
 SKIP_SUFFIXES = (".pyc", ".pyo")
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def sha256_tree(path: Path) -> str:

@@ -96,7 +96,7 @@ def _io_dtype(precision: str) -> str:
 
 
 # Overlapping copies with compute pays only when the copies are large. On an H100 (ResNet-50,
-# bench/results/h100/resnet50_h100_pipelined.*) two batches in flight took batch 256 from 10.6k
+# bench/results/gpu/resnet50/h100/resnet50_h100_pipelined.*) two batches in flight took batch 256 from 10.6k
 # to 18.7k img/s (FP16 input, 77 MB) but made batch 1 (0.3 MB) slower, 838 -> 617 img/s:
 # per-call events and slot hand-offs cost more than the copy they hide. Below this size the
 # engine stays serial.

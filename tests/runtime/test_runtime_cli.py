@@ -40,7 +40,7 @@ def test_the_version_is_the_packages_own_everywhere():
     """Images install the distribution `ngcx-runtime`, not `ngcx`: manifests and /v2 once said 0+unknown."""
     import ngcx
     import ngcx_runtime
-    from ngcx.render import runtime_package_files
+    from ngcx.render.dockerfile import runtime_package_files
     from ngcx_runtime.plan import runtime_version
 
     assert ngcx_runtime.__version__ != "0+unknown"
@@ -124,7 +124,7 @@ def test_tensorrt_fp16_plan_builds_and_matches(tmp_path):
 @pytest.mark.skipif(
     importlib.util.find_spec("torch") is None,
     reason="torch is not installed on this machine; the pytorch backend ran on the lent GPU "
-    "(bench/gpu_resnet50.py, results in bench/results/)",
+    "(bench/gpu/resnet50.py, results in bench/results/gpu/resnet50/)",
 )
 def test_pytorch_plan_from_torch_export(tmp_path):
     import numpy as np

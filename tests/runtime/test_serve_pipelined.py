@@ -1,6 +1,6 @@
 """The server's pipelined path: engines with infer_async (launch now, wait later).
 
-On a GPU the PyTorch engine stages batch N+1 while batch N computes (bench/results/h100). Here the
+On a GPU the PyTorch engine stages batch N+1 while batch N computes (bench/results/gpu/resnet50/h100). Here the
 same batcher path runs against a real ONNX Runtime engine whose infer_async computes on a worker
 thread: outputs must equal ONNX Runtime's own, failures must become a 500 without stalling the
 pipeline, and stop() must finish what was launched.
