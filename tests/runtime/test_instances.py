@@ -5,7 +5,7 @@ What a user notices: N instances run N requests at once (a handler that takes 0.
 clients in about 0.3 s instead of 1.2 s), each answer still correct and counted once; a repository
 config's instance_group is honoured and reported by /config; `--processes N` spreads connections
 over N processes on one port and stops them all on SIGTERM; where MPS cannot run, `--mps` is one
-line and exit 2 before anything starts. MPS itself needs a GPU: tests/gpu/test_mps_gpu.py.
+line and exit 2 before anything starts. MPS itself needs a GPU: tests/gpu/test_serve_mps_cuda_shm_instances.py.
 """
 
 from __future__ import annotations
@@ -148,7 +148,8 @@ def test_instances_on_a_gpu_without_one_fail_the_load_with_one_line(tmp_path):
     assert "an instance on GPU 0: this host has no GPU" in proc.stderr.strip().splitlines()[-1]
 
 
-@pytest.mark.skipif(mps.gpu_present(), reason="this host has a GPU: MPS is proven in tests/gpu/test_mps_gpu.py")
+@pytest.mark.skipif(mps.gpu_present(),
+                    reason="this host has a GPU: MPS is proven in tests/gpu/test_serve_mps_cuda_shm_instances.py")
 def test_mps_where_it_cannot_run_is_refused_with_one_line(tmp_path):
     path = models.mlp(tmp_path / "mlp.onnx")
     with socket.socket() as sock:
