@@ -12,9 +12,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:   # only an annotation: the CLI imports this module for sha256_file without numpy
+    import numpy as np
 
 MANIFEST = "manifest.json"
 PLAN_FORMAT = 1

@@ -1,4 +1,4 @@
-"""`ngcx base`: bootstrap an offline base image from a Debian mirror (debootstrap -> docker import).
+"""Behind `ngcx base`: bootstrap an offline base image from a Debian mirror (debootstrap -> docker import).
 
 Why: behind a firewall (or in mainland China) Docker Hub is often unreachable, yet a Debian
 mirror almost always is. `ngcx base bootstrap` builds the equivalent of debian:<suite>-slim from

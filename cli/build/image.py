@@ -1,4 +1,4 @@
-"""`ngcx build`: render a release into a build context and build it with BuildKit.
+"""Behind `ngcx build`: render a release into a build context and build it with BuildKit.
 
 Why the docker CLI for this one step: BuildKit secrets (the CA bundle, a pip.conf with index
 credentials) travel over a BuildKit session that the docker SDK cannot open; the Debian
@@ -337,6 +337,3 @@ def _report_failure(parser: ProgressParser) -> None:
     for line in list(step.log)[-20:]:
         print(f"  | {line}", file=sys.stderr)
     raise BuildFailed(f"build failed at {(step.title or step.name)[:90]}: {parser.error or 'see the log above'}")
-
-
-# ----------------------------------------------------------------------------- command

@@ -147,6 +147,7 @@ def _dry_run(config: Any) -> None:
 
 
 def warn_interrupted() -> None:
+    """One warning per deployment an interrupted ngcx left in flight (`deploy` and `deployments` say it first)."""
     from ..deploy import store
 
     for record in store.interrupted():

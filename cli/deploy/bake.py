@@ -1,4 +1,4 @@
-"""`ngcx hosts bake --cloud aliyun --region R`: a host image with driver, Docker, toolkit and base layers.
+"""Behind `ngcx hosts bake --cloud aliyun --region R`: a host image with driver, Docker, toolkit and base layers.
 
 Why bake: a fresh GPU VM that installs its NVIDIA driver at boot is unusable for 5-10 minutes and
 then reboots (cloud-apis.md §7); SkyPilot's baked images cut GPU provisioning by a third to two
@@ -23,6 +23,7 @@ BAKE_CLOUDS = ("aliyun", "aws")
 
 
 def cloud_for(cloud: str, region: str | None) -> Any:
+    """The cloud object for --cloud/--region (the profile's region when none is given)."""
     if cloud not in BAKE_CLOUDS:
         raise UserError(f"hosts bake supports --cloud {', '.join(BAKE_CLOUDS)}, not {cloud!r}")
     from . import target

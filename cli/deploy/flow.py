@@ -144,7 +144,7 @@ def stop(record: DeployRecord) -> DeployRecord:
 
 def clouds_with_credentials() -> list[str]:
     """The clouds `--cloud any` may use: those whose credentials are configured (no API call made)."""
-    from ..deploy import CLOUDS, target
+    from . import CLOUDS
 
     usable = [name for name in CLOUDS if target(name).has_credentials()]
     if not usable:

@@ -1,4 +1,4 @@
-"""`ngcx doctor`: is this machine ready to build, push and run GPU images? Each check with a fix.
+"""Behind `ngcx doctor`: is this machine ready to build, push and run GPU images? Each check with a fix.
 
 Why one command: most "the build is broken" reports are a stopped dockerd, a CLI that cannot drive
 BuildKit, a missing NVIDIA container toolkit or a full disk. doctor checks them all in a few

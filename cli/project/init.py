@@ -1,4 +1,4 @@
-"""`ngcx init [DIR] --model PATH [--base REF] [--name N] [--handler] [--force]`: start a project.
+"""Behind `ngcx init [DIR] --model PATH [--base REF] [--name N] [--handler] [--force]`: start a project.
 
 Why sniff instead of asking: the signature a user would type by hand (names, datatypes, which dims
 are dynamic) is exactly what goes wrong first (app-projects.md §9.1, Truss's `truss init`). ngcx

@@ -1,4 +1,4 @@
-"""`ngcx lock`: resolve a project's requirements INSIDE its base image into ngcx.lock.
+"""Behind `ngcx lock`: resolve a project's requirements INSIDE its base image into ngcx.lock.
 
 Why inside the base: the versions pip picks depend on the Python, the platform and what is already
 installed; a lock made on a laptop (macOS, another Python) is wrong for the image (BentoML gallery#112).
@@ -192,6 +192,3 @@ def lock_project(project: Project, opts: BuildOptions, catalog=None) -> tuple[Pa
     path = project.root / LOCK_FILE
     write_lock(path, lock_text(project, base, pins, environment))
     return path, pins, base
-
-
-# ----------------------------------------------------------------------------- command

@@ -1,4 +1,4 @@
-"""`ngcx login` / `ngcx logout`: registry credentials, stored exactly where `docker login` puts them.
+"""Behind `ngcx login` / `ngcx logout`: registry credentials, stored exactly where `docker login` puts them.
 
 Why docker's store: `docker push`, `docker pull`, the docker SDK and ngcx then all share one set
 of credentials, and a configured credential helper (pass, secretservice, ecr-login, ...) keeps

@@ -1,4 +1,4 @@
-"""`ngcx push`: tag a built image for a registry, push it, and prove the registry has it.
+"""Behind `ngcx push`: tag a built image for a registry, push it, and prove the registry has it.
 
 Why verify after pushing: a push that "succeeded" but left the registry with a different manifest
 (a proxy rewriting it, a racing push to the same tag) would make every later deploy pull

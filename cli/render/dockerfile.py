@@ -1,4 +1,4 @@
-"""`ngcx render`: catalog release -> Dockerfile (and a build context) from the Jinja2 recipes.
+"""Behind `ngcx render`: catalog release -> Dockerfile (and a build context) from the Jinja2 recipes.
 
 Why templates + data: the catalog says WHAT is pinned, images/NAME/image.yaml says WHICH recipe
 blocks make the image, and recipes/*.j2 say HOW each layer is written. Layer order is chosen for
@@ -342,6 +342,3 @@ def _fill_context(out_dir: Path, text: str, recipe: Recipe) -> Context:
     dockerfile = out_dir / "Dockerfile"
     dockerfile.write_text(text)
     return Context(out_dir, dockerfile, hashlib.sha256(text.encode()).hexdigest())
-
-
-# ----------------------------------------------------------------------------- command

@@ -1,4 +1,4 @@
-"""`ngcx test`: start an image, read what is ACTUALLY loaded inside it, compare with its pin labels.
+"""Behind `ngcx test`: start an image, read what is ACTUALLY loaded inside it, compare with its pin labels.
 
 Why: a label says what was asked for; only the running container says what the dynamic linker
 and the framework really load (a wrong wheel, a stray LD_LIBRARY_PATH, pip replacing a pin).

@@ -1,4 +1,4 @@
-"""`ngcx run IMAGE[:RELEASE] -- CMD...`: the workstation path — the same image, on this host's GPUs.
+"""The docker run lines of `ngcx run IMAGE[:RELEASE] -- CMD...`: the same image, on this host's GPUs.
 
 In a project folder (ngcx.yaml), `ngcx run` serves the project's image instead: it starts it on
 localhost (all GPUs when present), waits until the model is loaded and warmed up, prints the URL
