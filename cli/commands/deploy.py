@@ -67,6 +67,9 @@ def deploy_cmd(
     = "0.0.0.0/0",
     ready_timeout: Annotated[float, typer.Option("--ready-timeout", help="Seconds to wait for /v2/health/ready.")]
     = 900.0,
+    no_auth: Annotated[bool, typer.Option(
+        "--no-auth", help="No endpoint key: anyone who reaches the port may call every API (on a cloud, only with "
+                          "an --allow-from narrower than 0.0.0.0/0).")] = False,
     project_file: ProjectFileOpt = None,
     variant: VariantOpt = None,
     catalog_file: CatalogOpt = None,
@@ -85,7 +88,10 @@ def deploy_cmd(
     config = DeployConfig(cloud=cloud.value, image=image, pull_ref=None, registry=None, labels=labels,
                           model=labels.get("ai.ngcx.project.name"), cmd=cmd, gpu=gpu, gpu_mode=mode,
                           workload=workload.value, region=region, zone=zone, max_price=max_price, spot=spot,
-                          port=port, allow_from=_cidr(allow_from), ready_timeout=ready_timeout)
+                          port=port, allow_from=_cidr(allow_from), ready_timeout=ready_timeout,
+                          auth=not no_auth, tls=cloud != Cloud.local)
+    if no_auth and cloud != Cloud.local:
+        _check_open_endpoint(config.allow_from)
     if dry_run:
         return _dry_run(config)
     if cloud != Cloud.local:
@@ -104,7 +110,21 @@ def deploy_cmd(
           f": {format_phases(record.phases)}", file=sys.stderr)
     if record.detail:
         print(f"ngcx: note: {record.detail}", file=sys.stderr)
+    from ..deploy.security import how_to_call
+
+    for line in how_to_call(record, show_key=sys.stderr.isatty()):
+        print(f"ngcx: {line}", file=sys.stderr)
     print(record.endpoint)
+
+
+def _check_open_endpoint(allow_from: str) -> None:
+    """--no-auth on a cloud: the security group must keep the internet out."""
+    import ipaddress
+
+    if ipaddress.ip_network(allow_from).prefixlen == 0:
+        raise UserError(f"--no-auth with --allow-from {allow_from} would let anyone on the internet call every API "
+                        "of the endpoint, model control included",
+                        hint="give --allow-from your network (e.g. 203.0.113.0/24), or drop --no-auth")
 
 
 def _split_command(ref: str | None, extra: list[str]) -> tuple[str | None, list[str]]:

@@ -1,4 +1,5 @@
-"""`ngcx deployments ls | show | logs | stop | start | destroy | gc`: what is deployed, and its lifecycle.
+"""`ngcx deployments ls | show | logs | stop | start | destroy | gc | key | rotate-key`: what is deployed,
+its lifecycle, and its endpoint key.
 
 Why a module of its own (not in cli/deploy/): these are the commands a user runs the days after a
 deploy; each reads the state store and calls the record's target through the router. Every read
@@ -30,6 +31,8 @@ def register(app: typer.Typer) -> None:
     group.command("start")(start_cmd)
     group.command("destroy")(destroy_cmd)
     group.command("gc")(gc_cmd)
+    group.command("key")(key_cmd)
+    group.command("rotate-key")(rotate_key_cmd)
     app.add_typer(group, name="deployments")
 
 
@@ -76,6 +79,21 @@ def show_cmd(deployment: IdArg, as_json: JsonOpt = False) -> None:
             value = {k: v for k, v in value.items() if k != "marks"}
         if value not in (None, "", {}):
             print(f"{key:14} {value}")
+    _show_access(record)
+
+
+def _show_access(record) -> None:
+    """Where the key and the pinned certificate are, and a curl line that uses both."""
+    from ..deploy import keys
+    from ..deploy.security import how_to_call
+
+    cert = keys.certificate_path(record.id)
+    if record.spec.get("tls_sha256"):
+        print(f"{'tls-sha256':14} {record.spec['tls_sha256']}")
+    if cert:
+        print(f"{'tls-cert':14} {cert}")
+    for line in how_to_call(record):
+        print(f"{'access':14} {line}")
 
 
 def logs_cmd(deployment: IdArg,
@@ -131,7 +149,27 @@ def destroy_cmd(deployment: IdArg,
         target(record.cloud).terminate(record)
     else:
         store.mark_destroyed(record.id, "nothing was created")
+    from ..deploy import keys
+
+    keys.forget(record.id)
     print(f"ngcx: deployment {record.id} destroyed ({what})", file=sys.stderr)
+
+
+def key_cmd(deployment: IdArg) -> None:
+    """Print the deployment's endpoint key (for `curl -H "Authorization: Bearer $(ngcx deployments key ID)"`)."""
+    from ..deploy.security import key_of
+
+    print(key_of(_record(deployment)))
+
+
+def rotate_key_cmd(deployment: IdArg) -> None:
+    """Replace the endpoint key without downtime: the old key works until the host accepts the new one."""
+    from ..deploy.security import rotate
+
+    record = _record(deployment)
+    rotate(record)
+    print(f"ngcx: deployment {record.id} has a new key; the old one no longer opens it "
+          f"(`ngcx deployments key {record.id}` prints the new one)", file=sys.stderr)
 
 
 def gc_cmd(yes: Annotated[bool, typer.Option("--yes", "-y", help="Delete without asking.")] = False,

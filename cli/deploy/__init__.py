@@ -2,10 +2,12 @@
 
 The router (SkyPilot's shape, cloud-apis.md §11.2): every target is one module of this package
 with the same verbs — run (create or reuse a host and start the container), query, start, stop,
-terminate, logs, orphans — and a CAPABILITIES declaration (common.Capabilities). flow.py walks a
-deploy through them and the state store; nothing outside this package names a target's module.
+terminate, logs, orphans, install_key_hashes (the endpoint's accepted keys), certificate (the host's
+TLS one) — and a CAPABILITIES declaration (common.Capabilities). flow.py walks a deploy through them
+and the state store; nothing outside this package names a target's module.
 vm.py is what the VM clouds share; image.py says which image a deploy serves, bake.py makes host images,
-offers.py ranks instance types, store.py keeps the records, hostscript.py renders what a host runs.
+offers.py ranks instance types, store.py keeps the records, hostscript.py renders what a host runs,
+keys.py keeps each endpoint's key, security.py pins TLS, checks and rotates keys.
 Only the standard library and typer load at import time: cloud SDKs are imported by the target
 that needs them, when it needs them.
 """
@@ -18,7 +20,7 @@ from types import ModuleType
 TARGETS = ("local", "aliyun", "aws")
 CLOUDS = tuple(t for t in TARGETS if t != "local")   # the VM clouds `--cloud any` ranks and fails over across
 VERBS = ("CAPABILITIES", "prepare", "run", "container_failure", "cleanup_failed", "query", "start", "stop",
-         "terminate", "logs", "orphans", "delete_orphan")
+         "terminate", "logs", "orphans", "delete_orphan", "install_key_hashes", "certificate")
 
 
 def target(cloud: str) -> ModuleType:

@@ -493,7 +493,7 @@ def _cloud(record: DeployRecord) -> Ec2:
 
 
 (run, report_phases, container_failure, cleanup_failed, query, start, stop, terminate,
- logs) = vm.Verbs(_cloud).all()
+ logs, install_key_hashes, certificate) = vm.Verbs(_cloud).all()
 
 
 def orphans() -> list[dict[str, str]]:

@@ -68,6 +68,9 @@ class DeployConfig:
     ready_timeout: float = 600.0
     env: dict[str, str] = field(default_factory=dict)
     pushes: list[tuple[str, str]] = field(default_factory=list)  # (REGISTRY/REPO, digest), newest first
+    auth: bool = True                # a bearer key for every call but health (--no-auth: none)
+    tls: bool = False                # HTTPS with the host's own key pair (clouds' default)
+    key_hashes: tuple[str, ...] = ()  # SHA-256 of the accepted keys: set by flow.deploy once the key exists
 
     def pick_push(self, owns: Any) -> tuple[str, str] | None:
         """(REPO@DIGEST, registry host) of the newest push to a registry `owns(host)` claims (the cloud's own,
@@ -81,7 +84,8 @@ class DeployConfig:
     def spec(self) -> dict[str, Any]:
         """What makes two hosts interchangeable (stored as JSON; no secrets in it)."""
         return {k: v for k, v in asdict(self).items() if k in (
-            "cloud", "region", "zone", "gpu", "gpu_mode", "workload", "max_price", "spot", "allow_from")}
+            "cloud", "region", "zone", "gpu", "gpu_mode", "workload", "max_price", "spot", "allow_from", "auth",
+            "tls")}
 
 
 @dataclass

@@ -22,15 +22,30 @@ FAILURE_CHECK_S = 2.0  # default: how often a target is asked whether the contai
 
 
 def deploy(config: DeployConfig) -> DeployRecord:
-    """Reads first (credentials, image, offers), then intent, then the target's write calls."""
+    """Reads first (credentials, image, offers), then intent, then the target's write calls.
+
+    The endpoint's key is made once the record exists (keys.py: a 0600 file named by the record's id)
+    and before any host hears of it; the host gets its hash. Ready means /v2/health/ready answers AND
+    the endpoint takes the key and refuses a call without it (access.check), over TLS pinned to the
+    certificate the host made (security.pin)."""
+    from dataclasses import replace
+
+    from . import keys, security
+
     module = target(config.cloud)
     plan = module.prepare(config)
+    security.prune()
     record = store.create_intent(config)
+    key = keys.create(record.id) if config.auth else None
+    if key:
+        config = replace(config, key_hashes=(keys.digest(key),))
     try:
         record = module.run(config, record, plan)
         ready_s = wait_ready(module, record, config.ready_timeout)
+        security.secure(module, store.get(record.id), key)
     except BaseException as exc:
         _fail(module, store.get(record.id), plan, exc)
+        keys.forget(record.id)
         raise
     return store.update(record.id, status=READY, phases=_phases(module, store.get(record.id), ready_s), pid=None)
 

@@ -27,6 +27,8 @@ class HostJob:
     cmd: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     port: int = 8000
+    auth_hashes: tuple[str, ...] = ()   # SHA-256 of each accepted endpoint key (none: --no-auth)
+    tls: bool = True                    # HTTPS with the host's own key pair
 
 
 def _env():
@@ -44,7 +46,7 @@ def render(job: HostJob, mode: str) -> str:
     text = _env().get_template("host.sh.j2").render(
         mode=mode, deployment=job.deployment, pull_ref=job.pull_ref, registry=job.registry,
         min_driver=job.min_driver, gpu_mode=job.gpu_mode, login=job.login, cmd=list(job.cmd),
-        env=dict(job.env), port=job.port)
+        env=dict(job.env), port=job.port, auth_hashes=list(job.auth_hashes), tls=job.tls)
     if mode == "user-data" and len(text.encode()) > USER_DATA_LIMIT:
         from ..core.errors import UserError
 

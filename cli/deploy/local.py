@@ -34,6 +34,7 @@ FAILURE_CHECK_S = 0.0   # asking the local engine whether the container died cos
 LABEL_DEPLOYMENT = "ai.ngcx.deployment"
 LABEL_OWNER = "ai.ngcx.deploy.owner"
 PLAN_CACHE_IN_IMAGE = "/var/cache/ngcx/plans"
+AUTH_IN_IMAGE = "/run/ngcx/auth"     # the folder of the key hashes file, mounted read-only
 
 
 @dataclass
@@ -72,12 +73,16 @@ def run(config: DeployConfig, record: DeployRecord, plan: Plan) -> DeployRecord:
     kwargs: dict[str, Any] = {}
     if plan.gpu:
         kwargs["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    volumes = {str(plan_cache_dir()): {"bind": PLAN_CACHE_IN_IMAGE, "mode": "rw"}}
+    environment = dict(config.env)
+    if config.key_hashes:   # the container reads only the keys' hashes, from a folder (a rewrite is seen)
+        volumes[str(_auth_dir(record.id, "\n".join(config.key_hashes) + "\n"))] = {"bind": AUTH_IN_IMAGE, "mode": "ro"}
+        environment["NGCX_RUNTIME_AUTH_KEYS"] = f"{AUTH_IN_IMAGE}/keys"
     t0 = time.monotonic()
     try:
         container = plan.client.containers.run(
             config.image, config.cmd or None, detach=True, name=f"ngcx-deploy-{store.owner_id()[:8]}-{record.id}",
-            ports={f"{SERVE_PORT}/tcp": ("127.0.0.1", port)}, environment=config.env,
-            volumes={str(plan_cache_dir()): {"bind": PLAN_CACHE_IN_IMAGE, "mode": "rw"}},
+            ports={f"{SERVE_PORT}/tcp": ("127.0.0.1", port)}, environment=environment, volumes=volumes,
             labels={LABEL_DEPLOYMENT: str(record.id), LABEL_OWNER: store.owner_id()}, **kwargs)
     except Exception as exc:
         raise UserError(f"the engine could not start {config.image}: {_one_line(exc)}",
@@ -87,6 +92,32 @@ def run(config: DeployConfig, record: DeployRecord, plan: Plan) -> DeployRecord:
     return store.update(record.id, status=STARTING, container=container.id, host="127.0.0.1",
                         endpoint=f"http://127.0.0.1:{port}", path=PATH_LOCAL, phases=phases,
                         detail=None if plan.gpu else f"CPU only: {plan.why_no_gpu or 'GPU use turned off'}")
+
+
+def _auth_dir(deployment: int, hashes_text: str):
+    """STATE/keys/ID.auth/keys: the file the container's --auth-keys-file reads (hashes only)."""
+    import os
+
+    from . import keys
+
+    folder = keys.folder() / f"{deployment}.auth"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    tmp = folder / ".keys.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(hashes_text)
+    os.replace(tmp, folder / "keys")
+    return folder
+
+
+def install_key_hashes(record: DeployRecord, hashes_text: str) -> None:
+    """Rewrite the hashes the container accepts (it re-reads the file: no restart)."""
+    _auth_dir(record.id, hashes_text)
+
+
+def certificate(record: DeployRecord) -> tuple[str, str]:
+    """Local deploys answer on 127.0.0.1 over plain HTTP: there is no certificate to pin."""
+    raise UserError(f"deployment {record.id} serves plain HTTP on 127.0.0.1: it has no TLS certificate")
 
 
 def _swap_previous(client: Any, image: str, new_id: int) -> int | None:

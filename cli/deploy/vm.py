@@ -151,7 +151,7 @@ def _swap(config: DeployConfig, record: DeployRecord, plan: Plan, old: DeployRec
     """Hand the host over from `old` to `record` and run the host script on it through the command channel."""
     store.update(old.id, status=REPLACED, pid=None, detail=f"host handed to deployment {record.id}")
     record = store.update(record.id, status=STARTING, instance_id=old.instance_id, instance_type=old.instance_type,
-                          zone=old.zone, host=status.address, endpoint=endpoint(status.address), path=path,
+                          zone=old.zone, host=status.address, endpoint=endpoint(status.address, config.tls), path=path,
                           region=plan.cloud.region, phases=phases)
     code, output = plan.cloud.run_command(record.instance_id, host_script(config, record, plan, "command"),
                                           COMMAND_TIMEOUT_S)
@@ -184,8 +184,8 @@ def _create(config: DeployConfig, record: DeployRecord, plan: Plan, t0: float) -
             t_api = time.time()
             status = wait_state(plan.cloud, instance_id, "running", BOOT_TIMEOUT_S)
             phases = {"api": round(t_api - t0, 3), "boot": round(time.time() - t_api, 3)}
-            return store.update(record.id, status=STARTING, host=status.address, endpoint=endpoint(status.address),
-                                phases=phases)
+            return store.update(record.id, status=STARTING, host=status.address,
+                                endpoint=endpoint(status.address, config.tls), phases=phases)
     raise NoCapacity(f"no capacity for any fitting instance type in {plan.cloud.name} {plan.cloud.region}: "
                     f"{'; '.join(tried) or 'no zone offers one'}", hint="try another --region or --gpu, or later")
 
@@ -216,8 +216,35 @@ def host_script(config: DeployConfig, record: DeployRecord, plan: Plan, mode: st
     from . import hostscript
 
     job = hostscript.HostJob(record.id, plan.pull_ref, plan.registry, config.labels.get("ai.ngcx.min-driver", "0"),
-                             config.gpu_mode, plan.login(), tuple(config.cmd), tuple(sorted(config.env.items())))
+                             config.gpu_mode, plan.login(), tuple(config.cmd), tuple(sorted(config.env.items())),
+                             auth_hashes=config.key_hashes, tls=config.tls)
     return hostscript.render(job, mode)
+
+
+AUTH_DIR = "/var/lib/ngcx/auth"   # host.sh.j2's $STATE/auth: the key hashes and the TLS key pair
+
+
+def install_key_hashes_with(cloud: Any, record: DeployRecord, hashes_text: str) -> None:
+    """Replace the host's accepted key hashes (ngcx-runtime re-reads the file; no restart, no downtime)."""
+    import shlex
+
+    script = (f"umask 077; printf '%s' {shlex.quote(hashes_text)} > {AUTH_DIR}/keys.tmp && "
+              f"mv -f {AUTH_DIR}/keys.tmp {AUTH_DIR}/keys")
+    code, out = cloud.run_command(record.instance_id or "", script, 60)
+    if code != 0:
+        raise UserError(f"could not write the key hashes on {record.instance_id}: {last_lines(out)}")
+
+
+def certificate_with(cloud: Any, record: DeployRecord) -> tuple[str, str]:
+    """(PEM, curl's --pinnedpubkey value) of the host's own TLS certificate, read through the command channel."""
+    code, out = cloud.run_command(
+        record.instance_id or "", f"cat {AUTH_DIR}/tls.crt && echo && openssl x509 -in {AUTH_DIR}/tls.crt -pubkey "
+        "-noout | openssl pkey -pubin -outform der | openssl dgst -sha256 -binary | base64", 60)
+    if code != 0 or "END CERTIFICATE" not in out:
+        raise UserError(f"could not read the TLS certificate of {record.instance_id}: {last_lines(out)}")
+    pem, _, rest = out.partition("-----END CERTIFICATE-----")
+    pem = pem[pem.index("-----BEGIN CERTIFICATE-----"):] + "-----END CERTIFICATE-----\n"
+    return pem, rest.strip().splitlines()[-1].strip()
 
 
 def _marks(output: str) -> dict[str, float]:
@@ -246,8 +273,8 @@ def _fetch_marks(cloud: Any, record: DeployRecord) -> dict[str, float]:
         return {}
 
 
-def endpoint(address: str | None) -> str | None:
-    return f"http://{address}:{SERVE_PORT}" if address else None
+def endpoint(address: str | None, tls: bool) -> str | None:
+    return f"{'https' if tls else 'http'}://{address}:{SERVE_PORT}" if address else None
 
 
 def last_lines(text: str, n: int = 400) -> str:
@@ -299,7 +326,8 @@ def start_with(cloud: Any, record: DeployRecord) -> DeployRecord:
         raise UserError(f"host {record.instance_id} cannot start: {exc.code} (its GPU was released while stopped and "
                         "the zone has none now)", hint="deploy again to create a new host, or try later") from None
     status = wait_state(cloud, record.instance_id or "", "running", BOOT_TIMEOUT_S)
-    return store.update(record.id, status=STARTING, host=status.address, endpoint=endpoint(status.address))
+    return store.update(record.id, status=STARTING, host=status.address,
+                        endpoint=endpoint(status.address, bool(record.spec.get("tls"))))
 
 
 def stop_with(cloud: Any, record: DeployRecord) -> DeployRecord:
@@ -388,7 +416,14 @@ class Verbs:
     def logs(self, record: DeployRecord, tail: int = 50) -> str:
         return logs_with(self.cloud_of(record), record, tail)
 
+    def install_key_hashes(self, record: DeployRecord, hashes_text: str) -> None:
+        install_key_hashes_with(self.cloud_of(record), record, hashes_text)
+
+    def certificate(self, record: DeployRecord) -> tuple[str, str]:
+        return certificate_with(self.cloud_of(record), record)
+
     def all(self) -> tuple[Any, ...]:
-        """(run, report_phases, container_failure, cleanup_failed, query, start, stop, terminate, logs)."""
+        """(run, report_phases, container_failure, cleanup_failed, query, start, stop, terminate, logs,
+        install_key_hashes, certificate)."""
         return (self.run, self.report_phases, self.container_failure, self.cleanup_failed, self.query, self.start,
-                self.stop, self.terminate, self.logs)
+                self.stop, self.terminate, self.logs, self.install_key_hashes, self.certificate)

@@ -28,14 +28,37 @@ class InferError(Exception):
 
 
 class Client:
-    """One keep-alive connection to http://HOST:PORT."""
+    """One keep-alive connection to http(s)://HOST:PORT.
 
-    def __init__(self, url: str, timeout: float = 60.0) -> None:
+    key: the deployment's bearer key, sent on every request but the keyless health checks. Over
+    https it is sent only on a connection whose certificate matches `pin` (core/tls.py); an https
+    client without a pin may only ask health (a deploy polling a host whose certificate it does not
+    know yet), so a key can never reach an unverified peer.
+    """
+
+    def __init__(self, url: str, timeout: float = 60.0, *, key: str | None = None, pin: str | None = None) -> None:
         parts = urlsplit(url)
         self.url = url.rstrip("/")
-        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.tls = parts.scheme == "https"
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or (443 if self.tls else 80)
         self.timeout = timeout
+        self.key, self.pin = key, pin
         self._conn: http.client.HTTPConnection | None = None
+
+    def _connect(self) -> http.client.HTTPConnection:
+        if not self.tls:
+            return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        from ..core.tls import PinnedHTTPSConnection
+
+        return PinnedHTTPSConnection(self.host, self.port, self.pin, self.timeout)
+
+    def _auth(self, path: str, headers: dict[str, str]) -> dict[str, str]:
+        """headers plus the bearer key, except on health paths (keyless) and unpinned TLS (never)."""
+        if not self.key or path.startswith("/v2/health/") or path.endswith("/ready"):
+            return headers
+        if self.tls and self.pin is None:
+            raise ValueError(f"refusing to send the key to {self.url}: its certificate is not pinned")
+        return {**headers, "Authorization": f"Bearer {self.key}"}
 
     def close(self) -> None:
         if self._conn is not None:
@@ -46,9 +69,9 @@ class Client:
                  headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
         for attempt in (1, 2):                       # one retry when a kept-alive connection went stale
             if self._conn is None:
-                self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+                self._conn = self._connect()
             try:
-                self._conn.request(method, path, body=body, headers=headers or {})
+                self._conn.request(method, path, body=body, headers=self._auth(path, headers or {}))
                 resp = self._conn.getresponse()
                 data = resp.read()
                 return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
@@ -57,6 +80,14 @@ class Client:
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
+
+    def status(self, method: str, path: str, *, with_key: bool = True) -> int:
+        """The HTTP status of one request (the access checks: with and without the key)."""
+        key, self.key = self.key, (self.key if with_key else None)
+        try:
+            return self._request(method, path)[0]
+        finally:
+            self.key = key
 
     def ready(self, model: str | None = None) -> bool:
         path = f"/v2/models/{model}/ready" if model else "/v2/health/ready"

@@ -107,8 +107,26 @@ def test_the_host_script_is_valid_sh_and_every_value_stays_one_word():
     run = text[text.index("docker run -d"):text.index(">/dev/null", text.index("docker run -d"))]
     words = shlex.split(run.replace("$GPU_ARGS", "").replace("\\\n", " "))
     assert words[-4:] == [job.pull_ref, "ngcx-runtime", "serve", HOSTILE] and all(w.strip() for w in words)
-    assert words[words.index("-e") + 1] == f"MODE={HOSTILE}"
+    assert words[words.index(f"MODE={HOSTILE}") - 1] == "-e"
     assert "no NVIDIA driver answers" in text and "fail " in text.split("no NVIDIA driver answers")[0][-40:]
+
+
+def test_the_host_gets_key_hashes_and_makes_its_own_tls_key_pair_never_a_key():
+    from ngcx.deploy import keys
+
+    key = keys.new_key()
+    job = HostJob(3, "r/x@sha256:" + "b" * 64, "r", "1", "auto", None, auth_hashes=(keys.digest(key),), tls=True)
+    text = render(job, "user-data")
+    assert subprocess.run(["sh", "-n"], input=text, text=True).returncode == 0
+    assert keys.digest(key) in text and key not in text
+    run = text[text.index("docker run -d"):text.index(">/dev/null", text.index("docker run -d"))]
+    words = shlex.split(run.replace("$GPU_ARGS", "").replace("\\\n", " "))
+    assert "NGCX_RUNTIME_AUTH_KEYS=/run/ngcx/auth/keys" in words and '"$AUTH":/run/ngcx/auth:ro' in run
+    assert "NGCX_RUNTIME_TLS_CERT=/run/ngcx/auth/tls.crt" in words and "openssl req -x509" in text
+    open_job = HostJob(3, "r/x@sha256:" + "b" * 64, "r", "1", "auto", None, tls=False)
+    open_text = render(open_job, "command")
+    assert "NGCX_RUNTIME_AUTH_KEYS" not in open_text and 'rm -f "$AUTH/keys"' in open_text
+    assert "openssl" not in open_text
 
 
 def test_cpu_fallback_only_when_asked():

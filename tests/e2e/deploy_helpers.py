@@ -38,13 +38,27 @@ def built_zero_code(tmp_path_factory) -> Path:
     return root
 
 
-def one_inference(project: Path, url: str) -> np.ndarray:
-    """Send examples.yaml's input to URL; the logits, checked against the example's expected values."""
+def access(project: Path, url: str, env: dict[str, str] | None = None) -> tuple[str | None, str | None]:
+    """(key, pinned fingerprint) of the newest deployment serving URL, as a user gets them: `ngcx deployments
+    ls --json` (the pin, in its spec) and `ngcx deployments key ID`."""
+    import json
+
+    listed = ngcx(project, "deployments", "ls", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    [record] = [r for r in json.loads(listed.stdout) if r["endpoint"] == url][:1]
+    key = ngcx(project, "deployments", "key", str(record["id"]), env=env)
+    return (key.stdout.strip() if key.returncode == 0 else None), record["spec"].get("tls_sha256")
+
+
+def one_inference(project: Path, url: str, env: dict[str, str] | None = None) -> np.ndarray:
+    """Send examples.yaml's input to URL with the deployment's key (over TLS pinned to its host's
+    certificate); the logits, checked against the example's expected values."""
     from ngcx.project.client import Client
     from ngcx.project.examples import load_examples
 
     [example] = load_examples(project / "examples.yaml")
-    client = Client(url, timeout=60)
+    key, pin = access(project, url, env)
+    client = Client(url, timeout=60, key=key, pin=pin)
     try:
         answer = client.infer(MODEL, {"image": example.inputs["image"]})
     finally:

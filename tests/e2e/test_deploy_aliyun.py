@@ -22,7 +22,7 @@ def test_push_deploy_infer_stop_redeploy_restart_failure_destroy(aliyun):
     first = cloud.deploy()
     assert first.returncode == 0, first.stderr[-3000:]
     url = first.stdout.strip()
-    one_inference(cloud.project, url)
+    one_inference(cloud.project, url, cloud.env)
     rec = cloud.records()[0]
     assert rec["status"] == "ready" and rec["path"] == "fresh-host" and rec["instance_type"] == cloud.instance_type
     [inst] = cloud.mine(rec["id"])
@@ -37,7 +37,7 @@ def test_push_deploy_infer_stop_redeploy_restart_failure_destroy(aliyun):
 
     again = cloud.deploy()                                      # the stopped host, with its pulled layers
     assert again.returncode == 0, again.stderr[-3000:]
-    one_inference(cloud.project, again.stdout.strip())
+    one_inference(cloud.project, again.stdout.strip(), cloud.env)
     second = cloud.records()[0]
     assert second["path"] == "stopped-host" and second["instance_id"] == rec["instance_id"]
     assert second["phases"]["pull"] < 5, second["phases"]                # nothing crossed the network
@@ -48,13 +48,13 @@ def test_push_deploy_infer_stop_redeploy_restart_failure_destroy(aliyun):
     assert cloud.ngcx("deployments", "stop", str(second["id"])).returncode == 0
     started = cloud.ngcx("deployments", "start", str(second["id"]))       # the container comes back with the host
     assert started.returncode == 0, started.stderr[-2000:]
-    one_inference(cloud.project, started.stdout.strip())
+    one_inference(cloud.project, started.stdout.strip(), cloud.env)
 
     running = cloud.deploy()                                    # the running host: swap the container only
     assert running.returncode == 0, running.stderr[-3000:]
     third = cloud.records()[0]
     assert third["path"] == "running-host" and third["instance_id"] == rec["instance_id"]
-    one_inference(cloud.project, running.stdout.strip())
+    one_inference(cloud.project, running.stdout.strip(), cloud.env)
     print("running host:", phase_line(running))
 
     assert cloud.ngcx("deployments", "stop", str(third["id"])).returncode == 0
@@ -64,7 +64,7 @@ def test_push_deploy_infer_stop_redeploy_restart_failure_destroy(aliyun):
     assert "cannot start again (OperationDenied.NoStock" in fallback.stderr
     fourth = cloud.records()[0]
     assert fourth["path"] == "fresh-host" and fourth["instance_id"] != rec["instance_id"]
-    one_inference(cloud.project, fallback.stdout.strip())
+    one_inference(cloud.project, fallback.stdout.strip(), cloud.env)
 
     for record in (fourth, third):
         assert cloud.ngcx("deployments", "destroy", str(record["id"]), "--yes").returncode == 0

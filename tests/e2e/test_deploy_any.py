@@ -43,7 +43,7 @@ def test_any_fails_over_from_a_cloud_without_capacity_to_the_next(aliyun, aws, p
                 aws.set_capacity(zone, name, True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "aws: no capacity for any fitting instance type" in done.stderr and "trying the next cloud" in done.stderr
-    one_inference(project, done.stdout.strip())
+    one_inference(project, done.stdout.strip(), env)
     records = json.loads(ngcx(project, "deployments", "ls", "--all", "--json", env=env).stdout)
     landed, missed = records[0], records[1]
     assert (landed["cloud"], landed["status"]) == ("aliyun", "ready")

@@ -34,7 +34,7 @@ def test_push_bake_deploy_infer_stop_redeploy_running_restart_failure_destroy(aw
     cloud = aws
     first = cloud.deploy()
     assert first.returncode == 0, first.stderr[-3000:]
-    one_inference(cloud.project, first.stdout.strip())
+    one_inference(cloud.project, first.stdout.strip(), cloud.env)
     rec = cloud.records()[0]
     assert rec["status"] == "ready" and rec["path"] == "fresh-host" and rec["instance_type"] == G5
     [inst] = cloud.mine(rec["id"])
@@ -48,7 +48,7 @@ def test_push_bake_deploy_infer_stop_redeploy_running_restart_failure_destroy(aw
 
     again = cloud.deploy()                                      # the stopped host, with its pulled layers
     assert again.returncode == 0, again.stderr[-3000:]
-    one_inference(cloud.project, again.stdout.strip())
+    one_inference(cloud.project, again.stdout.strip(), cloud.env)
     second = cloud.records()[0]
     assert second["path"] == "stopped-host" and second["instance_id"] == rec["instance_id"]
     assert second["phases"]["pull"] < 5, second["phases"]                # nothing crossed the network
@@ -61,7 +61,7 @@ def test_push_bake_deploy_infer_stop_redeploy_running_restart_failure_destroy(aw
     assert running.returncode == 0, running.stderr[-3000:]
     third = cloud.records()[0]
     assert third["path"] == "running-host" and third["instance_id"] == rec["instance_id"]
-    one_inference(cloud.project, running.stdout.strip())
+    one_inference(cloud.project, running.stdout.strip(), cloud.env)
     print("running host:", phase_line(running))
 
     assert cloud.ngcx("deployments", "stop", str(third["id"])).returncode == 0
@@ -71,7 +71,7 @@ def test_push_bake_deploy_infer_stop_redeploy_running_restart_failure_destroy(aw
     assert "cannot start again (InsufficientInstanceCapacity" in fallback.stderr
     fourth = cloud.records()[0]
     assert fourth["path"] == "fresh-host" and fourth["instance_id"] != rec["instance_id"]
-    one_inference(cloud.project, fallback.stdout.strip())
+    one_inference(cloud.project, fallback.stdout.strip(), cloud.env)
 
     for record in (fourth, third):
         assert cloud.ngcx("deployments", "destroy", str(record["id"]), "--yes").returncode == 0

@@ -43,7 +43,7 @@ def test_throttling_and_a_lost_5xx_make_no_duplicate_and_no_capacity_moves_zones
     [inst] = cloud.mine(rec["id"])                                              # one instance, not two
     assert emu.performed("RunInstances") - before == 1
     assert inst["id"] == rec["instance_id"] and inst["zone"] == rec["zone"]
-    one_inference(cloud.project, done.stdout.strip())
+    one_inference(cloud.project, done.stdout.strip(), cloud.env)
     assert cloud.ngcx("deployments", "destroy", str(rec["id"]), "--yes").returncode == 0
 
 

@@ -45,7 +45,7 @@ def test_deploy_serves_the_project_then_redeploy_stop_start_logs_destroy(project
     url = first.stdout.strip().splitlines()[-1]
     assert url.startswith("http://127.0.0.1:")
     assert "api 0.0 s · boot 0.0 s · pull 0.0 s · start" in first.stderr and "total" in first.stderr
-    assert np.isfinite(one_inference(project, url)).all()
+    assert np.isfinite(one_inference(project, url, state)).all()
     [rec] = records(project, state)
     assert rec["status"] == "ready" and rec["path"] == "local" and rec["endpoint"] == url
     assert set(rec["phases"]) == {"api", "boot", "pull", "start", "ready"}
@@ -56,15 +56,15 @@ def test_deploy_serves_the_project_then_redeploy_stop_start_logs_destroy(project
     new, old = records(project, state)
     assert (new["status"], old["status"]) == ("ready", "replaced")
     assert not docker_client.containers.list(all=True, filters={"id": old["container"]})
-    one_inference(project, url)
+    one_inference(project, url, state)
 
     assert ngcx(project, "deployments", "stop", str(new["id"]), env=state).returncode == 0
     assert docker_client.containers.get(new["container"]).status == "exited"
     with pytest.raises(OSError):
-        one_inference(project, url)
+        one_inference(project, url, state)
     started = ngcx(project, "deployments", "start", str(new["id"]), env=state)
     assert started.returncode == 0 and started.stdout.strip() == url, started.stderr
-    one_inference(project, url)
+    one_inference(project, url, state)
 
     logs = ngcx(project, "deployments", "logs", str(new["id"]), env=state)
     assert logs.returncode == 0 and "ready" in logs.stdout.lower(), logs.stdout[-1000:]

@@ -1,0 +1,134 @@
+"""A deployment's endpoint security after the host is up: pin its certificate, prove the key is needed,
+rotate the key without downtime.
+
+Why its own module: flow.py walks a deploy through the targets' verbs; what "secure" means is one
+rule for every target and is checked here once. A deploy is not ready until (1) an https endpoint's
+certificate, read through the cloud's command channel, is pinned (core/tls.py), and (2) the
+endpoint answers a call with the deployment's key and refuses the same call without it. (2) also
+catches an image whose ngcx-runtime predates endpoint keys: it would ignore the hashes file and
+answer anyone, so such a deploy fails with the fix instead of serving an open endpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from types import ModuleType
+
+from ..core.errors import UserError
+from . import keys, store, target
+from .common import LIVE, READY, DeployRecord, NotReady
+
+PROBE = "/v2"                 # server metadata: the cheapest call that needs the key
+ROTATION_WAIT_S = 30.0        # ngcx-runtime re-reads its keys file within 0.25 s; a cloud's command channel is slower
+
+
+def prune() -> None:
+    """Forget the key files of deployments that are gone (destroyed, replaced, failed)."""
+    live = {r.id for r in store.records()}
+    for deployment in keys.kept() - live:
+        keys.forget(deployment)
+
+
+def pin_of(record: DeployRecord) -> str | None:
+    return record.spec.get("tls_sha256")
+
+
+def secure(module: ModuleType, record: DeployRecord, key: str | None) -> DeployRecord:
+    """Pin an https endpoint's certificate; then require that the key opens it and nothing else does."""
+    from ..core.tls import pem_fingerprint
+
+    if (record.endpoint or "").startswith("https://"):
+        pem, pubkey = module.certificate(record)
+        try:
+            pin = pem_fingerprint(pem)
+        except ValueError:
+            raise UserError(f"deployment {record.id}: the host's TLS certificate could not be read") from None
+        keys.save_certificate(record.id, pem)
+        record = store.update(record.id, spec=dict(record.spec, tls_sha256=pin, tls_pubkey_sha256=pubkey))
+    if key:
+        check(record, key)
+    return record
+
+
+def _status(record: DeployRecord, key: str | None, with_key: bool = True) -> int:
+    """The status of GET /v2 with (or without) the key, over the pinned connection."""
+    from ..core.tls import PinMismatch
+    from ..project.client import Client
+
+    client = Client(record.endpoint or "", timeout=10.0, key=key, pin=pin_of(record))
+    try:
+        return client.status("GET", PROBE, with_key=with_key)
+    except PinMismatch as exc:
+        raise UserError(f"deployment {record.id}: {exc.args[0]}",
+                        hint="the host was replaced or someone is in between; do not send it the key") from None
+    except OSError as exc:
+        raise UserError(f"deployment {record.id} at {record.endpoint} did not answer: {exc}") from None
+    finally:
+        client.close()
+
+
+def check(record: DeployRecord, key: str) -> None:
+    """The endpoint takes the key (200) and refuses a keyless call (401), or NotReady says which failed."""
+    with_key = _status(record, key)
+    if with_key != 200:
+        raise NotReady(f"deployment {record.id}: the endpoint refused the deployment's own key (HTTP {with_key})",
+                       hint=f"see `ngcx deployments logs {record.id}`")
+    without = _status(record, key, with_key=False)
+    if without != 401:
+        raise NotReady(f"deployment {record.id}: the endpoint answers a call without the key (HTTP {without}); "
+                       "its image's ngcx-runtime predates endpoint keys",
+                       hint="rebuild the image with this ngcx (`ngcx build`), push it, and deploy again")
+
+
+def rotate(record: DeployRecord) -> None:
+    """Replace the key with no failed request: the host accepts old and new, the new one is seen to work,
+    then the old one is dropped. An interrupted rotation (ID.next left behind) resumes with the same new key."""
+    if record.status != READY:
+        raise UserError(f"deployment {record.id} is {record.status}; keys rotate on a ready deployment",
+                        hint=f"start it first: ngcx deployments start {record.id}")
+    old = keys.get(record.id)
+    if old is None:
+        raise UserError(f"deployment {record.id} has no key (deployed with --no-auth)",
+                        hint="deploy again without --no-auth to give it one")
+    module = target(record.cloud)
+    new = keys.begin_rotation(record.id)
+    module.install_key_hashes(record, keys.hashes_text(record.id, [old, new]))
+    deadline = time.monotonic() + ROTATION_WAIT_S
+    while _status(record, new) != 200:
+        if time.monotonic() > deadline:
+            raise UserError(f"deployment {record.id} did not accept its new key within {ROTATION_WAIT_S:.0f} s; "
+                            "the old key still works", hint=f"run `ngcx deployments rotate-key {record.id}` again")
+        time.sleep(0.1)
+    keys.finish_rotation(record.id)
+    module.install_key_hashes(record, keys.hashes_text(record.id, [new]))
+
+
+def key_of(record: DeployRecord) -> str:
+    """The deployment's key, or one line saying why there is none."""
+    if record.status not in LIVE:
+        raise UserError(f"deployment {record.id} is {record.status}: its key was deleted with it")
+    key = keys.get(record.id)
+    if key is None:
+        raise UserError(f"deployment {record.id} has no key here",
+                        hint="it was deployed with --no-auth, or from another machine's ngcx state")
+    return key
+
+
+def how_to_call(record: DeployRecord, show_key: bool = False) -> list[str]:
+    """The lines that say how to call a deployment: its key (once, on a terminal) and a curl that pins TLS.
+
+    The key is printed only when asked (`show_key`: the deploy's own terminal), never into a log that
+    a CI job or a pipe keeps; `ngcx deployments key ID` prints it on demand."""
+    key = keys.get(record.id)
+    lines = []
+    if key and show_key:
+        lines.append(f"key (shown once; `ngcx deployments key {record.id}` prints it again): {key}")
+    auth = f'-H "Authorization: Bearer $(ngcx deployments key {record.id})" ' if key else ""
+    pubkey = record.spec.get("tls_pubkey_sha256")
+    # -k skips the CA chain (no CA signed the host's own certificate); --pinnedpubkey still refuses any
+    # other key before a byte is sent, so the bearer key reaches only this host
+    tls = f"-k --pinnedpubkey sha256//{pubkey} " if pubkey else ""
+    lines.append(f"call it: curl {tls}{auth}{record.endpoint}/v2/models/{record.model or 'NAME'}")
+    if not key:
+        lines.append("no endpoint key (--no-auth): anyone who reaches the port may call every API")
+    return lines
