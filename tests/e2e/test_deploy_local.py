@@ -127,6 +127,8 @@ def test_a_deploy_killed_with_sigkill_is_announced_and_gc_cleans_it(project, doc
     (("deploy", "--cloud", "aliyun", "--allow-from", "everyone"), "--allow-from 'everyone' is not a CIDR"),
     (("deployments", "show", "banana"), "'banana' is not a deployment id"),
     (("deployments", "stop", "999"), "no deployment 999"),
+    (("deploy", "--cloud", "aliyun", "--no-auth"), "--no-auth with --allow-from 0.0.0.0/0 would let anyone"),
+    (("deployments", "rotate-key", "999"), "no deployment 999"),
 ])
 def test_deploy_bad_input_is_one_line_exit_2(project, state, args, expect):
     done = ngcx(project, *args, env=state)
