@@ -162,12 +162,16 @@ def key_cmd(deployment: IdArg) -> None:
     print(key_of(_record(deployment)))
 
 
-def rotate_key_cmd(deployment: IdArg) -> None:
-    """Replace the endpoint key without downtime: the old key works until the host accepts the new one."""
+def rotate_key_cmd(deployment: IdArg,
+                   grace: Annotated[float, typer.Option(
+                       "--grace", min=0, max=3600,
+                       help="Seconds the old key stays accepted once the new one works, for clients to switch.")]
+                   = 30.0) -> None:
+    """Replace the endpoint key without downtime: both work until the new one is in place and the grace is over."""
     from ..deploy.security import rotate
 
     record = _record(deployment)
-    rotate(record)
+    rotate(record, grace, lambda line: print(f"ngcx: {line}", file=sys.stderr))
     print(f"ngcx: deployment {record.id} has a new key; the old one no longer opens it "
           f"(`ngcx deployments key {record.id}` prints the new one)", file=sys.stderr)
 

@@ -12,6 +12,7 @@ answer anyone, so such a deploy fails with the fix instead of serving an open en
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from types import ModuleType
 
 from ..core.errors import UserError
@@ -80,9 +81,11 @@ def check(record: DeployRecord, key: str) -> None:
                        hint="rebuild the image with this ngcx (`ngcx build`), push it, and deploy again")
 
 
-def rotate(record: DeployRecord) -> None:
-    """Replace the key with no failed request: the host accepts old and new, the new one is seen to work,
-    then the old one is dropped. An interrupted rotation (ID.next left behind) resumes with the same new key."""
+def rotate(record: DeployRecord, grace: float = 0.0, say: Callable[[str], None] = print) -> None:
+    """Replace the key with no failed request: the host accepts old and new, the new one is seen to work and
+    becomes the deployment's key (`ngcx deployments key` prints it from then on), the old one stays accepted
+    for `grace` seconds while clients switch, then it is dropped. An interrupted rotation (ID.next left
+    behind) resumes with the same new key; one killed during the grace leaves both accepted until the next."""
     if record.status != READY:
         raise UserError(f"deployment {record.id} is {record.status}; keys rotate on a ready deployment",
                         hint=f"start it first: ngcx deployments start {record.id}")
@@ -100,6 +103,9 @@ def rotate(record: DeployRecord) -> None:
                             "the old key still works", hint=f"run `ngcx deployments rotate-key {record.id}` again")
         time.sleep(0.1)
     keys.finish_rotation(record.id)
+    if grace > 0:
+        say(f"the new key is in place; the old one is accepted for {grace:.0f} s more while clients switch")
+        time.sleep(grace)
     module.install_key_hashes(record, keys.hashes_text(record.id, [new]))
 
 
