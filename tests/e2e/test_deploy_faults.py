@@ -3,12 +3,17 @@
 What a user notices: throttling and a 5xx whose answer was lost create no second billed instance; no
 capacity in one zone lands in the next; kill -9 between the create call and the record update is found
 by `ngcx deployments gc`; a container that never gets ready shows its last lines and its host is
-deleted; a wrong secret is one line without the secret; and no secret (cloud key, registry token) is
-in any output, state row or host file. A new cloud joins by adding its fixture name to CLOUDS.
+deleted; a wrong secret is one line without the secret; and no secret (cloud key, registry token, the
+endpoint's key before and after rotate-key, or its hash) is in any output, state row, host file or log, and
+no key in what the cloud keeps (user-data, command text). A new cloud joins by adding its fixture name to CLOUDS.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -97,23 +102,46 @@ def test_a_wrong_secret_is_one_line_without_the_secret(cloud):
     assert "rejected" in line and wrong not in done.stderr and cloud.secret not in done.stderr
 
 
+def sent_to_the_cloud(emulator) -> str:
+    """Every request the SDK sent the emulated cloud, with base64 user-data and command text decoded:
+    what the cloud keeps (DescribeUserData, the command history)."""
+    texts = [json.dumps(params, default=str) for _action, params in emulator.calls]
+    for _action, params in emulator.calls:
+        for name in ("UserData", "CommandContent"):
+            value = params.get(name) if isinstance(params, dict) else None
+            if value:
+                with contextlib.suppress(ValueError):
+                    texts.append(base64.b64decode(value, validate=True).decode("utf-8", "replace"))
+    return "\n".join(texts)
+
+
 def test_no_secret_in_outputs_state_or_on_the_hosts(cloud):
     done = cloud.deploy()                 # a host that logged in to the registry with a short-lived token
     assert done.returncode == 0, done.stderr[-3000:]
     rec = cloud.records()[0]
+    keyfile = Path(cloud.env["NGCX_STATE_DIR"]) / "keys" / f"{rec['id']}.key"
+    key = keyfile.read_text().strip()
+    rotated = cloud.ngcx("deployments", "rotate-key", str(rec["id"]), "--grace", "0")   # through the command channel
+    assert rotated.returncode == 0, rotated.stderr[-2000:]
+    new_key = keyfile.read_text().strip()
+    one_inference(cloud.project, done.stdout.strip(), cloud.env)                   # the new key, pinned TLS
     needles = [cloud.secret, *getattr(cloud.emulator, "issued_tokens", [])]
     assert len(needles) > 1, "the deploy must have logged in with a registry token"
+    keys = [key, new_key]
+    hashes = [hashlib.sha256(k.encode()).hexdigest() for k in keys]
     console = cloud.hosts.console_output(rec["instance_id"])
     files = cloud.hosts.run_command(rec["instance_id"], "cat /var/lib/cloud/* /root/.docker/config.json "
                                     "/var/lib/ngcx/* /var/log/cloud-init-output.log 2>/dev/null; "
-                                    "docker inspect ngcx-serve; true", 30)
+                                    "docker inspect ngcx-serve; docker logs ngcx-serve 2>&1; true", 30)
     assert "ngcx-host: started deployment" in console + files.output      # we read the right machine
-    assert not [n for n in needles if n in console or n in files.output]
+    assert not [n for n in needles + keys + hashes if n in console or n in files.output]
+    assert not [n for n in needles + keys if n in sent_to_the_cloud(cloud.emulator)]   # user-data, command text
     assert cloud.ngcx("deployments", "destroy", str(rec["id"]), "--yes").returncode == 0
+    assert not keyfile.exists()                                            # the key went with the deployment
     for text in cloud.outputs:
-        assert not [n for n in needles if n in text]
+        assert not [n for n in needles + keys + hashes if n in text]
     db = Path(cloud.env["NGCX_STATE_DIR"]) / "state.db"
     blob = b"".join(p.read_bytes() for p in db.parent.glob("state.db*"))
-    assert not [n for n in needles if n.encode() in blob]
+    assert not [n for n in needles + keys + hashes if n.encode() in blob]
     config = Path(cloud.env["DOCKER_CONFIG"]) / "config.json"
     assert not config.exists() or not [n for n in needles if n in config.read_text()]
