@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -43,7 +44,10 @@ class _Request:
     def __init__(self, scope: dict[str, Any], receive: Any):
         self.method: str = scope["method"]
         self.path: str = scope["path"]
-        self.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        self.headers: dict[str, str] = {}
+        for k, v in scope["headers"]:          # a header sent twice: its values joined (RFC 9110 §5.3)
+            name, value = k.decode("latin-1").lower(), v.decode("latin-1")
+            self.headers[name] = f"{self.headers[name]}, {value}" if name in self.headers else value
         self.peer = (scope.get("client") or ("", 0))[0]
         self._receive = receive
 
@@ -93,7 +97,7 @@ class AsgiApp:
         try:
             reply = await self.route(req)
         except ProtocolError as exc:
-            reply = routes.json_reply(exc.status, {"error": exc.message})
+            reply = routes.error_reply(exc)
         except ConnectionError:
             return
         except Exception as exc:  # noqa: BLE001 - the server must keep serving
@@ -110,7 +114,8 @@ class AsgiApp:
         if coding:
             body = compress([body], coding)
             extra = [*extra, (b"content-encoding", coding.encode())]
-        headers = [(b"content-type", ctype.encode()), (b"content-length", str(len(body)).encode()), *extra]
+        headers = [(b"content-type", ctype.encode()), (b"content-length", str(len(body)).encode()), *extra,
+                   *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers)]
         if self.app.draining:
             headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
@@ -120,15 +125,13 @@ class AsgiApp:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     async def route(self, req: _Request) -> routes.Reply:
-        """Resolve, ask the access policy, read the body the route takes, answer (blocking work in the pool)."""
+        """Resolve and ask the access policy (access.route_call, before any body is read), read the body
+        the route takes, answer (blocking work in the pool)."""
         app = self.app
-        route = access.resolve(req.method, req.path)
-        call = Call(route.category, req.peer, req.headers, route.control)
+        route, call = access.route_call(app.policy, req.method, req.path, req.peer, req.headers)
         if route.kind == "infer":
-            app.policy.check(call)
             return await self._infer(req, route, call)
         doc = await self._small_json(req) if route.reads == "json" else {}
-        app.policy.check(call)
         if route.kind in ("metrics", "repository", "shm"):
             return await self._run(routes.answer, app, route, doc)
         return routes.answer(app, route, doc)
@@ -154,7 +157,9 @@ class AsgiApp:
 class AsgiServer:
     """uvicorn (httptools parser) serving AsgiApp from a background thread with its own event loop."""
 
-    def __init__(self, app: App, host: str, port: int, max_connections: int, reuse_port: bool = False):
+    def __init__(self, app: App, host: str, port: int, max_connections: int, reuse_port: bool = False,
+                 tls: ssl.SSLContext | None = None, tls_files: tuple[str, str] | None = None):
+        """tls: the server context (tls.py) uvicorn serves with; tls_files its (cert, key) paths."""
         try:
             import uvicorn
         except ImportError:
@@ -183,7 +188,12 @@ class AsgiServer:
         config = uvicorn.Config(AsgiApp(app, self.pool), http=http, ws="none", loop="asyncio", lifespan="off",
                                 log_level="critical", access_log=False, limit_concurrency=max_connections,
                                 timeout_keep_alive=120, server_header=False, date_header=False,
-                                headers=[("server", SERVER)])
+                                headers=[("server", SERVER)],
+                                ssl_certfile=tls_files[0] if tls and tls_files else None,
+                                ssl_keyfile=tls_files[1] if tls and tls_files else None)
+        if tls is not None:
+            config.load()
+            config.ssl = tls                    # ours: TLS 1.2 at least, as the other ports
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},
                                        name="ngcx-uvicorn", daemon=True)

@@ -20,8 +20,11 @@ UNAVAILABLE (not ready, unloaded, draining), 413 RESOURCE_EXHAUSTED, 403 PERMISS
 itself with RESOURCE_EXHAUSTED before it is read.
 
 Who may call an RPC is asked of the server's access.Policy before its handler runs (_handler),
-with the RPC's category (access.GRPC_CATEGORIES), its peer and its metadata: the same check, and
-the same rules, as every HTTP route.
+with the RPC's category (access.GRPC_CATEGORIES), its peer and its metadata (a bearer key in
+`authorization`): the same check, and the same rules, as every HTTP route; a refusal is
+UNAUTHENTICATED (no or a wrong key), PERMISSION_DENIED (model control off, not the admin key,
+shared memory from another host) or INVALID_ARGUMENT. With --tls-cert / --tls-key the port
+speaks TLS (grpc.ssl_server_credentials over the same PEM files as the HTTP ports).
 
 The messages come from a vendored descriptor (grpc_proto.py says why); grpcio is imported only
 when --grpc-port is given, so HTTP-only use needs no gRPC at all.
@@ -32,6 +35,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent import futures
+from pathlib import Path
 from typing import Any
 
 from . import __version__, inference
@@ -61,7 +65,8 @@ def status_code(http_status: int) -> Any:
     """The gRPC code for a ProtocolError's HTTP status."""
     import grpc
 
-    return {400: grpc.StatusCode.INVALID_ARGUMENT, 403: grpc.StatusCode.PERMISSION_DENIED,
+    return {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
+            403: grpc.StatusCode.PERMISSION_DENIED,
             404: grpc.StatusCode.NOT_FOUND, 405: grpc.StatusCode.UNIMPLEMENTED,
             413: grpc.StatusCode.RESOURCE_EXHAUSTED, 503: grpc.StatusCode.UNAVAILABLE,
             }.get(http_status, grpc.StatusCode.INTERNAL)
@@ -289,9 +294,7 @@ class Service:
         return message("RepositoryModelUnloadResponse")()
 
     def _control(self, context: Any, action: Callable[[], Any]) -> None:
-        """A load or unload, asked of the policy as model control once its parameters are parsed (as
-        HTTP asks once the body is), so a malformed request keeps its own error first."""
-        self.app.policy.check(_call(context, Category.MODEL_REPOSITORY, control=True))
+        """A load or unload (the policy allowed it as model control before the handler ran)."""
         try:
             action()
         except NotFound as exc:
@@ -337,20 +340,23 @@ class Service:
 
 
 def _call(context: Any, category: Category | None, control: bool = False) -> Call:
-    """An RPC as the access policy sees it: its category, its peer's address and its metadata."""
-    return Call(category, peer_address(context.peer()), dict(context.invocation_metadata() or ()), control)
+    """An RPC as the access policy sees it: its category, its peer's address and its metadata (a key
+    sent more than once: its values joined, as HTTP headers are)."""
+    metadata: dict[str, Any] = {}
+    for key, value in context.invocation_metadata() or ():
+        metadata[key] = f"{metadata[key]}, {value}" if key in metadata else value
+    return Call(category, peer_address(context.peer()), metadata, control)
 
 
 def _handler(fn: Callable[[Any, Any], Any], name: str, policy: Policy) -> Callable[[Any, Any], Any]:
-    """Run one RPC once the access policy allows it (access.py: the same Policy.check as HTTP; a
-    load or unload asks in Service._control, after its parameters); a ProtocolError (or a user
-    error) becomes its gRPC status with the same message."""
-    category, asks_first = grpc_category(name), name not in GRPC_CONTROL
+    """Run one RPC once the access policy allows it (access.py: the same Policy.check as HTTP, asked
+    before the handler looks at the request, a load's parameters included); a ProtocolError (or a
+    user error) becomes its gRPC status with the same message."""
+    category, control = grpc_category(name), name in GRPC_CONTROL
 
     def call(request: Any, context: Any) -> Any:
         try:
-            if asks_first:
-                policy.check(_call(context, category))
+            policy.check(_call(context, category, control))
             return fn(request, context)
         except ProtocolError as exc:
             code, text = status_code(exc.status), exc.message
@@ -406,11 +412,13 @@ class GrpcEndpoint:
 
 
 def start(app: App, host: str, port: int, *, max_message_bytes: int, workers: int = DEFAULT_WORKERS,
-          reuse_port: bool = False) -> GrpcEndpoint:
+          reuse_port: bool = False, tls_files: tuple[str, str] | None = None) -> GrpcEndpoint:
     """Serve the GRPCInferenceService for `app` on host:port (0 = a free port) from a thread pool.
 
     reuse_port: bind with SO_REUSEPORT so several server processes share the port (serve --mps);
     off otherwise, so a port already taken is an error instead of a silent second listener.
+    tls_files: (certificate, key) PEM paths, checked already (tls.server_context): serve TLS
+    through grpc.ssl_server_credentials.
     """
     from .served import ServeError
 
@@ -436,7 +444,11 @@ def start(app: App, host: str, port: int, *, max_message_bytes: int, workers: in
                          handlers=[grpc.method_handlers_generic_handler(SERVICE, handlers)], options=options)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        if tls_files is None:
+            bound = server.add_insecure_port(address)
+        else:
+            cert, key = (Path(path).read_bytes() for path in tls_files)
+            bound = server.add_secure_port(address, grpc.ssl_server_credentials([(key, cert)]))
     except RuntimeError as exc:
         bound, why = 0, str(exc)
     else:

@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .protocol import ProtocolError
+from .tls import TlsServerMixin
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -176,11 +177,11 @@ class GpuGauges:
 
 # -- the separate metrics port (Triton's 8002) --
 
-class _MetricsServer(ThreadingHTTPServer):
+class _MetricsServer(TlsServerMixin, ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     render: Callable[[], str]
-    check: Callable[[str, Any], None] | None
+    check: Callable[[str, Any, bool], None] | None
 
 
 class _MetricsHandler(BaseHTTPRequestHandler):
@@ -201,7 +202,8 @@ class _MetricsHandler(BaseHTTPRequestHandler):
         self._answer(send_body=False)
 
     def do_POST(self) -> None:
-        self._send(405, "application/json", json.dumps({"error": "only GET /metrics is served here"}).encode())
+        if self._allowed(known=False):
+            self._send(405, "application/json", json.dumps({"error": "only GET /metrics is served here"}).encode())
 
     do_PUT = do_DELETE = do_PATCH = do_POST
 
@@ -212,24 +214,37 @@ class _MetricsHandler(BaseHTTPRequestHandler):
         with contextlib.suppress(OSError):
             self._send(code, "application/json", json.dumps({"error": message or "bad request"}).encode())
 
+    def _allowed(self, known: bool, send_body: bool = True) -> bool:
+        """Ask check(peer, headers, known) first, for any path (an unknown one too: no probing
+        without a key); False once its refusal has been answered."""
+        if self.server.check is None:
+            return True
+        try:
+            self.server.check(self.client_address[0], self.headers, known)
+        except ProtocolError as exc:
+            self._send(exc.status, "application/json", json.dumps({"error": exc.message}).encode(), send_body,
+                       exc.headers)
+            return False
+        return True
+
     def _answer(self, send_body: bool) -> None:
-        if urlsplit(self.path).path.rstrip("/") != "/metrics":
+        known = urlsplit(self.path).path.rstrip("/") == "/metrics"
+        if not self._allowed(known, send_body):
+            return
+        if not known:
             self._send(404, "application/json", json.dumps({"error": "unknown path; metrics are at /metrics"})
                        .encode(), send_body)
             return
-        if self.server.check is not None:
-            try:
-                self.server.check(self.client_address[0], self.headers)
-            except ProtocolError as exc:
-                self._send(exc.status, "application/json", json.dumps({"error": exc.message}).encode(), send_body)
-                return
         self._send(200, CONTENT_TYPE, self.server.render().encode(), send_body)
 
-    def _send(self, status: int, ctype: str, body: bytes, send_body: bool = True) -> None:
+    def _send(self, status: int, ctype: str, body: bytes, send_body: bool = True,
+              headers: tuple[tuple[str, str], ...] = ()) -> None:
         self.close_connection = True
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
+        for name, value in headers:
+            self.send_header(name, value)
         self.send_header("Connection", "close")
         self.end_headers()
         if send_body:
@@ -240,20 +255,24 @@ class MetricsServer:
     """The exposition on its own port, for scrapers kept apart from inference traffic."""
 
     def __init__(self, host: str, port: int, render_fn: Callable[[], str],
-                 check: Callable[[str, Any], None] | None = None):
-        """check(peer, headers): asked before every answer (server.py asks access.Policy about a
-        statistics call); a ProtocolError it raises is the answer instead."""
+                 check: Callable[[str, Any, bool], None] | None = None, tls: Any = None):
+        """check(peer, headers, known): asked before every answer, known=False for a path or method
+        other than GET /metrics (server.py asks access.Policy about a statistics call, or one no
+        route answers); a ProtocolError it raises is the answer instead. tls: an ssl.SSLContext
+        (tls.py) to serve HTTPS with."""
         self._server = _MetricsServer((host, port), _MetricsHandler)
         self._server.render = render_fn
         self._server.check = check
+        self._server.tls = tls
         self.host, self.port = self._server.server_address[:2]
+        self.scheme = "https" if tls is not None else "http"
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
                                         name="ngcx-metrics", daemon=True)
         self._thread.start()
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}/metrics"
+        return f"{self.scheme}://{self.host}:{self.port}/metrics"
 
     def stop(self, timeout: float = 5.0) -> None:
         self._server.shutdown()

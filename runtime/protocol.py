@@ -32,10 +32,11 @@ _DIM_MAX = 2**63 - 1
 class ProtocolError(Exception):
     """A request the server answers with an HTTP error status and {"error": message}."""
 
-    def __init__(self, message: str, status: int = 400):
+    def __init__(self, message: str, status: int = 400, headers: tuple[tuple[str, str], ...] = ()):
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers          # extra response headers (a 401's WWW-Authenticate)
 
 
 class SharedMemoryIO(Protocol):

@@ -68,9 +68,10 @@ DEFAULT_MAX_CONNECTIONS = 512    # open connections (one thread each); more get 
 class App:
     """Everything a route needs: the model table, limits, access policy, connections and draining state."""
 
-    def __init__(self, table: ModelTable, max_body_bytes: int, verbose: bool, shared_memory: str = "local"):
+    def __init__(self, table: ModelTable, max_body_bytes: int, verbose: bool, shared_memory: str = "local",
+                 policy: Policy | None = None):
         self.table = table
-        self.policy = Policy(shared_memory)
+        self.policy = policy or Policy(shared_memory)
         self.shm = SharedMemory(shared_memory)
         self.max_body = max_body_bytes
         self.max_body_text = f"{max_body_bytes / 2**20:.4g} MB ({max_body_bytes} bytes)"
@@ -137,10 +138,16 @@ class Reply(NamedTuple):
     pieces: list
     header_len: int | None = None
     ctype: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()       # extra response headers (a 401's WWW-Authenticate)
 
 
-def json_reply(status: int, doc: Any) -> Reply:
-    return Reply(status, [json.dumps(doc, separators=(",", ":")).encode()])
+def json_reply(status: int, doc: Any, headers: tuple[tuple[str, str], ...] = ()) -> Reply:
+    return Reply(status, [json.dumps(doc, separators=(",", ":")).encode()], None, None, headers)
+
+
+def error_reply(exc: ProtocolError) -> Reply:
+    """{"error": message} with the error's status and headers."""
+    return json_reply(exc.status, {"error": exc.message}, exc.headers)
 
 
 def answer(app: App, route: Route, doc: dict[str, Any]) -> Reply:

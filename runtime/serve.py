@@ -5,7 +5,8 @@ before the server listens), load_engine, and the run loop. The server it runs is
 routes.py (the v2 protocol over the served models, and what it serves), transport.py (the
 HTTP/1.1 transport; why it stays the default over uvicorn, measured, is in its docstring),
 server.py (start_server / start_loading / start_repository and the ServerHandle they return),
-access.py (who may call which route, for HTTP and gRPC alike).
+access.py (who may call which route, for HTTP and gRPC alike: bearer keys, model control; its
+flags and their environment defaults are access_flags.py's; TLS is tls.py's).
 
 Start-up (the CLI): listen first (/v2/health/live 200 at once), then load: a MODEL given
 --precision / --batch-profile / --calibration-data is optimized through the plan cache
@@ -22,8 +23,8 @@ run N server processes behind this port (mps.py); CUDA shared memory (cuda_shm.p
 system one where a GPU is.
 
 Python API (used by bench and tests), importable from here as ever: start_server(engine, ...),
-start_loading(loader, ...) and start_repository(root, ...) -> ServerHandle (server.py);
-load_engine(...) builds what the CLI serves.
+start_loading(loader, ...) and start_repository(root, ...) -> ServerHandle (server.py), each with
+access=AccessConfig(...) for keys, model control and TLS; load_engine(...) builds what the CLI serves.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from . import access_flags
 from .access import SHARED_MEMORY_POLICIES as POLICIES
+from .access import AccessConfig
 from .codings import decompress as _decompress
 from .engine import Engine
 from .routes import DEFAULT_MAX_CONNECTIONS, SERVER_NAME
@@ -51,7 +54,7 @@ from .server import (
     start_server,
 )
 
-__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_MAX_CONNECTIONS", "MODEL_VERSION", "PLATFORMS", "SERVER_NAME",
+__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_MAX_CONNECTIONS", "MODEL_VERSION", "PLATFORMS", "SERVER_NAME", "AccessConfig",
            "ServeError", "ServerHandle", "_decompress", "add_parser", "check_limits", "load_engine", "main", "run",
            "start_loading", "start_repository", "start_server"]
 
@@ -113,6 +116,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="N server processes behind this one port (SO_REUSEPORT), e.g. to use more CPU cores than "
                         "one Python process can; --mps does the same with the GPU shared through MPS")
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)   # one of --mps's processes
+    access_flags.add_arguments(p)
     p.add_argument("--verbose", action="store_true", help="log every request to stderr")
     p.add_argument("--handler", default=None, metavar="MODULE:CLASS",
                    help="serve a Python handler class (load(context), predict(inputs)) from --app-dir")
@@ -198,6 +202,7 @@ def _check_args(args: argparse.Namespace) -> list[int] | None:
 
     check_limits(args.max_batch, args.name, args.max_queue_delay_ms, args.max_body_mb, args.max_connections,
                  args.metrics_port, args.grpc_port)
+    args.access = access_flags.config_from_args(args, log=_log)
     args.devices = instance_devices(args.instances, _parse_gpus(args.gpus))
     if args.mps is None and not args.reuse_port:
         args.mps = _env_int("NGCX_RUNTIME_MPS")
@@ -334,10 +339,11 @@ def run(args: argparse.Namespace) -> int:
                            verbose=args.verbose, max_connections=args.max_connections,
                            metrics_port=args.metrics_port, log=_log, shared_memory=args.shared_memory,
                            devices=args.devices, grpc_port=args.grpc_port, reuse_port=args.reuse_port,
-                           transport=args.transport)
+                           transport=args.transport, access=args.access)
     _mark_shared(handle, args)
     print(f"serve: listening at {handle.url} (live; ready once '{name}' is loaded and warmed up)"
           f"{_metrics_note(handle)}", flush=True)
+    _access_note(handle, args)
     while handle.loading and not stop.is_set():
         handle.wait_loaded(0.2)
     engine = handle._app.engine
@@ -366,6 +372,11 @@ def _metrics_note(handle: ServerHandle) -> str:
     return grpc + (f"; metrics at {handle.metrics_url}" if handle.metrics_url else "")
 
 
+def _access_note(handle: ServerHandle, args: argparse.Namespace, repository: bool = False) -> None:
+    for line in access_flags.start_lines(handle._app.policy, args.host, handle.url, repository):
+        print(line, flush=True)
+
+
 def _mark_shared(handle: ServerHandle, args: argparse.Namespace) -> None:
     """One of serve --mps's processes: a load or unload would reach only the process a client happens to hit."""
     if args.reuse_port:
@@ -382,10 +393,11 @@ def _run_repository(args: argparse.Namespace, root: Path, stop: threading.Event)
                               max_body_mb=args.max_body_mb, verbose=args.verbose,
                               max_connections=args.max_connections, metrics_port=args.metrics_port, log=_log,
                               shared_memory=args.shared_memory, devices=args.devices, grpc_port=args.grpc_port,
-                              reuse_port=args.reuse_port, transport=args.transport)
+                              reuse_port=args.reuse_port, transport=args.transport, access=args.access)
     _mark_shared(handle, args)
     print(f"serve: listening at {handle.url} (live; ready once the models of {root} are loaded and warmed up)"
           f"{_metrics_note(handle)}", flush=True)
+    _access_note(handle, args, repository=True)
     while handle.loading and not stop.is_set():
         handle.wait_loaded(0.2)
     ready = sorted({m.name for m in handle._app.table.served() if m.ready})

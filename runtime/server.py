@@ -27,7 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .access import Call, Category
+from . import tls
+from .access import AccessConfig, Call, Category, Policy
 from .engine import Engine
 from .errors import RuntimeUserError
 from .metrics import GpuGauges, MetricsServer
@@ -53,7 +54,9 @@ class ServerHandle:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        """http://host:port, or https:// with --tls-cert."""
+        scheme = "https" if self._app.policy.access.tls else "http"
+        return f"{scheme}://{self.host}:{self.port}"
 
     @property
     def grpc_port(self) -> int | None:
@@ -215,16 +218,18 @@ def start_server(engine: Engine | list[Engine], host: str = "127.0.0.1", port: i
                  max_body_mb: float = 256.0, verbose: bool = False, max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  metrics_port: int | None = None, log: Callable[[str], None] | None = None,
                  shared_memory: str = "local", grpc_port: int | None = None, reuse_port: bool = False,
-                 transport: str | None = None) -> ServerHandle:
+                 transport: str | None = None, access: AccessConfig | None = None) -> ServerHandle:
     """Serve engine on host:port (0 = a free port) from background threads; returns at once, after one
     warm-up inference that also measures the batch layout (layout.py). A list of engines is the
-    model's instances (--instances): one batcher feeds them all. grpc_port adds the gRPC service."""
+    model's instances (--instances): one batcher feeds them all. grpc_port adds the gRPC service.
+    access: keys, model control, TLS (access.AccessConfig; default: open, plain, no model control)."""
     check_limits(max_batch, name, max_queue_delay_ms, max_body_mb, max_connections, metrics_port, grpc_port)
+    policy = Policy(shared_memory, access, log)
     first = engine[0] if isinstance(engine, list) else engine
     model = ServedModel(name or first.name, MODEL_VERSION, Settings(max_batch, max_queue_delay_ms), log=log)
     model.attach(engine)
-    return _listen(App(ModelTable.for_one(model, log), int(max_body_mb * 2**20), verbose, shared_memory), host,
-                   port, max_connections, metrics_port, grpc_port, reuse_port, transport)
+    return _listen(App(ModelTable.for_one(model, log), int(max_body_mb * 2**20), verbose, shared_memory, policy),
+                   host, port, max_connections, metrics_port, grpc_port, reuse_port, transport)
 
 
 def start_loading(loader: Callable[..., Engine], host: str = "127.0.0.1", port: int = 8000, *, name: str,
@@ -233,7 +238,7 @@ def start_loading(loader: Callable[..., Engine], host: str = "127.0.0.1", port: 
                   metrics_port: int | None = None, log: Callable[[str], None] | None = None,
                   shared_memory: str = "local", devices: tuple[int | str | None, ...] | None = None,
                   grpc_port: int | None = None, reuse_port: bool = False,
-                  transport: str | None = None) -> ServerHandle:
+                  transport: str | None = None, access: AccessConfig | None = None) -> ServerHandle:
     """Listen at once (live), then load in the background: ready only after loader() returned AND
     one warm-up inference ran, so a readiness probe never sends traffic to a cold model.
 
@@ -242,9 +247,10 @@ def start_loading(loader: Callable[..., Engine], host: str = "127.0.0.1", port: 
     why; the exception itself is kept as handle.load_exception for the caller to re-raise.
     """
     check_limits(max_batch, name, max_queue_delay_ms, max_body_mb, max_connections, metrics_port, grpc_port)
+    policy = Policy(shared_memory, access, log)
     model = ServedModel(name, MODEL_VERSION, Settings(max_batch, max_queue_delay_ms), log=log)
-    handle = _listen(App(ModelTable.for_one(model, log), int(max_body_mb * 2**20), verbose, shared_memory), host,
-                     port, max_connections, metrics_port, grpc_port, reuse_port, transport)
+    handle = _listen(App(ModelTable.for_one(model, log), int(max_body_mb * 2**20), verbose, shared_memory, policy),
+                     host, port, max_connections, metrics_port, grpc_port, reuse_port, transport)
 
     def load() -> None:
         try:
@@ -271,17 +277,19 @@ def start_repository(root: str | Path, host: str = "127.0.0.1", port: int = 8000
                      max_connections: int = DEFAULT_MAX_CONNECTIONS, metrics_port: int | None = None,
                      log: Callable[[str], None] | None = None, shared_memory: str = "local",
                      devices: tuple[int | str | None, ...] = (None,), grpc_port: int | None = None,
-                     reuse_port: bool = False, transport: str | None = None) -> ServerHandle:
+                     reuse_port: bool = False, transport: str | None = None,
+                     access: AccessConfig | None = None) -> ServerHandle:
     """Serve a model repository (DIR/<model>/<version>/...): listen at once, then load `models` (default:
     all) one by one in the background, each ready after its warm-up; the repository extension loads
     and unloads more while it runs. handle.wait_loaded() waits for the start-up loads. devices: the
     instances of every model without an instance_group in its config (served.instance_devices)."""
     check_limits(max_batch, None, max_queue_delay_ms, max_body_mb, max_connections, metrics_port, grpc_port)
+    policy = Policy(shared_memory, access, log)
     root = Path(root)
     table = ModelTable(Settings(max_batch, max_queue_delay_ms, devices=tuple(devices)), log, root=root,
                        backend=backend)
-    handle = _listen(App(table, int(max_body_mb * 2**20), verbose, shared_memory), host, port, max_connections,
-                     metrics_port, grpc_port, reuse_port, transport)
+    handle = _listen(App(table, int(max_body_mb * 2**20), verbose, shared_memory, policy), host, port,
+                     max_connections, metrics_port, grpc_port, reuse_port, transport)
     threading.Thread(target=table.load_startup, args=(models,), name="ngcx-load", daemon=True).start()
     return handle
 
@@ -318,14 +326,22 @@ def _listen(app: App, host: str, port: int, max_connections: int = DEFAULT_MAX_C
             metrics_port: int | None = None, grpc_port: int | None = None, reuse_port: bool = False,
             transport: str | None = None) -> ServerHandle:
     app.max_connections = max_connections
+    config = app.policy.access
+    tls_files = (str(config.tls_cert), str(config.tls_key)) if config.tls else None
+    try:
+        ctx = tls.server_context(*tls_files) if tls_files else None
+    except BaseException:
+        app.table.stop(0.1)
+        raise
     try:
         if _transport(transport) == "uvicorn":
             from .asgi import AsgiServer
 
-            server: Any = AsgiServer(app, host, port, max_connections, reuse_port)
+            server: Any = AsgiServer(app, host, port, max_connections, reuse_port, ctx, tls_files)
         else:
             server = HttpServer((host, port), HttpHandler, bind_and_activate=False)
             server.reuse_port = reuse_port
+            server.tls = ctx
             try:
                 server.server_bind()
                 server.server_activate()
@@ -347,7 +363,8 @@ def _listen(app: App, host: str, port: int, max_connections: int = DEFAULT_MAX_C
         try:
             app.metrics_server = MetricsServer(
                 host, metrics_port, app.render_metrics,
-                lambda peer, headers: app.policy.check(Call(Category.STATISTICS, peer, headers)))
+                lambda peer, headers, known: app.policy.check(Call(Category.STATISTICS if known else None, peer,
+                                                                   headers)), tls=ctx)
         except OSError as exc:
             close_listener()
             app.table.stop(0.1)
@@ -358,7 +375,8 @@ def _listen(app: App, host: str, port: int, max_connections: int = DEFAULT_MAX_C
         from . import grpc_service
 
         try:
-            app.grpc = grpc_service.start(app, host, grpc_port, max_message_bytes=app.max_body, reuse_port=reuse_port)
+            app.grpc = grpc_service.start(app, host, grpc_port, max_message_bytes=app.max_body, reuse_port=reuse_port,
+                                          tls_files=tls_files)
         except BaseException:
             close_listener()
             app.table.stop(0.1)

@@ -46,6 +46,7 @@ from .codings import compress, response_coding, too_large
 from .framing import Framing, FramingError, read_chunked, request_framing
 from .protocol import ProtocolError, peer_text
 from .routes import SERVER_NAME, App
+from .tls import TlsServerMixin
 
 SMALL_WRITE = 64 * 1024          # responses below this go out in one send
 DISCARD_FACTOR = 16              # after a refusal, up to this multiple of the limit is read and dropped
@@ -54,7 +55,10 @@ LINGER_MAX_S = 10.0              # ... and for at most this long
 SOCKET_TIMEOUT_S = 120.0         # a client stalled mid-body this long loses its connection
 
 
-class HttpServer(ThreadingHTTPServer):
+class HttpServer(TlsServerMixin, ThreadingHTTPServer):
+    """With `tls` set (--tls-cert), each connection's TLS handshake runs on its own thread, bounded in
+    time (tls.py), and counts against --max-connections while it runs."""
+
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 128
@@ -77,7 +81,8 @@ class HttpServer(ThreadingHTTPServer):
             if not full:
                 app.connections.add(request)
         if full:
-            _refuse_busy(request, app.max_connections)
+            if self.tls is None:                        # a TLS client could not read a plain answer
+                _refuse_busy(request, app.max_connections)
             self.shutdown_request(request)
             return
         try:
@@ -86,6 +91,20 @@ class HttpServer(ThreadingHTTPServer):
             with app.cond:
                 app.connections.discard(request)
             raise
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """The connection's thread: (the TLS handshake, then) its requests. With TLS the accepted socket
+        is counted until the handshake ends, then the TLS socket that took it over (HttpHandler.setup)."""
+        try:
+            super().finish_request(request, client_address)
+        finally:
+            if self.tls is not None:
+                self.handshaken(request, None)
+
+    def handshaken(self, accepted: Any, conn: Any) -> None:
+        with self.app.cond:
+            self.app.connections.discard(accepted)
+            self.app.cond.notify_all()
 
 
 def _refuse_busy(sock: socket.socket, limit: int) -> None:
@@ -154,6 +173,13 @@ class HttpHandler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._error(exc.status, exc.message)
             return False
+        try:            # a call the policy refuses (401 without a key) is not invited to upload its body
+            access.route_call(app.policy, self.command, urlsplit(self.path).path, self.client_address[0],
+                              self.headers)
+        except ProtocolError as exc:
+            self.close_connection = True
+            self._error(exc.status, exc.message, exc.headers)
+            return False
         if not framing.chunked and framing.length > app.max_body:
             self.close_connection = True
             self._error(413, too_large(framing.length, app.max_body_text))
@@ -172,7 +198,7 @@ class HttpHandler(BaseHTTPRequestHandler):
             self._route(method)
         except ProtocolError as exc:
             self._drain_body()
-            self._error(exc.status, exc.message)
+            self._error(exc.status, exc.message, exc.headers)
         except (ConnectionError, TimeoutError):
             self.close_connection = True
         except Exception as exc:  # noqa: BLE001 - the server must keep serving
@@ -187,15 +213,14 @@ class HttpHandler(BaseHTTPRequestHandler):
             self._linger()
 
     def _route(self, method: str) -> None:
-        """Resolve the route (routes.py), ask the access policy, read the body the route takes, answer."""
+        """Resolve the route and ask the access policy (access.route_call: before any body is read),
+        read the body the route takes, answer (routes.py)."""
         app = self.server.app
-        route = access.resolve(method, urlsplit(self.path).path)
-        call = Call(route.category, self.client_address[0], self.headers, route.control)
+        route, call = access.route_call(app.policy, method, urlsplit(self.path).path, self.client_address[0],
+                                        self.headers)
         if route.kind == "infer":
-            app.policy.check(call)
             return self._infer(route, call)
         doc = self._small_json() if route.reads == "json" else (self._drain_body() or {})
-        app.policy.check(call)
         self._send_pieces(*routes.answer(app, route, doc))
 
     def _small_json(self) -> dict[str, Any]:
@@ -324,16 +349,17 @@ class HttpHandler(BaseHTTPRequestHandler):
                 budget -= len(data)
 
     # -- responses --
-    def _error(self, status: int, message: str) -> None:
+    def _error(self, status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> None:
         try:
-            self._send_json(status, {"error": message})
+            self._send_pieces(*routes.json_reply(status, {"error": message}, headers))
         except OSError:
             self.close_connection = True
 
     def _send_json(self, status: int, doc: Any) -> None:
         self._send_pieces(*routes.json_reply(status, doc))
 
-    def _send_pieces(self, status: int, pieces: list, header_len: int | None, ctype: str | None = None) -> None:
+    def _send_pieces(self, status: int, pieces: list, header_len: int | None, ctype: str | None = None,
+                     extra: tuple[tuple[str, str], ...] = ()) -> None:
         headers = getattr(self, "headers", None)      # absent when the request line was unparsable
         coding = response_coding(headers.get("Accept-Encoding") if headers else None)
         if coding:
@@ -348,6 +374,8 @@ class HttpHandler(BaseHTTPRequestHandler):
             self.send_header("Inference-Header-Content-Length", str(header_len))
         if coding:
             self.send_header("Content-Encoding", coding)
+        for name, value in extra:
+            self.send_header(name, value)
         if self.close_connection or self.server.app.draining:
             self.send_header("Connection", "close")
             self.close_connection = True

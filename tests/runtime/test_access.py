@@ -8,6 +8,7 @@ from __future__ import annotations
 import models
 import numpy as np
 import pytest
+from keyring import ADMIN, CONTROL, GRPC_ADMIN
 
 from ngcx_runtime import access
 from ngcx_runtime.access import (
@@ -93,15 +94,18 @@ def test_the_shared_memory_rule():
 
 
 def test_the_policy_asks_the_rules_by_category_and_control():
-    policy = Policy("local")
+    with pytest.raises(ProtocolError) as exc:
+        Policy("local").check(Call(Category.MODEL_REPOSITORY, "10.0.0.7", control=True))
+    assert exc.value.status == 403 and "--model-control-mode" in exc.value.message       # off by default
+    policy = Policy("local", CONTROL)
     policy.check(Call(Category.INFERENCE, "10.0.0.7"))
-    policy.check(Call(Category.MODEL_REPOSITORY, "10.0.0.7", control=True))
+    policy.check(Call(Category.MODEL_REPOSITORY, "10.0.0.7", GRPC_ADMIN, control=True))
     with pytest.raises(ProtocolError):
         policy.check(Call(Category.SHARED_MEMORY, "10.0.0.7"))
     policy.control_refusal = "one of several processes"
     policy.check(Call(Category.MODEL_REPOSITORY, "127.0.0.1"))              # the index is not control
     with pytest.raises(ProtocolError) as exc:
-        policy.check(Call(Category.MODEL_REPOSITORY, "127.0.0.1", control=True))
+        policy.check(Call(Category.MODEL_REPOSITORY, "127.0.0.1", GRPC_ADMIN, control=True))
     assert exc.value.status == 400 and exc.value.message == "one of several processes"
     with pytest.raises(ValueError):
         Policy("everyone")
@@ -162,8 +166,9 @@ def test_http_grpc_metrics_and_inference_tensors_ask_the_same_policy(tmp_path, r
     assert all(peer in ("127.0.0.1", "::1") for _, peer in refusing), refusing
 
 
-def test_model_control_is_refused_by_the_policy_after_the_request_is_parsed_over_http_and_grpc(tmp_path):
-    """serve --mps's processes refuse load / unload; a malformed request still gets its own 400 first."""
+def test_model_control_is_refused_by_the_policy_before_the_request_is_parsed_over_http_and_grpc(tmp_path):
+    """serve --mps's processes refuse load / unload, before the body or the parameters are parsed (a
+    refused call is not read: access.py); without the admin key the refusal is the 401."""
     requests = pytest.importorskip("requests")
     pytest.importorskip("onnxruntime")
     grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -173,20 +178,26 @@ def test_model_control_is_refused_by_the_policy_after_the_request_is_parsed_over
     from ngcx_runtime.serve import start_server
 
     engine = load(models.mlp(tmp_path / "mlp.onnx"), backend="onnxruntime")
-    with start_server(engine, port=0, name="mlp", grpc_port=0) as handle:
+    with start_server(engine, port=0, name="mlp", grpc_port=0, access=CONTROL) as handle:
         handle._app.policy.control_refusal = "refused: one of several processes"
         base = f"{handle.url}/v2/repository"
         r = requests.post(f"{base}/models/mlp/load", data=b"{", timeout=10)
-        assert r.status_code == 400 and "malformed JSON" in r.json()["error"]
+        assert r.status_code == 401 and "admin key" in r.json()["error"]
+        r = requests.post(f"{base}/models/mlp/load", data=b"{", headers=ADMIN, timeout=10)
+        assert r.status_code == 400 and r.json()["error"] == "refused: one of several processes"
         for action in ("load", "unload"):
-            r = requests.post(f"{base}/models/mlp/{action}", json={}, timeout=10)
+            r = requests.post(f"{base}/models/mlp/{action}", json={}, headers=ADMIN, timeout=10)
             assert r.status_code == 400 and r.json()["error"] == "refused: one of several processes"
         assert requests.post(f"{base}/index", json={}, timeout=10).status_code == 200
         client = grpcclient.InferenceServerClient(handle.grpc_target)
         with pytest.raises(InferenceServerException) as exc:
             client.load_model("mlp", config="not json")
-        assert "refused" not in str(exc.value) and "INVALID_ARGUMENT" in str(exc.value.status())
-        for call in (lambda: client.load_model("mlp"), lambda: client.unload_model("mlp")):
+        assert "UNAUTHENTICATED" in str(exc.value.status())
+        with pytest.raises(InferenceServerException) as exc:
+            client.load_model("mlp", config="not json", headers=GRPC_ADMIN)
+        assert "refused: one of several processes" in str(exc.value)
+        for call in (lambda: client.load_model("mlp", headers=GRPC_ADMIN),
+                     lambda: client.unload_model("mlp", headers=GRPC_ADMIN)):
             with pytest.raises(InferenceServerException) as exc:
                 call()
             assert "refused: one of several processes" in str(exc.value)

@@ -19,6 +19,7 @@ import models
 import numpy as np
 import pytest
 from concurrency import concurrently
+from keyring import CONTROL, GRPC_ADMIN
 
 ort = pytest.importorskip("onnxruntime")
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -68,7 +69,8 @@ def repo(tmp_path_factory) -> Path:
 
 @pytest.fixture()
 def server(repo):
-    handle = start_repository(repo, "127.0.0.1", 0, grpc_port=0, models=["conv", "mlp"], max_body_mb=1)
+    handle = start_repository(repo, "127.0.0.1", 0, grpc_port=0, models=["conv", "mlp"], max_body_mb=1,
+                              access=CONTROL)
     assert handle.wait_loaded(TIMEOUT), handle.load_error
     yield handle
     handle.stop()
@@ -180,17 +182,17 @@ def test_repository_index_load_and_unload_over_grpc(server, repo):
     client = client_of(server)
     index = {(m["name"], m.get("version", "")): m for m in client.get_model_repository_index(as_json=True)["models"]}
     assert index[("conv", "1")]["state"] == "READY" and index[("broken", "")]["state"] == "UNAVAILABLE"
-    client.unload_model("conv")
+    client.unload_model("conv", headers=GRPC_ADMIN)
     assert not client.is_model_ready("conv")
     with pytest.raises(InferenceServerException, match="was unloaded|not loaded") as err:
         client.infer("conv", [infer_input("input", models.sample_inputs("conv", 1)["input"])])
     assert err.value.status() == "StatusCode.UNAVAILABLE"
-    client.load_model("conv")
+    client.load_model("conv", headers=GRPC_ADMIN)
     assert client.is_model_ready("conv")
-    client.load_model("mlp", config='{"max_batch_size": 4, "dynamic_batching": {}}')
+    client.load_model("mlp", config='{"max_batch_size": 4, "dynamic_batching": {}}', headers=GRPC_ADMIN)
     assert client.get_model_config("mlp", as_json=True)["config"]["max_batch_size"] == 4
     with pytest.raises(InferenceServerException, match="failed to load 'broken'") as err:
-        client.load_model("broken")
+        client.load_model("broken", headers=GRPC_ADMIN)
     assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert client.is_model_ready("mlp") and client.is_model_ready("conv"), "the others keep serving"
 
@@ -323,8 +325,9 @@ def test_bad_grpc_requests_get_status_codes_and_the_server_keeps_serving(server,
         (lambda: client.register_cuda_shared_memory("g", b"AAAA", 0, 64), "INVALID_ARGUMENT",
          "CUDA shared memory is not available"),
         (lambda: client.get_model_metadata("nope"), "NOT_FOUND", "unknown model"),
-        (lambda: client.load_model("nope"), "NOT_FOUND", "no model 'nope'"),
-        (lambda: client.load_model("mlp", config="{"), "INVALID_ARGUMENT", "not valid JSON"),
+        (lambda: client.load_model("nope", headers=GRPC_ADMIN), "NOT_FOUND", "no model 'nope'"),
+        (lambda: client.load_model("mlp", config="{", headers=GRPC_ADMIN), "INVALID_ARGUMENT", "not valid JSON"),
+        (lambda: client.load_model("mlp"), "UNAUTHENTICATED", "needs the admin key"),
     ]:
         with pytest.raises(InferenceServerException) as err:
             call()
@@ -336,13 +339,14 @@ def test_bad_grpc_requests_get_status_codes_and_the_server_keeps_serving(server,
 
 def test_a_single_model_server_answers_grpc_and_stops_cleanly(tmp_path):
     path = models.mlp(tmp_path / "mlp.onnx")
-    handle = start_server(load(path, backend="onnxruntime"), "127.0.0.1", 0, name="mlp", grpc_port=0)
+    handle = start_server(load(path, backend="onnxruntime"), "127.0.0.1", 0, name="mlp", grpc_port=0,
+                          access=CONTROL)
     client = client_of(handle)
     x = models.sample_inputs("mlp", 2)["x"]
     np.testing.assert_allclose(client.infer("mlp", [infer_input("x", x)]).as_numpy("y"),
                                reference(path, {"x": x})["y"], rtol=1e-5, atol=1e-5)
     with pytest.raises(InferenceServerException, match="loading and unloading need a model repository"):
-        client.load_model("mlp")
+        client.load_model("mlp", headers=GRPC_ADMIN)
     port = handle.grpc_port
     handle.stop()
     with socket.socket() as sock:

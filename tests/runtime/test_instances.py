@@ -24,11 +24,13 @@ import models
 import numpy as np
 import pytest
 from concurrency import concurrently
+from keyring import ADMIN, ADMIN_KEY, USER, USER_KEY
 
 ort = pytest.importorskip("onnxruntime")
 requests = pytest.importorskip("requests")
 
 from ngcx_runtime import mps  # noqa: E402
+from ngcx_runtime.keys import sha256_hex  # noqa: E402
 from ngcx_runtime.serve import load_engine, start_loading, start_repository  # noqa: E402
 
 TIMEOUT = 60
@@ -174,12 +176,18 @@ def _free_port() -> int:
 
 
 def test_processes_share_one_port_and_all_stop_on_sigterm(tmp_path):
+    """... and every process gets the access settings: the keys file from the environment, the admin key
+    and model control from the flags."""
     root = tmp_path / "repo"
     models.mlp(root / "mlp" / "1" / "model.onnx")
     port = _free_port()
+    keys = tmp_path / "keys"
+    keys.write_text(f"{sha256_hex(USER_KEY)}\n")
     env = {k: v for k, v in os.environ.items() if k != "NGCX_RUNTIME_MPS"}
+    env["NGCX_RUNTIME_AUTH_KEYS"] = str(keys)
     proc = subprocess.Popen([sys.executable, "-m", "ngcx_runtime.serve", str(root), "--port", str(port),
-                             "--processes", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             "--processes", "2", "--model-control-mode", "explicit", "--admin-key-sha256",
+                             sha256_hex(ADMIN_KEY)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=REPO, env=env)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
@@ -193,12 +201,14 @@ def test_processes_share_one_port_and_all_stop_on_sigterm(tmp_path):
         doc = {"inputs": [{"name": "x", "shape": [1, 32], "datatype": "FP32", "data": [0.5] * 32}]}
         seen = []
         for _ in range(20):                     # a new connection each time: the kernel picks a process
+            assert requests.post(f"{url}/v2/models/mlp/infer", json=doc, timeout=TIMEOUT).status_code == 401
             with requests.Session() as s:
+                s.headers.update(USER)
                 assert s.post(f"{url}/v2/models/mlp/infer", json=doc, timeout=TIMEOUT).status_code == 200
                 stats = s.get(f"{url}/v2/models/mlp/stats", timeout=TIMEOUT).json()["model_stats"][0]
                 seen.append(stats["inference_stats"]["success"]["count"])
         assert max(seen) < 20, f"one process answered every connection: {seen}"
-        r = requests.post(f"{url}/v2/repository/models/mlp/unload", timeout=TIMEOUT)
+        r = requests.post(f"{url}/v2/repository/models/mlp/unload", headers=ADMIN, timeout=TIMEOUT)
         assert r.status_code == 400 and "one of several processes" in r.json()["error"], r.text
         pids = {int(line.split()[0]) for line in subprocess.run(
             ["pgrep", "-f", "--", f"--port {port} --reuse-port"], capture_output=True, text=True).stdout.split()}

@@ -22,6 +22,7 @@ from pathlib import Path
 import models
 import numpy as np
 import pytest
+from keyring import ADMIN, CONTROL
 
 ort = pytest.importorskip("onnxruntime")
 httpclient = pytest.importorskip("tritonclient.http")
@@ -98,7 +99,7 @@ def repo(tmp_path_factory) -> Path:
 
 @pytest.fixture()
 def server(repo):
-    handle = start_repository(repo, "127.0.0.1", 0, max_queue_delay_ms=1)
+    handle = start_repository(repo, "127.0.0.1", 0, max_queue_delay_ms=1, access=CONTROL)
     assert handle.wait_loaded(TIMEOUT)
     yield handle
     handle.stop()
@@ -130,20 +131,20 @@ def test_tritonclient_index_load_unload_and_infer_on_two_models(server, repo):
         np.testing.assert_allclose(infer(client, "mlp", "x", v, version), ref, rtol=1e-5, atol=1e-5)
     assert client.get_model_metadata("mlp")["versions"] == ["1", "2"]
 
-    client.unload_model("conv")
+    client.unload_model("conv", headers=ADMIN)
     assert not client.is_model_ready("conv")
     with pytest.raises(InferenceServerException, match="'conv' was unloaded|is not loaded"):
         infer(client, "conv", "input", x)
     assert states(client)["conv"] == [(None, "UNAVAILABLE", "unloaded")]
     np.testing.assert_allclose(infer(client, "mlp", "x", v), reference(repo / "mlp" / "2" / "model.onnx",
                                                                        {"x": v})["y"], rtol=1e-5, atol=1e-5)
-    client.load_model("conv")
+    client.load_model("conv", headers=ADMIN)
     assert client.is_model_ready("conv")
     np.testing.assert_allclose(infer(client, "conv", "input", x), conv_ref, rtol=1e-5, atol=1e-5)
     assert server.stats("conv")["success"] == 2, "counters survive unload and reload"
 
     with pytest.raises(InferenceServerException, match="not a valid ONNX model") as err:
-        client.load_model("broken")
+        client.load_model("broken", headers=ADMIN)
     assert err.value.status() == "400"
     assert client.is_server_ready() and client.is_model_ready("mlp") and client.is_model_ready("conv")
 
@@ -180,13 +181,14 @@ def test_ready_only_after_the_warm_up_and_a_load_can_override_the_config(server,
     reason = states(client)["coldfail"][0][2]
     assert "warm-up inference" in reason, reason
     client.load_model("mlp", config=json.dumps({"max_batch_size": 0, "version_policy": {"specific":
-                                                                                     {"versions": [1]}}}))
+                                                                                     {"versions": [1]}}}),
+                      headers=ADMIN)
     assert client.get_model_config("mlp")["max_batch_size"] == 0
     assert [r[0] for r in states(client)["mlp"]] == ["1"]
     with pytest.raises(InferenceServerException, match="no version '2'"):
         infer(client, "mlp", "x", models.sample_inputs("mlp", 1)["x"], "2")
     with pytest.raises(InferenceServerException, match="unknown field"):
-        client.load_model("mlp", config=json.dumps({"max_batch": 4}))
+        client.load_model("mlp", config=json.dumps({"max_batch": 4}), headers=ADMIN)
     assert client.is_model_ready("mlp"), "a failed reload keeps the model served"
 
 
@@ -245,10 +247,11 @@ BAD = [
 
 
 def test_bad_repository_requests_are_4xx_and_the_server_keeps_serving(repo):
-    handle = start_repository(repo, "127.0.0.1", 0, max_body_mb=0.25)
+    handle = start_repository(repo, "127.0.0.1", 0, max_body_mb=0.25, access=CONTROL)
     try:
         assert handle.wait_loaded(TIMEOUT)
         session = requests.Session()
+        session.headers.update(ADMIN)
         failures = []
         for case, method, path, body, status, fragment in BAD:
             r = session.request(method, f"{handle.url}{path}", data=body, timeout=TIMEOUT)

@@ -582,9 +582,10 @@ BAD = [
         "decompressed request body exceeds the limit",
     ),
     ("empty-batch", "conv", "POST", CONV, _req(_json_input(shape=(0, 3, 16, 16), data=[])), {}, 400, "batch size 0"),
-    # the repository extension on a server of one model: the index answers, load / unload refuse
-    ("single-load", "conv", "POST", "/repository/models/conv/load", b"", {}, 400, "need a model repository"),
-    ("single-unload", "conv", "POST", "/repository/models/conv/unload", b"{}", {}, 400, "need a model repository"),
+    # the repository extension on a server of one model: the index answers, load / unload refuse (model
+    # control is off by default; with it on they need a repository: test_grpc.py)
+    ("single-load", "conv", "POST", "/repository/models/conv/load", b"", {}, 403, "--model-control-mode none"),
+    ("single-unload", "conv", "POST", "/repository/models/conv/unload", b"{}", {}, 403, "--model-control-mode none"),
     ("repo-unknown", "conv", "POST", "/repository/models/conv/delete", b"", {}, 404, "unknown path"),
     ("index-get", "conv", "GET", "/repository/index", b"", {}, 405, "use POST"),
     ("index-junk", "conv", "POST", "/repository/index", b"{", {}, 400, "malformed JSON"),
