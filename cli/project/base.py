@@ -31,9 +31,18 @@ class BaseImage:
         return "sha256:" + hashlib.sha256("\n".join(self.layers).encode()).hexdigest()
 
 
+def _runtime_of(img: Any) -> str | None:
+    """The ngcx-runtime version a catalog image was built with (its ai.ngcx.runtime label; None before 0.2.0)."""
+    return (img.attrs.get("Config", {}).get("Labels") or {}).get("ai.ngcx.runtime")
+
+
 def ensure_base(project: Project, opts: BuildOptions, client: Any, catalog: Catalog | None) -> BaseImage:
-    """The base release's local image, built first with the catalog build path when it is missing."""
+    """The base release's local image, built first with the catalog build path when it is missing or carries
+    another ngcx-runtime than this ngcx's: a project must not ship a runtime older than the CLI that deploys
+    it (0.2.0 added endpoint keys; an older runtime would serve an open endpoint, which deploy refuses)."""
     from dataclasses import replace
+
+    from ngcx_runtime import __version__ as runtime_version
 
     from ..build import image as catalog_build
     from ..core import naming
@@ -42,8 +51,11 @@ def ensure_base(project: Project, opts: BuildOptions, client: Any, catalog: Cata
     release = project.release
     tag = naming.local_tag(release.image, release.tag, project.spec.variant)
     img = image_or_none(client, tag)
-    if img is None:
-        print(f"base {tag} is not built here: building {release.ref} ({project.spec.variant}) first")
+    stale = img is not None and _runtime_of(img) != runtime_version
+    if img is None or stale:
+        why = (f"carries ngcx-runtime {_runtime_of(img) or 'older than 0.2.0'}, this ngcx has {runtime_version}"
+               if stale else "is not built here")
+        print(f"base {tag} {why}: building {release.ref} ({project.spec.variant}) first")
         catalog_build.build(release, replace(opts, tag=None, variant=project.spec.variant), catalog)
         img = client.images.get(tag)
     layers = tuple(img.attrs.get("RootFS", {}).get("Layers") or ())

@@ -173,7 +173,7 @@ def _render(release: "Release", variant: str, base: str | None, description: str
         base_image=resolve_base(release, base),
         apt_packages=sorted(BASE_APT), image_packages=packages,
         devel_packages=sorted(DEVEL_APT),
-        labels=release.labels(), description=description,
+        labels=release.labels(), description=description, runtime_version=__version__,
         site=f"/opt/ngcx/venv/lib/python{release.spec.python}/site-packages",
     )
     return _tidy(text)

@@ -93,6 +93,7 @@ LABEL org.opencontainers.image.title="ngcx/cuda" \
       org.opencontainers.image.created="${NGCX_CREATED}" \
       org.opencontainers.image.revision="${NGCX_REVISION}" \
       ai.ngcx.variant="runtime" \
+      ai.ngcx.runtime="0.2.0" \
       ai.ngcx.image="cuda" \
       ai.ngcx.release="25.08" \
       ai.ngcx.cuda="12.8" \

@@ -110,6 +110,7 @@ LABEL org.opencontainers.image.title="ngcx/cuda" \
       org.opencontainers.image.created="${NGCX_CREATED}" \
       org.opencontainers.image.revision="${NGCX_REVISION}" \
       ai.ngcx.variant="devel" \
+      ai.ngcx.runtime="0.2.0" \
       ai.ngcx.image="cuda" \
       ai.ngcx.release="26.03" \
       ai.ngcx.cuda="13.0" \

@@ -134,6 +134,7 @@ LABEL org.opencontainers.image.title="ngcx/onnxruntime" \
       org.opencontainers.image.created="${NGCX_CREATED}" \
       org.opencontainers.image.revision="${NGCX_REVISION}" \
       ai.ngcx.variant="devel" \
+      ai.ngcx.runtime="0.2.0" \
       ai.ngcx.image="onnxruntime" \
       ai.ngcx.release="25.08" \
       ai.ngcx.cuda="12.8" \

@@ -129,6 +129,7 @@ LABEL org.opencontainers.image.title="ngcx/pytorch" \
       org.opencontainers.image.created="${NGCX_CREATED}" \
       org.opencontainers.image.revision="${NGCX_REVISION}" \
       ai.ngcx.variant="runtime" \
+      ai.ngcx.runtime="0.2.0" \
       ai.ngcx.image="pytorch" \
       ai.ngcx.release="26.03" \
       ai.ngcx.cuda="13.0" \

@@ -108,6 +108,7 @@ LABEL org.opencontainers.image.title="ngcx/tensorflow" \
       org.opencontainers.image.created="${NGCX_CREATED}" \
       org.opencontainers.image.revision="${NGCX_REVISION}" \
       ai.ngcx.variant="runtime" \
+      ai.ngcx.runtime="0.2.0" \
       ai.ngcx.image="tensorflow" \
       ai.ngcx.release="25.03" \
       ai.ngcx.cuda="12.5" \
