@@ -106,7 +106,7 @@ class TlsServerMixin:
         if self.tls is None:
             super().finish_request(request, client_address)  # type: ignore[misc]
             return
-        conn = handshake(self.tls, request)
+        conn = handshake(self.tls, request, HANDSHAKE_TIMEOUT_S)
         if conn is None:
             return
         try:
