@@ -46,8 +46,8 @@ def server_context(cert: str | Path, key: str | Path) -> ssl.SSLContext:
     except (ssl.SSLError, ValueError) as exc:
         why = " ".join(str(getattr(exc, "reason", None) or exc).split())[:120]
         raise RuntimeUserError(f"--tls-cert {cert} / --tls-key {key}: not a PEM certificate with its unencrypted "
-                               f"PEM private key ({why}); e.g. openssl req -x509 -newkey rsa:2048 -nodes -keyout "
-                               "key.pem -out cert.pem") from None
+                               f"PEM private key ({why}); e.g. openssl req -x509 -newkey rsa:2048 -nodes -days 365 "
+                               "-subj /CN=HOST -keyout key.pem -out cert.pem") from None
     return ctx
 
 
