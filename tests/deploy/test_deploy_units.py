@@ -121,12 +121,16 @@ def test_the_host_gets_key_hashes_and_makes_its_own_tls_key_pair_never_a_key():
     assert keys.digest(key) in text and key not in text
     run = text[text.index("docker run -d"):text.index(">/dev/null", text.index("docker run -d"))]
     words = shlex.split(run.replace("$GPU_ARGS", "").replace("\\\n", " "))
+    assert all(w.strip() for w in words) and words[-1] == job.pull_ref              # no stray escaped space
     assert "NGCX_RUNTIME_AUTH_KEYS=/run/ngcx/auth/keys" in words and '"$AUTH":/run/ngcx/auth:ro' in run
     assert "NGCX_RUNTIME_TLS_CERT=/run/ngcx/auth/tls.crt" in words and "openssl req -x509" in text
     open_job = HostJob(3, "r/x@sha256:" + "b" * 64, "r", "1", "auto", None, tls=False)
     open_text = render(open_job, "command")
     assert "NGCX_RUNTIME_AUTH_KEYS" not in open_text and 'rm -f "$AUTH/keys"' in open_text
     assert "openssl" not in open_text
+    run = open_text[open_text.index("docker run -d"):open_text.index(">/dev/null", open_text.index("docker run -d"))]
+    words = shlex.split(run.replace("$GPU_ARGS", "").replace("\\\n", " "))
+    assert all(w.strip() for w in words) and words[-1] == open_job.pull_ref
 
 
 def test_cpu_fallback_only_when_asked():
