@@ -3,13 +3,15 @@
 The question is whether the access rules cost anything measurable, so the figure is the worst
 case for them: the smallest model (tests/runtime/models.py's mlp, microseconds per inference),
 batch 1, one keep-alive connection, so per-request overhead is as large a share of each request
-as it can be. Four servers run side by side in this process on the same engine: open, keys (a
-keys file of two hashes, as during a rotation), TLS (a self-signed EC P-256 certificate, TLS 1.3),
-and TLS + keys (what `ngcx deploy` runs on a cloud). One client process (http.client, the same
-code for all four; only the URL, the context and the header differ) sends JSON inference
-requests for DURATION_S per figure; the four are measured in turn, the order rotated every
-round, `repeat` rounds, so a load spike hits each alike. Each row's min / median / max is over the
-rounds; the ratios are medians over medians, and the per-round paired ratios are kept in extra.
+as it can be. Five servers run side by side in this process on the same engine: open, a second
+open one (the control: what two identical servers differ by here is the noise floor), keys (a
+keys file of two hashes, as during a rotation), TLS (a self-signed EC P-256 certificate) and
+TLS + keys (what `ngcx deploy` runs on a cloud). One client process per round (http.client, the
+same code for all five; only the port, TLS and the header differ) keeps a connection to each and
+gives them turns of SLICE_S, CYCLES cycles a round with the order rotated every cycle, so a load
+spike hits each alike; every round starts the servers afresh in a rotated order, so no server is
+always the first made or warmed. Each row's min / median / max is over the `repeat` rounds; the
+ratios are medians over medians, and the per-round paired ratios are kept in extra.
 
 Beside the throughput, Policy.check alone is timed in this process (no key vs a valid key read
 from a keys file), in microseconds per call: the whole cost of the key check without the network.
@@ -26,42 +28,54 @@ from typing import Any
 
 from ..core import ROOT, Measurement, Ratio, Stats, SuiteResult, SuiteSkipped
 
-DURATION_S = 2.0             # per figure per round
-WARMUP = 200                 # requests per figure before the clock starts
-MAX_ROUND_S = 120.0          # one client run is killed past this
+SLICE_S = 0.25               # one target's turn within a cycle
+CYCLES = 12                  # cycles per round: each target gets CYCLES * SLICE_S seconds per round
+WARMUP = 200                 # requests per target before the clock starts
+MAX_ROUND_S = 300.0          # one client process is killed past this
 KEY = "bench-security-key-0123456789abcdef"
-CONFIGS = ("open", "keys", "tls", "tls+keys")
+CONFIGS = ("open", "open (control)", "keys", "tls", "tls+keys")
 CHECKS = 200_000             # Policy.check calls timed per variant
 
 CLIENT = r"""
 import hashlib, http.client, json, ssl, sys, time
-host, port, scheme, key, duration, warmup, pin = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], \
-    float(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
+spec = json.loads(sys.argv[1])
 body = json.dumps({"inputs": [{"name": "x", "shape": [1, 32], "datatype": "FP32", "data": [0.5] * 32}]})
-headers = {"Content-Type": "application/json"}
-if key != "-":
-    headers["Authorization"] = "Bearer " + key
-if scheme == "https":
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-    conn = http.client.HTTPSConnection(host, port, timeout=30, context=ctx)
-    conn.connect()
-    assert hashlib.sha256(conn.sock.getpeercert(binary_form=True)).hexdigest() == pin, "not the pinned certificate"
-else:
-    conn = http.client.HTTPConnection(host, port, timeout=30)
-def one():
-    conn.request("POST", "/v2/models/mlp/infer", body=body, headers=headers)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+conns, headers, out = {}, {}, {}
+for t in spec["targets"]:
+    if t["tls"]:
+        conn = http.client.HTTPSConnection("127.0.0.1", t["port"], timeout=30, context=ctx)
+        conn.connect()
+        assert hashlib.sha256(conn.sock.getpeercert(binary_form=True)).hexdigest() == spec["pin"], "not the pin"
+    else:
+        conn = http.client.HTTPConnection("127.0.0.1", t["port"], timeout=30)
+    conns[t["name"]] = conn
+    headers[t["name"]] = {"Content-Type": "application/json",
+                          **({"Authorization": "Bearer " + t["key"]} if t["key"] else {})}
+    out[t["name"]] = {"requests": 0, "seconds": 0.0,
+                      "tls": None}
+def one(name):
+    conn = conns[name]
+    conn.request("POST", "/v2/models/mlp/infer", body=body, headers=headers[name])
     r = conn.getresponse()
     r.read()
-    assert r.status == 200, r.status
-for _ in range(warmup):
-    one()
-n, start = 0, time.perf_counter()
-while time.perf_counter() - start < duration:
-    one()
-    n += 1
-print(json.dumps({"requests": n, "seconds": time.perf_counter() - start,
-                  "tls": conn.sock.version() if scheme == "https" else None}))
+    assert r.status == 200, (name, r.status)
+names = [t["name"] for t in spec["targets"]]
+for name in names:
+    for _ in range(spec["warmup"]):
+        one(name)
+    out[name]["tls"] = conns[name].sock.version() if hasattr(conns[name].sock, "version") else None
+for cycle in range(spec["cycles"]):
+    k = cycle % len(names)
+    for name in names[k:] + names[:k]:
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < spec["slice"]:
+            one(name)
+            n += 1
+        out[name]["requests"] += n
+        out[name]["seconds"] += time.perf_counter() - start
+print(json.dumps(out))
 """
 
 
@@ -78,40 +92,54 @@ def _imports() -> tuple[Any, Any]:
     return models, certs
 
 
-def start_servers(work: Path) -> tuple[dict[str, Any], str]:
-    """The four servers on loopback (same engine) and the certificate's SHA-256 pin."""
+def prepare(work: Path) -> tuple[Any, dict[str, Any], str]:
+    """The engine, each server's AccessConfig, and the certificate's SHA-256 pin."""
     from ngcx_runtime.access import AccessConfig
     from ngcx_runtime.keys import sha256_hex
     from ngcx_runtime.plan import load
-    from ngcx_runtime.serve import start_server
 
     models, certs = _imports()
     engine = load(models.mlp(work / "mlp.onnx"), backend="onnxruntime")
     cert, key, pin = certs.self_signed(work / "tls")
     keys_file = work / "keys"
     keys_file.write_text(f"# two keys, as during a rotation\n{sha256_hex('another-key-' + KEY)}\n{sha256_hex(KEY)}\n")
-    configs = {"open": AccessConfig(), "keys": AccessConfig(auth_keys_file=keys_file),
+    configs = {"open": AccessConfig(), "open (control)": AccessConfig(), "keys": AccessConfig(auth_keys_file=keys_file),
                "tls": AccessConfig(tls_cert=cert, tls_key=key),
                "tls+keys": AccessConfig(auth_keys_file=keys_file, tls_cert=cert, tls_key=key)}
+    return engine, configs, pin
+
+
+def start_servers(engine: Any, configs: dict[str, Any], order: list[str]) -> dict[str, Any]:
+    """One server per config on loopback, started in `order`, all on the same engine."""
+    from ngcx_runtime.serve import start_server
+
     servers: dict[str, Any] = {}
     try:
-        for name in CONFIGS:
+        for name in order:
             servers[name] = start_server(engine, "127.0.0.1", 0, name="mlp", max_queue_delay_ms=0,
                                          access=configs[name], transport="stdlib")
     except BaseException:
-        for handle in servers.values():
-            handle.stop(drain=False, timeout=1)
+        stop_servers(servers)
         raise
-    return servers, pin
+    return servers
 
 
-def client_run(handle: Any, name: str, pin: str, duration: float = DURATION_S, warmup: int = WARMUP) -> dict:
-    """One client process against one server: {"requests", "seconds", "tls"}."""
-    argv = [sys.executable, "-c", CLIENT, "127.0.0.1", str(handle.port), "https" if "tls" in name else "http",
-            KEY if "keys" in name else "-", str(duration), str(warmup), pin]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=MAX_ROUND_S + duration)
+def stop_servers(servers: dict[str, Any]) -> None:
+    for handle in servers.values():
+        handle.stop(drain=False, timeout=2)
+
+
+def client_round(servers: dict[str, Any], pin: str, slice_s: float = SLICE_S, cycles: int = CYCLES,
+                 warmup: int = WARMUP) -> dict[str, dict]:
+    """One client process, one keep-alive connection to each server (warmed in the servers' order), their
+    turns interleaved in slices, the order rotated every cycle: {name: {"requests", "seconds", "tls"}}."""
+    spec = {"pin": pin, "slice": slice_s, "cycles": cycles, "warmup": warmup,
+            "targets": [{"name": name, "port": handle.port, "tls": "tls" in name,
+                         "key": KEY if "keys" in name else None} for name, handle in servers.items()]}
+    proc = subprocess.run([sys.executable, "-c", CLIENT, json.dumps(spec)], capture_output=True, text=True,
+                          timeout=MAX_ROUND_S + slice_s * cycles * len(CONFIGS))
     if proc.returncode != 0:
-        raise RuntimeError(f"the client against '{name}' exited {proc.returncode}: {proc.stderr.strip()[-400:]}")
+        raise RuntimeError(f"the client exited {proc.returncode}: {proc.stderr.strip()[-400:]}")
     return json.loads(proc.stdout)
 
 
@@ -136,41 +164,46 @@ def check_cost(work: Path, calls: int | None = None) -> dict[str, float]:
     return out
 
 
-def run(result: SuiteResult, work: Path, out: Path, duration: float = DURATION_S, warmup: int = WARMUP) -> None:
-    """`repeat` rounds over the four servers (order rotated per round); throughput rows, ratios, check cost."""
-    servers, pin = start_servers(work)
+def run(result: SuiteResult, work: Path, out: Path, slice_s: float = SLICE_S, cycles: int = CYCLES,
+        warmup: int = WARMUP) -> None:
+    """`repeat` rounds, each with fresh servers (order rotated) and one client over them in slices; rows,
+    ratios, the check's cost."""
+    engine, configs, pin = prepare(work)
     samples: dict[str, list[float]] = {name: [] for name in CONFIGS}
     versions = set()
-    try:
-        for r in range(result.repeat):
-            order = CONFIGS[r % len(CONFIGS):] + CONFIGS[:r % len(CONFIGS)]
-            for name in order:
-                doc = client_run(servers[name], name, pin, duration, warmup)
+    refused = None
+    for r in range(result.repeat):
+        order = list(CONFIGS[r % len(CONFIGS):] + CONFIGS[:r % len(CONFIGS)])
+        servers = start_servers(engine, configs, order)
+        try:
+            for name, doc in client_round(servers, pin, slice_s, cycles, warmup).items():
                 samples[name].append(doc["requests"] / doc["seconds"])
                 if doc["tls"]:
                     versions.add(doc["tls"])
-        refused = _refused_without_key(servers["keys"])
-    finally:
-        for handle in servers.values():
-            handle.stop(drain=False, timeout=2)
-    command = (f"in-process start_server x4 (stdlib transport, mlp, ONNX Runtime CPU) + one http.client process, "
-               f"batch 1 JSON, 1 keep-alive connection, {duration:g} s per figure")
-    notes = {"open": "no key, plain HTTP (as before issue 20)", "keys": "Authorization: Bearer, keys file of 2 hashes",
+            refused = refused or _refused_without_key(servers["keys"])
+        finally:
+            stop_servers(servers)
+    command = (f"in-process start_server x5 (stdlib transport, mlp, ONNX Runtime CPU) + one http.client process "
+               f"per round, batch 1 JSON, 1 keep-alive connection each, {cycles} x {slice_s:g} s slices per server")
+    notes = {"open": "no key, plain HTTP (as before issue 20)",
+             "open (control)": "a second open server: its ratio to open is this machine's noise floor",
+             "keys": "Authorization: Bearer, keys file of 2 hashes",
              "tls": f"HTTPS ({', '.join(sorted(versions)) or 'TLS'}), EC P-256 self-signed, pinned",
              "tls+keys": "HTTPS and the key: what ngcx deploy runs on a cloud"}
     result.measurements = [Measurement(name=f"{name}, batch 1, 1 connection", tool="ngcx-runtime", unit="inf/s",
                                        better="higher", wall=Stats.of(samples[name]), command=command,
                                        note=notes[name]) for name in CONFIGS]
     by = {name: m for name, m in zip(CONFIGS, result.measurements, strict=True)}
-    result.ratios = [_ratio(label, by[num], by[den]) for label, num, den in (
-        ("keys / open", "keys", "open"), ("TLS / plain", "tls", "open"), ("TLS + keys / open", "tls+keys", "open"))]
+    pairs = (("keys / open", "keys", "open"), ("TLS / plain", "tls", "open"),
+             ("TLS + keys / open", "tls+keys", "open"), ("control / open (noise floor)", "open (control)", "open"))
+    result.ratios = [_ratio(label, by[num], by[den]) for label, num, den in pairs]
     paired = {label: [round(a / b, 4) for a, b in zip(samples[num], samples[den], strict=True)]
-              for label, num, den in (("keys / open", "keys", "open"), ("TLS / plain", "tls", "open"),
-                                      ("TLS + keys / open", "tls+keys", "open"))}
+              for label, num, den in pairs}
     cost = check_cost(work)
     per_request_us = 1e6 / by["open"].wall.median
     result.extra = {"paired_ratios_per_round": paired, "policy_check_us": cost,
                     "open_request_us": round(per_request_us, 1), "unauthenticated_status": refused,
+                    "tls_versions": sorted(versions),
                     "model": "tests/runtime/models.py mlp (32 -> 64 -> 10), ONNX Runtime CPU EP"}
     result.notes = [
         "Throughput (inferences/s, higher is better) of one keep-alive client at batch 1 on the smallest model: "
@@ -178,8 +211,9 @@ def run(result: SuiteResult, work: Path, out: Path, duration: float = DURATION_S
         f"Policy.check alone: {cost['open']:.2f} us per call without keys, {cost['keys']:.2f} us with a valid key "
         f"from a keys file (SHA-256 + compare_digest against every hash), against {per_request_us:.0f} us per open "
         "request here.",
-        "A ratio below 1 is the cost; its spread is in paired_ratios_per_round (each round measures all four in "
-        "turn), and a difference inside the rows' min..max is this machine's noise.",
+        "A ratio below 1 is the cost; its spread is in paired_ratios_per_round (each round measures all five in "
+        "turn). The control is a second open server: how far its ratio to open is from 1 is what two identical "
+        "servers differ by on this machine, so a cost within that distance is not measurable here.",
     ]
 
 

@@ -1,4 +1,4 @@
-"""bench/suites/security.py: the suite's whole code path in one tiny round (four servers, one client each).
+"""bench/suites/security.py: the suite's whole code path in one tiny round (five servers, one client over them).
 
 Why: the figures come from `python -m bench security`; this proves the suite still runs (servers
 with keys and TLS start, the client pins the certificate and sends the key, the guarded server
@@ -22,12 +22,13 @@ def test_one_tiny_round_fills_rows_ratios_and_the_check_cost(tmp_path: Path, mon
     assert SUITES["security"] is security.run
     monkeypatch.setattr(security, "CHECKS", 2_000)
     result = SuiteResult(suite="security", status="ok", command="-", repeat=1)
-    security.run(result, tmp_path, tmp_path, duration=0.2, warmup=5)
+    security.run(result, tmp_path, tmp_path, slice_s=0.05, cycles=2, warmup=5)
     assert [m.name.split(",")[0] for m in result.measurements] == list(security.CONFIGS)
     assert all(m.unit == "inf/s" and m.wall.median > 0 for m in result.measurements)
-    assert [r.name for r in result.ratios] == ["keys / open", "TLS / plain", "TLS + keys / open"]
+    assert [r.name for r in result.ratios] == ["keys / open", "TLS / plain", "TLS + keys / open",
+                                               "control / open (noise floor)"]
     assert all(0 < r.wall < 10 and r.better == "higher" for r in result.ratios)
     assert result.extra["unauthenticated_status"] == 401
     assert set(result.extra["policy_check_us"]) == {"open", "keys"}
     assert all(len(v) == 1 for v in result.extra["paired_ratios_per_round"].values())
-    assert "TLSv1." in result.measurements[2].note
+    assert "TLSv1." in result.measurements[3].note and result.extra["tls_versions"]
