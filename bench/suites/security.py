@@ -20,6 +20,7 @@ from a keys file), in microseconds per call: the whole cost of the key check wit
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -53,8 +54,7 @@ for t in spec["targets"]:
     conns[t["name"]] = conn
     headers[t["name"]] = {"Content-Type": "application/json",
                           **({"Authorization": "Bearer " + t["key"]} if t["key"] else {})}
-    out[t["name"]] = {"requests": 0, "seconds": 0.0,
-                      "tls": None}
+    out[t["name"]] = {"requests": 0, "seconds": 0.0, "tls": None, "slices": []}
 def one(name):
     conn = conns[name]
     conn.request("POST", "/v2/models/mlp/infer", body=body, headers=headers[name])
@@ -73,8 +73,10 @@ for cycle in range(spec["cycles"]):
         while time.perf_counter() - start < spec["slice"]:
             one(name)
             n += 1
+        took = time.perf_counter() - start
         out[name]["requests"] += n
-        out[name]["seconds"] += time.perf_counter() - start
+        out[name]["seconds"] += took
+        out[name]["slices"].append(n / took)
 print(json.dumps(out))
 """
 
@@ -170,6 +172,7 @@ def run(result: SuiteResult, work: Path, out: Path, slice_s: float = SLICE_S, cy
     ratios, the check's cost."""
     engine, configs, pin = prepare(work)
     samples: dict[str, list[float]] = {name: [] for name in CONFIGS}
+    slices: dict[str, list[float]] = {name: [] for name in CONFIGS}      # every slice's rate, cycle by cycle
     versions = set()
     refused = None
     for r in range(result.repeat):
@@ -178,6 +181,7 @@ def run(result: SuiteResult, work: Path, out: Path, slice_s: float = SLICE_S, cy
         try:
             for name, doc in client_round(servers, pin, slice_s, cycles, warmup).items():
                 samples[name].append(doc["requests"] / doc["seconds"])
+                slices[name] += doc["slices"]
                 if doc["tls"]:
                     versions.add(doc["tls"])
             refused = refused or _refused_without_key(servers["keys"])
@@ -199,9 +203,13 @@ def run(result: SuiteResult, work: Path, out: Path, slice_s: float = SLICE_S, cy
     result.ratios = [_ratio(label, by[num], by[den]) for label, num, den in pairs]
     paired = {label: [round(a / b, 4) for a, b in zip(samples[num], samples[den], strict=True)]
               for label, num, den in pairs}
+    # within one cycle the five slices are adjacent (about 1 s apart at most): their ratio is the least disturbed
+    # by a load that comes and goes; its median and quartiles over every cycle of every round
+    per_cycle = {label: _spread([a / b for a, b in zip(slices[num], slices[den], strict=True)])
+                 for label, num, den in pairs}
     cost = check_cost(work)
     per_request_us = 1e6 / by["open"].wall.median
-    result.extra = {"paired_ratios_per_round": paired, "policy_check_us": cost,
+    result.extra = {"paired_ratios_per_round": paired, "paired_ratios_per_cycle": per_cycle, "policy_check_us": cost,
                     "open_request_us": round(per_request_us, 1), "unauthenticated_status": refused,
                     "tls_versions": sorted(versions),
                     "model": "tests/runtime/models.py mlp (32 -> 64 -> 10), ONNX Runtime CPU EP"}
@@ -214,6 +222,9 @@ def run(result: SuiteResult, work: Path, out: Path, slice_s: float = SLICE_S, cy
         "A ratio below 1 is the cost; its spread is in paired_ratios_per_round (each round measures all five in "
         "turn). The control is a second open server: how far its ratio to open is from 1 is what two identical "
         "servers differ by on this machine, so a cost within that distance is not measurable here.",
+        "Adjacent slices (one cycle) compared, median [quartiles] over all cycles: "
+        + "; ".join(f"{label} {v['median']:.3f} [{v['q1']:.3f}, {v['q3']:.3f}]" for label, v in per_cycle.items())
+        + ".",
     ]
 
 
@@ -226,6 +237,13 @@ def _refused_without_key(handle: Any) -> int:
     status = conn.getresponse().status
     conn.close()
     return status
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    """Median and quartiles (and how many values) of per-cycle ratios."""
+    qs = statistics.quantiles(values, n=4) if len(values) >= 2 else [values[0]] * 3
+    return {"median": round(statistics.median(values), 4), "q1": round(qs[0], 4), "q3": round(qs[2], 4),
+            "cycles": len(values)}
 
 
 def _ratio(name: str, num: Measurement, den: Measurement) -> Ratio:
