@@ -5,7 +5,8 @@ capacity in one zone lands in the next; kill -9 between the create call and the 
 by `ngcx deployments gc`; a container that never gets ready shows its last lines and its host is
 deleted; a wrong secret is one line without the secret; and no secret (cloud key, registry token, the
 endpoint's key before and after rotate-key, or its hash) is in any output, state row, host file or log, and
-no endpoint key or cloud secret in what the cloud keeps (user-data, command text). A new cloud joins by adding its fixture name to CLOUDS.
+no endpoint key or cloud secret in what the cloud keeps (user-data, command text).
+A new cloud joins by adding its fixture name to CLOUDS.
 """
 
 from __future__ import annotations
