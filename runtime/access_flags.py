@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "health, accepting the key whose SHA-256 is HEX (repeatable; default "
                         f"${ENV['auth_key_sha256']}); no key configured = open")
     p.add_argument("--auth-keys-file", default=None, metavar="PATH",
-                   help="accepted keys as hex SHA-256 lines (# comments), re-read within a second of a change, so a "
+                   help="accepted keys as hex SHA-256 lines (# comments), re-read within 0.5 s of a change, so a "
                         f"key rotates without a restart (default ${ENV['auth_keys_file']}); an empty file accepts none")
     p.add_argument("--model-control-mode", default=None, choices=MODEL_CONTROL_MODES,
                    help="none (default): repository load / unload are refused, --load-model still loads at start; "

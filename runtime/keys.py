@@ -31,6 +31,7 @@ import hashlib
 import hmac
 import os
 import re
+import stat
 import sys
 import threading
 import time
@@ -42,6 +43,7 @@ from .errors import RuntimeUserError
 MAX_TOKEN = 512                  # characters of a bearer token; longer is "no key"
 MAX_HEADER = 1024                # characters of an Authorization value looked at at all
 CHECK_INTERVAL_S = 0.25          # the keys file is stat-ed at most this often
+MAX_FILE_BYTES = 1 << 20         # a keys file larger than this (15,000 hashes) is a mistake
 SETTLE_S = 0.25                  # a change younger than this is read on the next check
 # RFC 6750 §2.1: credentials = "Bearer" 1*SP b64token; b64token = 1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+"
 # / "/" ) *"="; the scheme is case-insensitive (RFC 9110 §11.1)
@@ -124,7 +126,16 @@ class KeyFile:
         return st.st_ino, st.st_mtime_ns, st.st_size
 
     def _read(self) -> frozenset[bytes]:
-        return parse_hash_lines(self.path.read_text(encoding="ascii", errors="replace"), f"{self.what} {self.path}")
+        """The file's hashes: a regular file of at most MAX_FILE_BYTES (not a device or a pipe that never ends)."""
+        where = f"{self.what} {self.path}"
+        if not stat.S_ISREG(os.stat(self.path).st_mode):          # checked before open: a pipe would block it
+            raise RuntimeUserError(f"{where} is not a regular file; point it at a file of hex SHA-256 lines")
+        with open(self.path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise RuntimeUserError(f"{where} is larger than {MAX_FILE_BYTES} bytes; it should hold one hex SHA-256 "
+                                   "per line")
+        return parse_hash_lines(data.decode("ascii", errors="replace"), where)
 
     def hashes(self) -> frozenset[bytes]:
         """The accepted hashes: stat-ed at most every CHECK_INTERVAL_S, re-read when changed."""

@@ -8,6 +8,10 @@ ngcx-runtime unchanged, and batching efficiency reads as nv_inference_count / nv
 Why the text format is written here: the runtime ships in images whose only Python dependency is
 numpy; prometheus_client is used by the tests alone, to parse what this module writes.
 
+The metrics port asks the server's access policy first (server.py passes the check: the bearer
+key, as /metrics of the serving port needs), for an unknown path too, and speaks TLS with the
+serving port's certificate when one is configured.
+
 Cost: the counters are the batcher's Stats (batching.py): one uncontended lock per request and per
 batch on the hot path. A scrape snapshots them under that lock for a few microseconds; NVML is
 read only when scraped, and a host without NVML simply has no nv_gpu_* families.

@@ -2,10 +2,12 @@
 
 Why apart from the `serve` command (serve.py): bench/ and the tests start servers in-process
 through these functions, and the command is one caller among them. A start function checks the
-limits (check_limits: flag checks that need no engine), builds the routes' App over a model
-table, listens on the HTTP port (transport.py, or asgi.py with transport="uvicorn" or
-$NGCX_RUNTIME_TRANSPORT=uvicorn), then the metrics port and the gRPC port when asked, and
-returns at once; a failure to listen is one ServeError line, with whatever was started stopped.
+limits (check_limits: flag checks that need no engine) and the access settings (access=AccessConfig:
+the keys files read and the TLS files loaded before anything listens), builds the routes' App over
+a model table, listens on the HTTP port (transport.py, or asgi.py with transport="uvicorn" or
+$NGCX_RUNTIME_TRANSPORT=uvicorn), then the metrics port and the gRPC port when asked, all with
+TLS when configured (tls.py), and returns at once; a failure to listen is one ServeError line,
+with whatever was started stopped.
 
 Start-up: listen first (/v2/health/live 200 at once), then load in the background (start_loading,
 start_repository): one warm-up inference runs before /v2/health/ready and /v2/models/NAME/ready

@@ -26,7 +26,10 @@ ambiguous framings refused and closed), 413 for a body over --max-body-mb (also 
 `Expect: 100-continue`, before the upload), a body nobody reads drained or lingered over (never a
 reset under the answer), one thread per connection up to --max-connections (a connection beyond
 it gets a 503 at once, then is closed), `Connection: close` while draining, and response
-compression. The routes get a resolved path and a parsed body and hand back a Reply.
+compression. The routes get a resolved path and a parsed body and hand back a Reply. Who may
+call a route is access.route_call's answer, asked before any body is read (also before a `100
+Continue` invites one); with --tls-cert each accepted connection's TLS handshake runs on its own
+thread, bounded in time (tls.py), and counts against --max-connections.
 """
 
 from __future__ import annotations

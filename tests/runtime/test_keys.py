@@ -76,8 +76,18 @@ def test_the_bearer_parser_takes_the_scheme_in_any_case_and_nothing_else():
 def test_a_keys_file_at_start_missing_unreadable_or_malformed_is_one_line(tmp_path):
     with pytest.raises(RuntimeUserError, match=r"--auth-keys-file .*missing: cannot read the keys file"):
         KeyFile(tmp_path / "missing", "--auth-keys-file")
-    with pytest.raises(RuntimeUserError, match="cannot read the keys file"):
+    with pytest.raises(RuntimeUserError, match="is not a regular file"):
         KeyFile(tmp_path, "--auth-keys-file")                    # a folder
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(RuntimeUserError, match="is not a regular file"):
+        KeyFile(fifo, "--auth-keys-file")                        # would block a read forever
+    with pytest.raises(RuntimeUserError, match="is not a regular file"):
+        KeyFile("/dev/zero", "--auth-keys-file")                 # would never end
+    big = tmp_path / "big"
+    big.write_text((sha256_hex(A) + "\n") * 20_000)
+    with pytest.raises(RuntimeUserError, match="is larger than 1048576 bytes"):
+        KeyFile(big, "--auth-keys-file")
     bad = tmp_path / "bad"
     bad.write_text("not a hash\n")
     with pytest.raises(RuntimeUserError, match="line 1 is not a SHA-256 in hex"):
