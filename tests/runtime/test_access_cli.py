@@ -29,6 +29,7 @@ from keyring import USER_KEY
 from ngcx_runtime.keys import sha256_hex
 
 pytest.importorskip("onnxruntime")
+pytest.importorskip("cryptography")
 
 SERVE = [sys.executable, "-m", "ngcx_runtime.cli", "serve"]
 SECRET = "my-secret-key-pasted-by-mistake"
