@@ -310,11 +310,13 @@ class Policy:
         self.users = _key_set(access.auth_key_sha256, access.auth_keys_file, "--auth-keys-file", log)
         self.admins = _key_set(access.admin_key_sha256, access.admin_keys_file, "--admin-keys-file", log)
         self.explicit = access.model_control == "explicit"
+        self._guarded = self.users.configured             # fixed for the server's life (a file may empty, not go)
+        self._admins = self.admins.configured
 
     @property
     def open(self) -> bool:
         """No key guards the ordinary calls (none configured): anyone who reaches the port may call them."""
-        return not self.users.configured
+        return not self._guarded
 
     def check(self, call: Call) -> None:
         """Allow the call, or raise the ProtocolError its door answers with."""
@@ -322,7 +324,7 @@ class Policy:
             return
         if call.control:
             self._check_control(call)
-        elif self.users.configured:
+        elif self._guarded:
             role, presented = self._role(call)
             if role is None:
                 raise Unauthorized(WRONG_KEY if presented else self._missing(call), presented)
@@ -331,7 +333,7 @@ class Policy:
 
     def _check_control(self, call: Call) -> None:
         if not self.explicit:
-            if self.users.configured:                      # a peer without a key learns nothing more
+            if self._guarded:                              # a peer without a key learns nothing more
                 role, presented = self._role(call)
                 if role is None:
                     raise Unauthorized(WRONG_KEY if presented else self._missing(call), presented)
@@ -349,13 +351,14 @@ class Policy:
         return NEEDS_KEY if call.header("authorization") is None else MALFORMED_KEY
 
     def _role(self, call: Call) -> tuple[str | None, bool]:
-        """("admin" | "user" | None, whether a well-formed key was presented). Both key sets are
-        compared in full whatever the answer (keys.matches: constant time, no early exit)."""
+        """("admin" | "user" | None, whether a well-formed key was presented). Each configured key set
+        is compared in full whatever the answer (keys.matches: constant time, no early exit), so the
+        time taken depends on how many hashes there are, never on which one, if any, matched."""
         token = bearer_token(call.header("authorization"))
         if token is None:
             return None, False
         presented = digest(token)
-        admin = self.admins.accepts(presented)
+        admin = self._admins and self.admins.accepts(presented)
         user = self.users.accepts(presented)
         return ("admin" if admin else "user" if user else None), True
 

@@ -59,9 +59,14 @@ def bearer_token(value: object) -> str | None:
     return match.group(1) if match else None
 
 
+_SHA256 = hashlib.sha256()          # copied per key: cheaper than a new hash object (no algorithm look-up)
+
+
 def digest(token: str) -> bytes:
     """The SHA-256 of a key as the server compares it (the key's ASCII bytes)."""
-    return hashlib.sha256(token.encode("ascii")).digest()
+    h = _SHA256.copy()
+    h.update(token.encode("ascii"))
+    return h.digest()
 
 
 def sha256_hex(key: str) -> str:

@@ -30,6 +30,7 @@ def test_one_tiny_round_fills_rows_ratios_and_the_check_cost(tmp_path: Path, mon
     assert all(0 < r.wall < 10 and r.better == "higher" for r in result.ratios)
     assert result.extra["unauthenticated_status"] == 401
     assert set(result.extra["policy_check_us"]) == {"open", "keys"}
+    assert set(result.extra["policy_check_us_while_serving"]) == set(security.CONFIGS)
     assert all(len(v) == 1 for v in result.extra["paired_ratios_per_round"].values())
     assert all(v["cycles"] == 2 for v in result.extra["paired_ratios_per_cycle"].values())
     assert "TLSv1." in result.measurements[3].note and result.extra["tls_versions"]
