@@ -114,6 +114,8 @@ def _read_member(zf: zipfile.ZipFile, member: zipfile.ZipInfo, path: Path) -> np
     if dtype.hasobject or dtype.kind not in "biuf":
         raise RuntimeUserError(f"{where} holds {dtype} values, not numbers (object arrays are pickles and are "
                                f"never loaded); {NPZ_FIX}")
+    if any(d < 0 for d in shape):            # their product could pass the size check below, or be negative
+        raise RuntimeUserError(f"{where} is corrupt: its header gives a negative dimension; save it again")
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes > member.file_size:
         raise RuntimeUserError(f"{where} is truncated or corrupt: its header promises {nbytes} bytes, the archive "

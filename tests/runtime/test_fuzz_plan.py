@@ -145,6 +145,10 @@ def npy_with_header(header: dict[str, Any], body: bytes) -> bytes:
          name="input.npy")  # claims 4 TiB: refused before allocating
 @example(header={"descr": "<f4", "fortran_order": False, "shape": ()}, body=b"\x00" * 4, name="input.npy")
 @example(header={"descr": "<f4", "fortran_order": False, "shape": (-1,)}, body=b"", name="input.npy")
+@example(header={"descr": "<f4", "fortran_order": False, "shape": (-3, 600742, 600992, 14902181)}, body=b"",
+         name="input.npy")  # a negative product passed the size check and asked numpy for 8 EiB
+@example(header={"descr": "<f4", "fortran_order": False, "shape": (-2, -2)}, body=b"\x00" * 16,
+         name="input.npy")  # two negative dims: a positive product that fits the file
 def test_crafted_npy_headers_load_or_are_one_line(workdir: Path, header: dict[str, Any], body: bytes,
                                                   name: str) -> None:
     file = workdir / "crafted.npz"
