@@ -115,5 +115,17 @@ def kept() -> set[int]:
 
 def hashes_text(deployment: int, keys: list[str]) -> str:
     """The --auth-keys-file content for a host: one SHA-256 per accepted key."""
-    return f"# ngcx deployment {deployment}: SHA-256 of each accepted key\n" + "".join(
-        digest(k) + "\n" for k in keys)
+    return digests_text(deployment, [digest(k) for k in keys])
+
+
+def digests_text(deployment: int, digests: list[str] | tuple[str, ...]) -> str:
+    return f"# ngcx deployment {deployment}: SHA-256 of each accepted key\n" + "".join(d + "\n" for d in digests)
+
+
+def write_local_hashes(deployment: int, text: str) -> Path:
+    """STATE/keys/ID.auth/keys, a local deploy's hashes file (its folder is mounted into the container, so
+    a rewrite by rename is seen there; a mounted file would keep the old inode)."""
+    folder_ = folder() / f"{deployment}.auth"
+    folder_.mkdir(mode=0o700, exist_ok=True)
+    _write(folder_ / "keys", text)
+    return folder_

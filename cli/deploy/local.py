@@ -68,6 +68,7 @@ def run(config: DeployConfig, record: DeployRecord, plan: Plan) -> DeployRecord:
     from docker.types import DeviceRequest
 
     from ..project.serving import free_port, plan_cache_dir
+    from . import keys
 
     port = config.port or _swap_previous(plan.client, config.image, record.id) or free_port()
     kwargs: dict[str, Any] = {}
@@ -76,7 +77,8 @@ def run(config: DeployConfig, record: DeployRecord, plan: Plan) -> DeployRecord:
     volumes = {str(plan_cache_dir()): {"bind": PLAN_CACHE_IN_IMAGE, "mode": "rw"}}
     environment = dict(config.env)
     if config.key_hashes:   # the container reads only the keys' hashes, from a folder (a rewrite is seen)
-        volumes[str(_auth_dir(record.id, "\n".join(config.key_hashes) + "\n"))] = {"bind": AUTH_IN_IMAGE, "mode": "ro"}
+        folder = keys.write_local_hashes(record.id, keys.digests_text(record.id, config.key_hashes))
+        volumes[str(folder)] = {"bind": AUTH_IN_IMAGE, "mode": "ro"}
         environment["NGCX_RUNTIME_AUTH_KEYS"] = f"{AUTH_IN_IMAGE}/keys"
     t0 = time.monotonic()
     try:
@@ -94,25 +96,11 @@ def run(config: DeployConfig, record: DeployRecord, plan: Plan) -> DeployRecord:
                         detail=None if plan.gpu else f"CPU only: {plan.why_no_gpu or 'GPU use turned off'}")
 
 
-def _auth_dir(deployment: int, hashes_text: str):
-    """STATE/keys/ID.auth/keys: the file the container's --auth-keys-file reads (hashes only)."""
-    import os
-
-    from . import keys
-
-    folder = keys.folder() / f"{deployment}.auth"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    tmp = folder / ".keys.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(hashes_text)
-    os.replace(tmp, folder / "keys")
-    return folder
-
-
 def install_key_hashes(record: DeployRecord, hashes_text: str) -> None:
     """Rewrite the hashes the container accepts (it re-reads the file: no restart)."""
-    _auth_dir(record.id, hashes_text)
+    from . import keys
+
+    keys.write_local_hashes(record.id, hashes_text)
 
 
 def certificate(record: DeployRecord) -> tuple[str, str]:
