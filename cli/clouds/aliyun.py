@@ -9,7 +9,7 @@ become CapacityError for the failover in aliyun.py; a wrong key or secret is one
 
 Credentials the standard way: ALIBABA_CLOUD_ACCESS_KEY_ID / ALIBABA_CLOUD_ACCESS_KEY_SECRET, else
 the `aliyun` CLI's ~/.aliyun/config.json (profile $ALIBABA_CLOUD_PROFILE or its `current`).
-NGCX_ALIYUN_ECS_ENDPOINT=HOST:PORT points ECS and ACR calls at another server (tests: the emulator
+NGCX_ALIYUN_ECS_ENDPOINT=HOST:PORT points ECS, ACR and RAM calls at another server (tests: the emulator
 in tests/emulators); plain http is used only for loopback, every other endpoint is https.
 The SDKs are an extra (`pip install 'ngcx[aliyun]'`), imported on first use.
 """
@@ -148,6 +148,20 @@ class Api:
             return request
         return self._call(action, build, retry=True)
 
+    def ram(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
+        """RAM (2015-05-01, global) RPC: the hosts' pull roles. Retried: a repeated create answers
+        EntityAlreadyExists, which the caller treats as done."""
+        def build() -> Any:
+            from aliyunsdkcore.request import CommonRequest
+
+            request = CommonRequest(domain="ram.aliyuncs.com", version="2015-05-01", action_name=action,
+                                    product="Ram")
+            request.set_method("POST")
+            for key, value in params.items():
+                request.add_query_param(key, _param(value))
+            return request
+        return self._call(action, build, retry=True)
+
     def _call(self, action: str, build: Any, retry: bool) -> dict[str, Any]:
         from aliyunsdkcore.acs_exception.exceptions import ClientException, ServerException
 
@@ -190,7 +204,9 @@ class Api:
                              hint="check the key pair in the Alibaba Cloud console (RAM > AccessKey)")
         if code == "Forbidden.RAM" or code.startswith("NoPermission"):
             return UserError(f"Alibaba Cloud {action}: the RAM user of {self.creds.access_key_id} may not call it "
-                             f"({code})", hint=f"grant ecs:{action} (and cr:GetAuthorizationToken) to it")
+                             f"({code})", hint=f"grant it {_permission(action)}; deploys also need "
+                             "cr:GetAuthorizationToken, ram:CreateRole/CreatePolicy/AttachPolicyToRole/"
+                             "ListPoliciesForRole and ram:PassRole")
         clean = _scrub(message or "", self.creds).split(" server string to sign is")[0]
         return AliyunError(code, status, f"Alibaba Cloud {action} failed: {code} (HTTP {status}): {clean[:240]}")
 
@@ -201,6 +217,12 @@ class AliyunError(UserError):
     def __init__(self, code: str, status: int, message: str) -> None:
         self.code, self.status = code, status
         super().__init__(message)
+
+
+def _permission(action: str) -> str:
+    """The RAM action a call needs, named as policies name it."""
+    ram = ("Role", "Polic")
+    return f"ram:{action}" if any(word in action for word in ram) and "Instance" not in action else f"ecs:{action}"
 
 
 def _typed_request(action: str) -> Any:

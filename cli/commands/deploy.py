@@ -30,6 +30,11 @@ class Workload(StrEnum):
     transformer = "transformer"
 
 
+class RegistryLogin(StrEnum):
+    role = "role"     # the host logs in with its instance role: no registry secret reaches it (default)
+    token = "token"   # a short-lived token in the host job (registries without roles; it is left in the cloud)
+
+
 class GpuMode(StrEnum):
     require = "require"   # the host must give the container a GPU (default on clouds)
     auto = "auto"         # a GPU when the host has one, else the CPU (default locally)
@@ -70,6 +75,11 @@ def deploy_cmd(
     no_auth: Annotated[bool, typer.Option(
         "--no-auth", help="No endpoint key: anyone who reaches the port may call every API (on a cloud, only with "
                           "an --allow-from narrower than 0.0.0.0/0).")] = False,
+    registry_login: Annotated[RegistryLogin, typer.Option(
+        "--registry-login", case_sensitive=False,
+        help="Cloud: how the host logs in to ACR/ECR. role: with its instance role, nothing secret sent (default); "
+             "token: a short-lived token travels in the host job and stays in the cloud's records.")]
+    = RegistryLogin.role,
     project_file: ProjectFileOpt = None,
     variant: VariantOpt = None,
     catalog_file: CatalogOpt = None,
@@ -89,7 +99,7 @@ def deploy_cmd(
                           model=labels.get("ai.ngcx.project.name"), cmd=cmd, gpu=gpu, gpu_mode=mode,
                           workload=workload.value, region=region, zone=zone, max_price=max_price, spot=spot,
                           port=port, allow_from=_cidr(allow_from), ready_timeout=ready_timeout,
-                          auth=not no_auth, tls=cloud != Cloud.local)
+                          auth=not no_auth, tls=cloud != Cloud.local, registry_login=registry_login.value)
     if no_auth and cloud != Cloud.local:
         _check_open_endpoint(config.allow_from)
     if dry_run:

@@ -4,20 +4,21 @@ What is ECS-specific lives here: RunInstances with a ClientToken the record hold
 (aliyun_api retries with the same token; the SDK's own retry would send none), the stock check
 DescribeAvailableResource before RunInstances, StopCharging stops (GPU and vCPUs stop billing, the
 disk keeps the pulled layers; a restart can fail for stock, OperationDenied.NoStock, and vm.py then
-creates a new host), Cloud Assistant (RunCommand) as the command channel, ACR's VPC endpoint and
-1-hour token for the host's pull, and ngcx's tags on every instance: ngcx:owner (this state store),
-ngcx:deployment (the record).
+creates a new host), Cloud Assistant (RunCommand) as the command channel, ACR's VPC endpoint and a
+RAM role per repository for the host's pull (roles.py; `--registry-login token`: a 1-hour token
+instead), and ngcx's tags on every instance: ngcx:owner (this state store), ngcx:deployment (the record).
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import UserError
-from . import vm
+from . import roles, vm
 from .common import SERVE_PORT, Capabilities, CapacityError, DeployConfig, DeployRecord, HostStatus
 
 CAPABILITIES = Capabilities(stop_start_host=True, choose_instance=True, bake=True, list_orphans=True)
@@ -27,6 +28,8 @@ DEFAULT_REGION = "cn-hangzhou"
 # then installed at boot: 5-10 min, cloud-apis.md §7).
 FALLBACK_IMAGE = "ubuntu_22_04_x64_20G_alibase_20240926.vhd"
 TAG_OWNER, TAG_DEPLOYMENT, TAG_HOST_IMAGE = vm.TAG_OWNER, vm.TAG_DEPLOYMENT, vm.TAG_HOST_IMAGE
+TOKEN_NOTE = ("--registry-login token: a 1-hour ACR token travels in this host job (user-data or Cloud Assistant "
+              "command, which ECS keeps); it pulls whatever the RAM user may until it expires")
 STATE_MAP = {"Running": "running", "Stopped": "stopped", "Starting": "starting", "Pending": "pending",
              "Stopping": "stopping"}
 
@@ -107,6 +110,45 @@ class Ecs:
         if allow_from == "0.0.0.0/0":
             vm.say(f"port {SERVE_PORT} of ngcx hosts is open to 0.0.0.0/0; restrict it with --allow-from CIDR")
 
+    def ensure_pull_role(self, grant: roles.PullGrant) -> str:
+        """The RAM role ECS hosts assume to pull `grant`'s repository: made once, found by its name after that."""
+        from ..clouds.aliyun import AliyunError
+
+        name = grant.role_name
+        try:
+            attached = self.api.ram("ListPoliciesForRole", {"RoleName": name}).get("Policies", {}).get("Policy", [])
+            if any(p.get("PolicyName") == name for p in attached):
+                return name
+        except AliyunError as exc:
+            if exc.code != "EntityNotExist.Role":
+                raise
+        vm.say(f"creating the RAM role {name}: hosts pull {grant.repository} with it, no registry secret sent")
+        steps = [("CreateRole", {"RoleName": name, "AssumeRolePolicyDocument": roles.aliyun_trust(),
+                                 "Description": grant.description}, "EntityAlreadyExists.Role"),
+                 ("CreatePolicy", {"PolicyName": name, "PolicyDocument": roles.aliyun_policy(grant),
+                                   "Description": grant.description}, "EntityAlreadyExists.Policy"),
+                 ("AttachPolicyToRole", {"PolicyType": "Custom", "PolicyName": name, "RoleName": name},
+                  "EntityAlreadyExists.Role.Policy")]
+        for action, params, done in steps:
+            try:
+                self.api.ram(action, params)
+            except AliyunError as exc:    # made by an earlier, interrupted run: fine
+                if exc.code != done:
+                    raise
+        return name
+
+    def attach_role(self, instance_id: str, role: str) -> None:
+        """A reused host gets this repository's role (ECS holds one per instance: the old one is detached)."""
+        ids = json.dumps([instance_id])
+        sets = self.api.ecs("DescribeInstanceRamRole", {"InstanceIds": ids}).get(
+            "InstanceRamRoleSets", {}).get("InstanceRamRoleSet", [])
+        current = [s.get("RamRoleName") for s in sets if s.get("InstanceId") == instance_id and s.get("RamRoleName")]
+        if role in current:
+            return
+        for old in current:
+            self.api.ecs("DetachInstanceRamRole", {"InstanceIds": ids, "RamRoleName": old}, write=True)
+        self.api.ecs("AttachInstanceRamRole", {"InstanceIds": ids, "RamRoleName": role}, write=True)
+
     def create(self, spec: vm.CreateSpec) -> str:
         from ..clouds.aliyun import tag_params
 
@@ -117,6 +159,8 @@ class Ecs:
                   "SecurityGroupId": self.security_group, "InstanceName": spec.name, "Amount": 1,
                   "UserData": base64.b64encode(spec.user_data.encode()).decode(), "InternetMaxBandwidthOut": 100,
                   "SystemDisk.Category": "cloud_essd", "SystemDisk.Size": 100, **_spot(spec), **tag_params(spec.tags)}
+        if spec.role:
+            params["RamRoleName"] = spec.role
         answer = self.api.ecs("RunInstances", params, token=spec.token, write=True)
         return answer["InstanceIdSets"]["InstanceIdSet"][0]
 
@@ -237,11 +281,18 @@ def prepare(config: DeployConfig) -> vm.Plan:
                               f"ngcx hosts bake --cloud aliyun --region {cloud.region}"]
     acr_region = acr.region_of(config_registry)
     pull_ref, registry = config_pull, config_registry
-    if acr_region:  # hosts pull in-region through the VPC endpoint, with a fresh 1-hour token per host job
+    if acr_region:  # hosts pull in-region through the VPC endpoint, logged in by their RAM role
         registry = acr.vpc_endpoint(acr_region)
         pull_ref = registry + pull_ref[len(config_registry):]
-    login = (lambda: acr.temporary_login(acr_region)) if acr_region else (lambda: None)
-    return vm.Plan(cloud, choice.candidates, host_image, pull_ref, registry, login, notes)
+    if not acr_region:
+        return vm.Plan(cloud, choice.candidates, host_image, pull_ref, registry, lambda: None, notes)
+    if config.registry_login == "token":
+        notes.append(TOKEN_NOTE)
+        return vm.Plan(cloud, choice.candidates, host_image, pull_ref, registry,
+                       lambda: acr.temporary_login(acr_region), notes)
+    grant = roles.PullGrant(NAME, acr_region, roles.repository_of(pull_ref), acr.instance_id())
+    login = roles.RoleLogin(NAME, acr_region, acr.api_host_endpoint(acr_region), grant.registry_instance)
+    return vm.Plan(cloud, choice.candidates, host_image, pull_ref, registry, lambda: login, notes, grant)
 
 
 # ---------------------------------------------------------------- the contract's verbs (vm.py does the work)

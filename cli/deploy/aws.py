@@ -5,10 +5,11 @@ the call; aws_api retries with the same token) in a zone that sells the type
 (DescribeInstanceTypeOfferings) and has a default subnet, ngcx's tags on the instance AND its EBS
 volumes; stops keep the EBS disk with the pulled layers (the GPU is released: a start can fail with
 InsufficientInstanceCapacity, and vm.py then creates a new host); SSM Run Command as the command
-channel (the host needs an instance profile with AmazonSSMManagedInstanceCore, made once as
-`ngcx-host`, and a running SSM agent, which the user-data starts when the AMI lacks it); the host
-image is the newest baked one (tag ngcx:host-image) or the ECS GPU-optimized AMI from its public
-SSM parameter; ECR logins are a fresh 12-hour token per host job.
+channel (the host needs an instance profile with AmazonSSMManagedInstanceCore: the repository's
+pull profile, aws_roles.py, or `ngcx-host` when there is none, and a running SSM agent, which the
+user-data starts when the AMI lacks it); the host image is the newest baked one (tag ngcx:host-image)
+or the ECS GPU-optimized AMI from its public SSM parameter; the host logs in to ECR with its instance
+profile through IMDSv2 (`--registry-login token`: a fresh 12-hour token in the host job instead).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.errors import UserError
-from . import vm
+from . import roles, vm
 from .common import SERVE_PORT, Capabilities, CapacityError, DeployConfig, DeployRecord, HostStatus
 
 CAPABILITIES = Capabilities(stop_start_host=True, choose_instance=True, bake=True, list_orphans=True)
@@ -35,6 +36,8 @@ VISIBLE_AFTER_S = 60.0           # EC2 is eventually consistent: a new instance 
 AGENT_WAIT_S = 180.0             # an SSM agent registers some seconds after boot or start
 PROFILE_PROPAGATION_S = 60.0     # a new instance profile is refused by RunInstances for a few seconds
 TAG_OWNER, TAG_DEPLOYMENT, TAG_HOST_IMAGE = vm.TAG_OWNER, vm.TAG_DEPLOYMENT, vm.TAG_HOST_IMAGE
+TOKEN_NOTE = ("--registry-login token: a 12-hour ECR token travels in this host job (user-data or SSM command, "
+              "which AWS keeps); it pulls whatever the caller may until it expires")
 STATE_MAP = {"pending": "pending", "running": "running", "stopping": "stopping", "stopped": "stopped",
              "shutting-down": "gone", "terminated": "gone"}
 LIVE_STATES = ["pending", "running", "stopping", "stopped"]
@@ -218,25 +221,29 @@ class Ec2:
                     raise
         return INSTANCE_PROFILE
 
+    # ------------------------------------------------------------ pull roles (aws_roles.py)
+
+    def ensure_pull_role(self, grant: roles.PullGrant) -> str:
+        from . import aws_roles
+
+        return aws_roles.ensure_pull_profile(self.api, grant)
+
+    def attach_role(self, instance_id: str, role: str) -> None:
+        from . import aws_roles
+
+        _while_profile_propagates(lambda: aws_roles.attach_profile(self.api, instance_id, role))
+
     # ------------------------------------------------------------ create
 
     def create(self, spec: vm.CreateSpec) -> str:
         """RunInstances with spec.token; CapacityError when the zone has no stock for the type."""
-        from ..clouds.aws import AwsError
 
         subnet = (self.subnets or {}).get(spec.zone)
         if subnet is None:
             raise CapacityError("NoDefaultSubnetInZone", spec.zone)
         params = self._launch_params(spec, subnet)
-        deadline = time.monotonic() + PROFILE_PROPAGATION_S
-        while True:
-            try:
-                answer = self.api.call("ec2", "run_instances", capacity=True, where=spec.zone, **params)
-                break
-            except AwsError as exc:   # IAM is eventually consistent: a fresh profile is "invalid" for seconds
-                if "iaminstanceprofile" not in str(exc).lower() or time.monotonic() > deadline:
-                    raise
-                time.sleep(3)
+        answer = _while_profile_propagates(
+            lambda: self.api.call("ec2", "run_instances", capacity=True, where=spec.zone, **params))
         instance_id = answer["Instances"][0]["InstanceId"]
         self._launched[instance_id] = time.monotonic()
         return instance_id
@@ -249,8 +256,8 @@ class Ec2:
             "TagSpecifications": [{"ResourceType": kind, "Tags": tags} for kind in ("instance", "volume")],
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
             **self._root_disk(spec.image_id), **_market(spec)}
-        if self.instance_profile:
-            params["IamInstanceProfile"] = {"Name": self.instance_profile}
+        if spec.role or self.instance_profile:
+            params["IamInstanceProfile"] = {"Name": spec.role or self.instance_profile}
         groups = [self.security_group] if self.security_group else []
         if subnet.public:
             params.update(SubnetId=subnet.id, SecurityGroupIds=groups)
@@ -479,11 +486,32 @@ def prepare(config: DeployConfig) -> vm.Plan:
                               f"ngcx hosts bake --cloud aws --region {cloud.region}"]
     ecr_region = ecr.region_of(config_registry)
     pull_ref, registry = config_pull, config_registry
-    if ecr_region:   # hosts pull through the VPC's name for the registry, with a fresh token per host job
+    if ecr_region:   # hosts pull through the VPC's name for the registry, logged in by their instance profile
         registry = ecr.vpc_endpoint(config_registry)
         pull_ref = registry + pull_ref[len(config_registry):]
-    login = (lambda: ecr.temporary_login(ecr_region)) if ecr_region else (lambda: None)
-    return vm.Plan(cloud, choice.candidates, host_image, pull_ref, registry, login, notes)
+    if not ecr_region:
+        return vm.Plan(cloud, choice.candidates, host_image, pull_ref, registry, lambda: None, notes)
+    if config.registry_login == "token":
+        notes.append(TOKEN_NOTE)
+        return vm.Plan(cloud, choice.candidates, host_image, pull_ref, registry,
+                       lambda: ecr.temporary_login(ecr_region), notes)
+    grant = roles.PullGrant(NAME, ecr_region, roles.repository_of(pull_ref))
+    login = roles.RoleLogin(NAME, ecr_region, ecr.api_host_endpoint(ecr_region))
+    return vm.Plan(cloud, choice.candidates, host_image, pull_ref, registry, lambda: login, notes, grant)
+
+
+def _while_profile_propagates(call: Any) -> Any:
+    """IAM is eventually consistent: a fresh instance profile is "invalid" to EC2 for seconds."""
+    from ..clouds.aws import AwsError
+
+    deadline = time.monotonic() + PROFILE_PROPAGATION_S
+    while True:
+        try:
+            return call()
+        except AwsError as exc:
+            if "iaminstanceprofile" not in str(exc).lower() or time.monotonic() > deadline:
+                raise
+            time.sleep(3)
 
 
 # ---------------------------------------------------------------- the contract's verbs (vm.py does the work)

@@ -71,6 +71,7 @@ class DeployConfig:
     auth: bool = True                # a bearer key for every call but health (--no-auth: none)
     tls: bool = False                # HTTPS with the host's own key pair (clouds' default)
     key_hashes: tuple[str, ...] = ()  # SHA-256 of the accepted keys: set by flow.deploy once the key exists
+    registry_login: str = "role"     # cloud hosts' ACR/ECR login: their instance role, or a token (roles.py)
 
     def pick_push(self, owns: Any) -> tuple[str, str] | None:
         """(REPO@DIGEST, registry host) of the newest push to a registry `owns(host)` claims (the cloud's own,
@@ -85,7 +86,7 @@ class DeployConfig:
         """What makes two hosts interchangeable (stored as JSON; no secrets in it)."""
         return {k: v for k, v in asdict(self).items() if k in (
             "cloud", "region", "zone", "gpu", "gpu_mode", "workload", "max_price", "spot", "allow_from", "auth",
-            "tls")}
+            "tls", "registry_login")}
 
 
 @dataclass

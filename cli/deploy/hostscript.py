@@ -3,7 +3,9 @@ command on a running one.
 
 Why a template: the steps a host takes are text (shell), kept in recipes/ beside the Dockerfile
 blocks; Python only decides the values. Every value is shell-quoted by the `q` filter, so an image
-reference, a CMD argument or a token can never break out of its word.
+reference, a CMD argument or a token can never break out of its word. The role login's program
+(recipes/deploy/role_login.py) is included verbatim: it is Python the host runs, kept as a file so
+tests can run the very same code against the emulated metadata services.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import shlex
 from dataclasses import dataclass
 
 from ..registry.credentials import Credentials
+from .roles import RoleLogin
 
 USER_DATA_LIMIT = 16 * 1024  # ECS: raw user-data up to 16 KB (cloud-apis.md §5.1)
 
@@ -23,7 +26,7 @@ class HostJob:
     registry: str
     min_driver: str
     gpu_mode: str
-    login: Credentials | None
+    login: Credentials | RoleLogin | None   # RoleLogin: the host logs in with its instance role (no secret here)
     cmd: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     port: int = 8000
@@ -39,7 +42,17 @@ def _env():
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.recipes_dir() / "deploy")),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
     env.filters["q"] = lambda value: shlex.quote(str(value))
+    env.globals["role_login_program"] = role_login_program
     return env
+
+
+def role_login_program() -> str:
+    """recipes/deploy/role_login.py without its comment lines and blank lines: it rides in the 16 KB of
+    user-data, where its comments would cost a tenth of the room (they stay in the file)."""
+    from ..core import paths
+
+    text = (paths.recipes_dir() / "deploy" / "role_login.py").read_text()
+    return "\n".join(line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#"))
 
 
 def render(job: HostJob, mode: str) -> str:

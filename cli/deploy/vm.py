@@ -64,6 +64,8 @@ class Cloud(Protocol):
     def create(self, spec: CreateSpec) -> str: ...            # CapacityError on no stock in that zone
     def run_command(self, instance_id: str, script: str, timeout: float) -> tuple[int, str]: ...
     def tagged(self, tags: dict[str, str]) -> list[str]: ...  # instance ids carrying all these tags
+    def ensure_pull_role(self, grant: Any) -> str: ...        # roles.PullGrant -> the role (profile) to attach
+    def attach_role(self, instance_id: str, role: str) -> None: ...  # swaps a reused host's role when it differs
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class CreateSpec:
     name: str
     spot: bool = False
     max_price: float | None = None
+    role: str | None = None        # the pull role (ECS RAM role / EC2 instance profile) the host gets
 
 
 @dataclass
@@ -86,8 +89,10 @@ class Plan:
     host_image: str
     pull_ref: str
     registry: str
-    login: Any                          # () -> Credentials | None: a fresh short-lived login per host job
+    login: Any                          # () -> RoleLogin | Credentials | None: per host job (roles.py)
     notes: list[str] = field(default_factory=list)
+    grant: Any = None                   # roles.PullGrant: the one repository the host's role may pull
+    role: str | None = None             # its role, made (or found) by run() before any host is touched
 
 
 def choose(cloud_name: str, config: DeployConfig) -> Any:
@@ -108,6 +113,8 @@ def run(config: DeployConfig, record: DeployRecord, plan: Plan) -> DeployRecord:
     for note in plan.notes:
         say(note)
     t0 = time.time()
+    if plan.grant is not None:
+        plan.role = plan.cloud.ensure_pull_role(plan.grant)
     names = {c.itype.name for c in plan.candidates}
     for old, status in reusable_hosts(plan, names, config, record.id):
         if status.state == "running":
@@ -153,6 +160,8 @@ def _swap(config: DeployConfig, record: DeployRecord, plan: Plan, old: DeployRec
     record = store.update(record.id, status=STARTING, instance_id=old.instance_id, instance_type=old.instance_type,
                           zone=old.zone, host=status.address, endpoint=endpoint(status.address, config.tls), path=path,
                           region=plan.cloud.region, phases=phases)
+    if plan.role:
+        plan.cloud.attach_role(old.instance_id or "", plan.role)
     code, output = plan.cloud.run_command(record.instance_id, host_script(config, record, plan, "command"),
                                           COMMAND_TIMEOUT_S)
     if code != 0:
@@ -173,7 +182,7 @@ def _create(config: DeployConfig, record: DeployRecord, plan: Plan, t0: float) -
                                   instance_type=cand.itype.name, region=plan.cloud.region, path=PATH_FRESH)
             spec = CreateSpec(cand.itype.name, zone, plan.host_image, host_script(config, record, plan, "user-data"),
                               token, {TAG_OWNER: store.owner_id(), TAG_DEPLOYMENT: str(record.id)},
-                              f"ngcx-deploy-{record.id}", config.spot, config.max_price)
+                              f"ngcx-deploy-{record.id}", config.spot, config.max_price, plan.role)
             try:
                 instance_id = plan.cloud.create(spec)
             except CapacityError as exc:

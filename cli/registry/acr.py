@@ -5,7 +5,9 @@ the registry's address and a short-lived login from the SDK (GetAuthorizationTok
 cloud-apis.md §8), and hosts pull through the VPC endpoint (registry-vpc.REGION…), not the public
 one, so in-region pulls stay on the fast private network.
 NGCX_ACR_ENDPOINT / NGCX_ACR_VPC_ENDPOINT override the two addresses (tests: the loopback registry
-and the address emulated hosts reach it at); NGCX_ACR_INSTANCE_ID names an Enterprise instance.
+and the address emulated hosts reach it at); NGCX_ACR_INSTANCE_ID names an Enterprise instance;
+NGCX_ACR_API_HOST_ENDPOINT is the token API's URL as hosts reach it (their role login,
+recipes/deploy/role_login.py; tests: a relay to the emulator).
 """
 
 from __future__ import annotations
@@ -38,6 +40,16 @@ def vpc_endpoint(region: str) -> str:
     return os.environ.get("NGCX_ACR_VPC_ENDPOINT") or f"registry-vpc.{region}.aliyuncs.com"
 
 
+def api_host_endpoint(region: str) -> str:
+    """The URL of ACR's API (GetAuthorizationToken) that a host's role login calls."""
+    return os.environ.get("NGCX_ACR_API_HOST_ENDPOINT") or f"https://cr.{region}.aliyuncs.com"
+
+
+def instance_id() -> str:
+    """The ACR Enterprise Edition instance the registry belongs to ("" for the personal edition)."""
+    return os.environ.get("NGCX_ACR_INSTANCE_ID", "")
+
+
 def region_of(registry_host: str) -> str | None:
     """The region whose ACR endpoint is `registry_host` (public), else None."""
     override = os.environ.get("NGCX_ACR_ENDPOINT")
@@ -51,7 +63,7 @@ def temporary_login(region: str) -> Credentials:
     """A 1-hour registry login from GetAuthorizationToken (cr 2018-12-01), through the SDK."""
     from ..clouds.aliyun import Api
 
-    params = {"InstanceId": os.environ["NGCX_ACR_INSTANCE_ID"]} if os.environ.get("NGCX_ACR_INSTANCE_ID") else {}
+    params = {"InstanceId": instance_id()} if instance_id() else {}
     answer = Api(region).cr("GetAuthorizationToken", params)
     user, token = answer.get("TempUsername"), answer.get("AuthorizationToken")
     if not answer.get("IsSuccess", True) or not user or not token:

@@ -10,7 +10,9 @@ Hosts pull through the same name (an ECR interface endpoint in the VPC keeps it,
 
 NGCX_ECR_ENDPOINT / NGCX_ECR_VPC_ENDPOINT override the two addresses (tests: the loopback registry
 and the address emulated hosts reach it at); NGCX_ECR_REGION names the region an overridden
-endpoint belongs to (default: the AWS region of the environment).
+endpoint belongs to (default: the AWS region of the environment); NGCX_ECR_API_HOST_ENDPOINT is
+the token API's URL as hosts reach it (their role login, recipes/deploy/role_login.py; tests: a relay
+to the AWS double).
 """
 
 from __future__ import annotations
@@ -55,6 +57,12 @@ def endpoint(region: str) -> str:
 def vpc_endpoint(registry_host: str) -> str:
     """What hosts pull from: NGCX_ECR_VPC_ENDPOINT, else the same name (private DNS of an interface endpoint)."""
     return os.environ.get("NGCX_ECR_VPC_ENDPOINT") or registry_host
+
+
+def api_host_endpoint(region: str) -> str:
+    """The URL of ECR's API (GetAuthorizationToken) that a host's role login calls (.com.cn in China)."""
+    suffix = ".cn" if region.startswith("cn-") else ""
+    return os.environ.get("NGCX_ECR_API_HOST_ENDPOINT") or f"https://api.ecr.{region}.amazonaws.com{suffix}"
 
 
 def region_of(registry_host: str) -> str | None:

@@ -1,0 +1,91 @@
+"""EC2 hosts' pull roles: one IAM role + instance profile per ECR repository (roles.py says why).
+
+Apart from aws.py because IAM is its own API with its own consistency rules: a new instance profile
+is refused by RunInstances / AssociateIamInstanceProfile for seconds (aws.py retries those), and
+every create answers EntityAlreadyExists when an earlier, interrupted run made it, which is done.
+The role also carries AmazonSSMManagedInstanceCore: an instance has one profile, and SSM Run
+Command (the command channel, aws.py) reaches a host only through it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import roles, vm
+
+SSM_POLICY = "AmazonSSMManagedInstanceCore"
+INLINE_POLICY = "ngcx-pull"
+DONE_CODES = ("EntityAlreadyExists", "LimitExceeded")   # LimitExceeded: the profile holds its role already
+LIVE_ASSOCIATIONS = ["associating", "associated"]
+
+
+def ensure_pull_profile(api: Any, grant: roles.PullGrant) -> str:
+    """The instance profile whose role may pull `grant`'s repository (and be reached by SSM).
+
+    NGCX_AWS_INSTANCE_PROFILE names the user's own profile instead: its role must then allow the pull.
+    """
+    own = os.environ.get("NGCX_AWS_INSTANCE_PROFILE")
+    if own:
+        return own
+    name = grant.role_name
+    document = roles.aws_policy(grant, api.partition(), _account(api))
+    if _current(api, name, document):
+        return name
+    vm.say(f"creating the IAM role and instance profile {name}: hosts pull {grant.repository} with it "
+           "(and SSM reaches them), no registry secret sent")
+    ssm = f"arn:{api.partition()}:iam::aws:policy/{SSM_POLICY}"
+    steps = [("create_role", {"RoleName": name, "AssumeRolePolicyDocument": roles.aws_trust(),
+                              "Description": grant.description}),
+             ("put_role_policy", {"RoleName": name, "PolicyName": INLINE_POLICY, "PolicyDocument": document}),
+             ("attach_role_policy", {"RoleName": name, "PolicyArn": ssm}),
+             ("create_instance_profile", {"InstanceProfileName": name}),
+             ("add_role_to_instance_profile", {"InstanceProfileName": name, "RoleName": name})]
+    for operation, params in steps:
+        _ignoring_done(api, operation, params)
+    return name
+
+
+def attach_profile(api: Any, instance_id: str, profile: str) -> None:
+    """A reused host gets this repository's profile: replaced when it has another, associated when none."""
+    found = api.call("ec2", "describe_iam_instance_profile_associations", Filters=[
+        {"Name": "instance-id", "Values": [instance_id]}, {"Name": "state", "Values": LIVE_ASSOCIATIONS}])
+    current = found.get("IamInstanceProfileAssociations") or []
+    if any(a.get("IamInstanceProfile", {}).get("Arn", "").endswith("/" + profile) for a in current):
+        return
+    if current:
+        api.call("ec2", "replace_iam_instance_profile_association", idempotent=False,
+                 IamInstanceProfile={"Name": profile}, AssociationId=current[0]["AssociationId"])
+    else:
+        api.call("ec2", "associate_iam_instance_profile", idempotent=False,
+                 IamInstanceProfile={"Name": profile}, InstanceId=instance_id)
+
+
+def _current(api: Any, name: str, document: str) -> bool:
+    """The profile exists with its role, and the role's pull policy is this one (one read each)."""
+    from ..clouds.aws import AwsError
+
+    try:
+        profile = api.call("iam", "get_instance_profile", InstanceProfileName=name)["InstanceProfile"]
+        if not any(r.get("RoleName") == name for r in profile.get("Roles") or []):
+            return False
+        policy = api.call("iam", "get_role_policy", RoleName=name, PolicyName=INLINE_POLICY)
+    except AwsError as exc:
+        if exc.code == "NoSuchEntity":
+            return False
+        raise
+    return roles.same_document(policy.get("PolicyDocument") or "", document)
+
+
+def _account(api: Any) -> str:
+    return str(api.call("sts", "get_caller_identity")["Account"])
+
+
+def _ignoring_done(api: Any, operation: str, params: dict[str, Any]) -> None:
+    from ..clouds.aws import AwsError
+
+    try:
+        api.call("iam", operation, **params)
+    except AwsError as exc:
+        if exc.code not in DONE_CODES:
+            raise
