@@ -10,6 +10,9 @@ Where the real API leaves a choice open, the emulator takes the stricter reading
 DescribeImages lists only Available images unless Status is given; DescribeInstances omits
 `Tags` on an untagged instance; batch Start/Stop/Delete is all-or-nothing (BatchOptimization
 AllTogether); StopInstance defaults to KeepCharging.
+
+Instance RAM roles, RAM itself (2015-05-01, on the same port), the STS keys of roles and the
+metadata service live in aliyun_ram.py; this module only wires them in.
 """
 
 from __future__ import annotations
@@ -21,8 +24,17 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
+from .aliyun_ram import (
+    ACCOUNT_UID,
+    RAM_ACTIONS,
+    RAM_VERSION,
+    InstanceRoles,
+    MetadataServer,
+    MetadataService,
+    Ram,
+)
 from .aliyun_rpc import (
     ApiError,
     RpcService,
@@ -108,6 +120,7 @@ class Instance:
     on_host: bool = False        # hosts.create returned: the backend has a machine to stop/delete
     generation: int = 0          # bumped by every transition; a worker of an older one stands down
     host_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # orders backend calls
+    ram_role: str = ""           # the instance RAM role (RunInstances RamRoleName, AttachInstanceRamRole)
 
 
 @dataclass
@@ -146,25 +159,34 @@ class Invocation:
 
 
 class EcsEmulator(RpcService):
-    """ECS (2014-05-26) + ACR GetAuthorizationToken (2018-12-01) on 127.0.0.1, state behind one lock."""
+    """ECS (2014-05-26) + ACR GetAuthorizationToken (2018-12-01) + RAM (2015-05-01) on 127.0.0.1, state
+    behind one lock, and the instances' metadata service on its own port (metadata_address)."""
 
-    products = {ECS_VERSION: ("Ecs", "ecs.aliyuncs.com"), CR_VERSION: ("cr", "cr.aliyuncs.com")}
+    products = {ECS_VERSION: ("Ecs", "ecs.aliyuncs.com"), CR_VERSION: ("cr", "cr.aliyuncs.com"),
+                RAM_VERSION: ("Ram", "ram.aliyuncs.com")}
     idempotent = IDEMPOTENT
     unlocked = UNLOCKED
-    regionless = frozenset({"DescribeRegions"})
+    regionless = frozenset({"DescribeRegions"}) | RAM_ACTIONS
 
     def __init__(self, hosts: HostBackend, *, access_keys: Mapping[str, str] | None = None,
                  region: str = "cn-hangzhou",
                  zones: Iterable[str] = ("cn-hangzhou-h", "cn-hangzhou-i", "cn-hangzhou-j"),
                  boot_seconds: float = 0.5, start_seconds: float = 0.5, stop_seconds: float = 0.2,
-                 offerings: Mapping[str, Iterable[str]] | None = None) -> None:
+                 offerings: Mapping[str, Iterable[str]] | None = None, metadata_host: str = "127.0.0.1") -> None:
         """`offerings`: zone -> the instance types it sells; default every type everywhere except
-        ecs.gn8is.2xlarge, which only the last zone offers (so ZoneNotSupported can happen)."""
+        ecs.gn8is.2xlarge, which only the last zone offers (so ZoneNotSupported can happen).
+        `metadata_host`: where the metadata service listens (the instances must reach it there)."""
         super().__init__({"test-ak": "test-secret"} if access_keys is None else access_keys, region)
         self.hosts = hosts
         self.zones = tuple(zones)
         self.boot_seconds, self.start_seconds, self.stop_seconds = boot_seconds, start_seconds, stop_seconds
         self.issued_tokens: list[str] = []
+        self.token_grants: list[dict[str, Any]] = []   # {"token", "caller", "instance", "pull"} per issued token
+        self.ram = Ram(self._lock)
+        self.temporary_keys = self.ram.temporary_secret
+        self.instance_roles = InstanceRoles(self.ram, self._instance, lambda: self._instances.values(), region)
+        self.metadata_host = metadata_host
+        self._metadata: MetadataServer | None = None
         self.host_errors: list[tuple[str, str]] = []   # (instance or image id, what the backend raised)
         self._offered = self._default_offerings() if offerings is None else {
             zone: set(types) for zone, types in offerings.items()}
@@ -197,10 +219,30 @@ class EcsEmulator(RpcService):
                 "GetInstanceConsoleOutput": self._console_output,
             },
             CR_VERSION: {"GetAuthorizationToken": self._get_authorization_token},
+            RAM_VERSION: self.ram.actions,
         }
+        self.actions[ECS_VERSION].update(self.instance_roles.actions)
+
+    def start(self) -> Self:
+        """The API on a free loopback port, the metadata service on a free port of metadata_host."""
+        super().start()
+        if self._metadata is None:
+            self._metadata = MetadataServer(self.metadata_host,
+                                            MetadataService(self._metadata_caller, self.ram, self.region))
+        return self
+
+    @property
+    def metadata_address(self) -> str:
+        """host:port of the metadata service (what 100.100.100.200:80 is on ECS)."""
+        if self._metadata is None:
+            raise RuntimeError("EcsEmulator.start() first")
+        return self._metadata.address
 
     def close(self) -> None:
         """Stop serving, let running backend calls finish, then have the backend remove its machines."""
+        if self._metadata is not None:
+            self._metadata.close()
+            self._metadata = None
         super().close()
         self.hosts.close()
 
@@ -223,8 +265,19 @@ class EcsEmulator(RpcService):
                      "image_id": i.image_id, "tags": dict(i.tags), "client_token": i.client_token,
                      "private_ip": i.private_ip, "public_ip": i.public_ip, "stopped_mode": i.stopped_mode,
                      "bandwidth_out": i.bandwidth_out, "spot_strategy": i.spot_strategy,
-                     "security_group_ids": list(i.security_group_ids), "user_data": i.user_data}
+                     "security_group_ids": list(i.security_group_ids), "user_data": i.user_data,
+                     "ram_role": i.ram_role}
                     for i in self._instances.values()]
+
+    def issued_secrets(self) -> list[str]:
+        """Every STS AccessKeySecret and SecurityToken handed out (tests search logs for them)."""
+        return self.ram.issued_secrets()
+
+    def _metadata_caller(self, ip: str) -> tuple[str, str] | None:
+        """(instance id, role) of the one Running instance with this private IP: the metadata caller."""
+        with self._lock:
+            found = [i for i in self._instances.values() if i.status == "Running" and i.private_ip == ip]
+            return (found[0].id, found[0].ram_role) if len(found) == 1 else None
 
     def images(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -556,6 +609,7 @@ class EcsEmulator(RpcService):
         if spot not in SPOT_STRATEGIES:
             raise invalid("SpotStrategy", f"Expected one of {', '.join(SPOT_STRATEGIES)}.")
         tags = self._tags(params)
+        role = self.instance_roles.launch_role(params)
         self._check_capacity(zone, type_id)
         if as_bool(params, "DryRun"):
             raise ApiError(400, "DryRunOperation", "Request validation has been passed with DryRun flag set.")
@@ -563,7 +617,7 @@ class EcsEmulator(RpcService):
         for _ in range(amount):
             inst = Instance(_new_id("i-bp"), "", itype, zone, vswitch, self._vpc_id, image_id, groups, dict(tags),
                             bandwidth, spot, params.get("ClientToken", ""), user_data)
-            inst.name = params.get("InstanceName") or inst.id
+            inst.name, inst.ram_role = params.get("InstanceName") or inst.id, role
             self._instances[inst.id] = inst
             ids.append(inst.id)
             self._spawn(self._boot, inst, inst.generation, time.monotonic() + self.boot_seconds)
@@ -779,9 +833,15 @@ class EcsEmulator(RpcService):
     # --- ACR ------------------------------------------------------------------------------------
 
     def _get_authorization_token(self, params: dict[str, str]) -> dict[str, Any]:
-        """cr 2018-12-01: a fresh temporary registry password per call, valid one hour."""
-        required(params, "InstanceId")
+        """cr 2018-12-01: a fresh temporary registry password per call, valid one hour for a permanent
+        key; for a role's STS keys only if its policies allow cr:GetAuthorizationToken on the instance
+        (else 403 Forbidden.RAM), valid as long as the keys. Each is recorded with its scope."""
+        instance = required(params, "InstanceId")
+        resource = f"acs:cr:{self.region}:{ACCOUNT_UID}:instance/{instance}"
+        grant = self.ram.registry_grant(params["AccessKeyId"], resource)
         token = secrets.token_urlsafe(48)
         self.issued_tokens.append(token)
+        self.token_grants.append({"token": token, "caller": grant.caller, "instance": grant.instance,
+                                  "pull": grant.pull})
         return {"IsSuccess": True, "TempUsername": "cr_temp_user", "AuthorizationToken": token,
-                "ExpireTime": int((time.time() + 3600) * 1000)}
+                "ExpireTime": int(grant.expires * 1000)}

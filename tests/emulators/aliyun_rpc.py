@@ -31,7 +31,7 @@ COMMON_REQUIRED = ("AccessKeyId", "Signature", "SignatureMethod", "SignatureVers
 # Parameters that take no part in "the same request" for ClientToken idempotency: they change on
 # every send (the SDK re-signs each retry with a fresh nonce and timestamp).
 VOLATILE_PARAMS = frozenset({"Signature", "SignatureNonce", "Timestamp", "SignatureType", "SignatureMethod",
-                             "SignatureVersion", "Format", "AccessKeyId"})
+                             "SignatureVersion", "Format", "AccessKeyId", "SecurityToken"})
 
 MESSAGES = {
     "InvalidAccessKeyId.NotFound": "Specified access key is not found.",
@@ -50,6 +50,11 @@ MESSAGES = {
                                "resources or other regions and zones.",
     "IncorrectInstanceStatus": "The current status of the resource does not support this operation.",
     "IdempotentParameterMismatch": "The specified parameters are different from before with the same ClientToken.",
+    "MissingSecurityToken": "SecurityToken is mandatory for temporary access keys.",
+    "InvalidSecurityToken.Expired": "Specified SecurityToken is expired.",
+    "InvalidSecurityToken.Malformed": "Specified SecurityToken is malformed.",
+    "InvalidSecurityToken.MismatchWithAccessKey": "Specified SecurityToken mismatch with the AccessKey.",
+    "Forbidden.RAM": "User not authorized to operate on the specified resource, or this API doesn't support RAM.",
 }
 
 
@@ -129,12 +134,19 @@ def parse_timestamp(value: str) -> float:
     raise ApiError(400, "InvalidTimeStamp.Format")
 
 
+# (AccessKeyId, SecurityToken) -> the secret of a temporary (STS) key, None when the key is not one;
+# raises the InvalidSecurityToken.* / MissingSecurityToken ApiError when the token does not fit the key.
+TemporaryKeys = Callable[[str, str], str | None]
+
+
 def verify(method: str, params: Mapping[str, str], access_keys: Mapping[str, str], nonces: NonceStore,
-           lock: threading.Lock | threading.RLock, now: float | None = None) -> None:
+           lock: threading.Lock | threading.RLock, now: float | None = None,
+           temporary_keys: TemporaryKeys | None = None) -> None:
     """Raise the ApiError the real gateway answers for a request that is not properly signed.
 
-    Order: mandatory common parameters, access key, signature method/version, signature,
-    timestamp window, nonce (recorded only for requests whose signature verified).
+    Order: mandatory common parameters, access key (a temporary one only with its SecurityToken),
+    signature method/version, signature, timestamp window, nonce (recorded only for requests whose
+    signature verified).
     """
     for name in COMMON_REQUIRED:
         if not params.get(name):
@@ -142,6 +154,8 @@ def verify(method: str, params: Mapping[str, str], access_keys: Mapping[str, str
                            f'The input parameter "{name}" that is mandatory for processing this request '
                            "is not supplied.")
     secret = access_keys.get(params["AccessKeyId"])
+    if secret is None and temporary_keys is not None:
+        secret = temporary_keys(params["AccessKeyId"], params.get("SecurityToken", ""))
     if secret is None:
         raise ApiError(404, "InvalidAccessKeyId.NotFound")
     if params["SignatureMethod"] != "HMAC-SHA1":
@@ -272,6 +286,15 @@ def error_payload(error: ApiError, request_id: str, host_id: str, product: str) 
             "Recommend": f"https://api.aliyun.com/troubleshoot?q={error.code}&product={product}&requestId={request_id}"}
 
 
+def _recordable(params: Mapping[str, str]) -> dict[str, str]:
+    """A request as `calls` keeps it: no Signature, and a SecurityToken only as a marker (it is a secret:
+    tests search everything for leaked tokens, the emulator's own record must not be a false hit)."""
+    kept = {k: v for k, v in params.items() if k != "Signature"}
+    if "SecurityToken" in kept:
+        kept["SecurityToken"] = "(redacted)"
+    return kept
+
+
 # --- HTTP ------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -363,6 +386,7 @@ class RpcService:
         self.region = region
         self.actions: dict[str, dict[str, Action]] = {}
         self.calls: list[tuple[str, dict[str, str]]] = []
+        self.temporary_keys: TemporaryKeys | None = None   # STS keys, set by a service that issues them
         self._lock = threading.RLock()
         self._nonces = NonceStore()
         self._idempotency: dict[tuple[str, str], tuple[dict[str, str], dict[str, Any]]] = {}
@@ -442,9 +466,9 @@ class RpcService:
         action, version = params.get("Action", ""), params.get("Version", "")
         fmt = params.get("Format") or "XML"
         with self._lock:
-            self.calls.append((action, {k: v for k, v in params.items() if k != "Signature"}))
+            self.calls.append((action, _recordable(params)))
         try:
-            verify(method, params, self.access_keys, self._nonces, self._lock)
+            verify(method, params, self.access_keys, self._nonces, self._lock, temporary_keys=self.temporary_keys)
             handler = self._lookup(version, action)
             region = params.get("RegionId", "")
             if region and region != self.region and action not in self.regionless:
