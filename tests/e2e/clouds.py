@@ -12,6 +12,7 @@ aws_ec2.py), with real machines behind the instances (tests/emulators/docker_hos
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -88,6 +89,16 @@ def relay(docker_client, registry) -> Iterator[Any]:
         yield bridge
 
 
+def reach_from_hosts(stack: contextlib.ExitStack, emulator: Any, hosts: Any, gateway: str, metadata: str) -> str:
+    """Hosts reach the emulator as on the cloud: its metadata server at the cloud's own address (`metadata`,
+    DNAT in each machine), its API through a relay on the gateway. Returns the API's URL as hosts call it."""
+    from emulators.docker_hosts import RegistryRelay
+
+    hosts.route_metadata(metadata, emulator.metadata_address)
+    api = stack.enter_context(RegistryRelay(emulator.endpoint.split("://")[-1], listen_host=gateway))
+    return f"http://{api.address}"
+
+
 def _bake(cloud: Cloud, *args: str) -> str:
     t0 = time.monotonic()
     done = cloud.ngcx("hosts", "bake", "--cloud", cloud.name, *args)
@@ -100,16 +111,21 @@ def _bake(cloud: Cloud, *args: str) -> str:
 def aliyun(docker_client, registry, relay, project, tmp_path_factory) -> Iterator[Cloud]:
     """Alibaba Cloud: the ECS emulator, the image pushed to "ACR" and a host image baked."""
     from emulators.aliyun_ecs import EcsEmulator
-    from emulators.docker_hosts import DockerHosts
+    from emulators.docker_hosts import DockerHosts, bridge_gateway
 
     ak, secret = "LTAI5tNgcxE2eTest", "aliyun-secret-never-printed-7f3c"
     home = tmp_path_factory.mktemp("aliyun-home")
     hosts = DockerHosts(docker_client, insecure_registries=[relay.address])
+    gateway = bridge_gateway(docker_client)
     # boot/start seconds: the API-side delay on top of the machine's own real boot (its dockerd start)
-    with EcsEmulator(hosts, access_keys={ak: secret}, boot_seconds=1.0, start_seconds=1.0) as emulator:
+    with contextlib.ExitStack() as stack:
+        emulator = stack.enter_context(EcsEmulator(hosts, access_keys={ak: secret}, boot_seconds=1.0,
+                                                   start_seconds=1.0, metadata_host=gateway))
+        api = reach_from_hosts(stack, emulator, hosts, gateway, "100.100.100.200:80")
         env = {"ALIBABA_CLOUD_ACCESS_KEY_ID": ak, "ALIBABA_CLOUD_ACCESS_KEY_SECRET": secret,
                "NGCX_ALIYUN_ECS_ENDPOINT": emulator.endpoint, "NGCX_ACR_ENDPOINT": registry,
                "NGCX_ACR_VPC_ENDPOINT": relay.address, "NGCX_ACR_INSTANCE_ID": "cri-e2etest",
+               "NGCX_ACR_API_HOST_ENDPOINT": api,
                "NGCX_STATE_DIR": str(home / "state"), "HOME": str(home), "DOCKER_CONFIG": str(home / ".docker"),
                **NO_PROXY_ENV}
         cloud = Cloud("aliyun", emulator, hosts, project, env, "A10", "ecs.gn7i-c8g1.2xlarge",
@@ -129,15 +145,19 @@ AWS_KEY, AWS_SECRET, AWS_REGION = "AKIANGCXE2ETEST00001", "aws-secret-never-prin
 def aws(docker_client, registry, relay, project, tmp_path_factory) -> Iterator[Cloud]:
     """AWS: the EC2/SSM/ECR double, the image pushed to "ECR" and a host image baked."""
     from emulators.aws_ec2 import Ec2Emulator  # moto keeps one state per process: one AWS double per session
-    from emulators.docker_hosts import DockerHosts
+    from emulators.docker_hosts import DockerHosts, bridge_gateway
 
     home = tmp_path_factory.mktemp("aws-home")
     hosts = DockerHosts(docker_client, insecure_registries=[relay.address])
+    gateway = bridge_gateway(docker_client)
     # boot/start seconds: the API-side delay on top of the machine's own real boot (its dockerd start)
-    with Ec2Emulator(hosts, access_keys={AWS_KEY: AWS_SECRET}, boot_seconds=1.0, start_seconds=1.0) as emulator:
+    with contextlib.ExitStack() as stack:
+        emulator = stack.enter_context(Ec2Emulator(hosts, access_keys={AWS_KEY: AWS_SECRET}, boot_seconds=1.0,
+                                                   start_seconds=1.0, metadata_host=gateway))
+        api = reach_from_hosts(stack, emulator, hosts, gateway, "169.254.169.254:80")
         env = {"AWS_ENDPOINT_URL": emulator.endpoint, "AWS_ACCESS_KEY_ID": AWS_KEY, "AWS_SECRET_ACCESS_KEY": AWS_SECRET,
                "AWS_DEFAULT_REGION": AWS_REGION, "AWS_EC2_METADATA_DISABLED": "true",
-               "NGCX_ECR_ENDPOINT": registry, "NGCX_ECR_VPC_ENDPOINT": relay.address,
+               "NGCX_ECR_ENDPOINT": registry, "NGCX_ECR_VPC_ENDPOINT": relay.address, "NGCX_ECR_API_HOST_ENDPOINT": api,
                "NGCX_STATE_DIR": str(home / "state"), "HOME": str(home), "DOCKER_CONFIG": str(home / ".docker"),
                **NO_PROXY_ENV}
         cloud = Cloud("aws", emulator, hosts, project, env, "A10G", "g5.xlarge", ("InsufficientInstanceCapacity", 500),

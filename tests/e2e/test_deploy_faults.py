@@ -4,8 +4,9 @@ What a user notices: throttling and a 5xx whose answer was lost create no second
 capacity in one zone lands in the next; kill -9 between the create call and the record update is found
 by `ngcx deployments gc`; a container that never gets ready shows its last lines and its host is
 deleted; a wrong secret is one line without the secret; and no secret (cloud key, registry token, the
-endpoint's key before and after rotate-key, or its hash) is in any output, state row, host file or log, and
-no endpoint key or cloud secret in what the cloud keeps (user-data, command text).
+host role's credentials, the endpoint's key before and after rotate-key, or its hash) is in any output,
+state row, host file or log, nor in what the cloud keeps of a deploy (user-data, command text): the host
+logs in to the registry with its own pull-only role.
 A new cloud joins by adding its fixture name to CLOUDS.
 """
 
@@ -103,11 +104,13 @@ def test_a_wrong_secret_is_one_line_without_the_secret(cloud):
     assert "rejected" in line and wrong not in done.stderr and cloud.secret not in done.stderr
 
 
-def sent_to_the_cloud(emulator) -> str:
-    """Every request the SDK sent the emulated cloud, with base64 user-data and command text decoded:
-    what the cloud keeps (DescribeUserData, the command history)."""
-    texts = [json.dumps(params, default=str) for _action, params in emulator.calls]
-    for _action, params in emulator.calls:
+def sent_to_the_cloud(emulator, since: int = 0) -> str:
+    """Every request ngcx sent the emulated cloud (from call number `since`), with base64 user-data and command
+    text decoded: what the cloud keeps (DescribeUserData, the command history). The hosts' own token requests
+    are left out: they carry the role's session token to the API, as the protocol has them do."""
+    calls = [(action, params) for action, params in emulator.calls[since:] if action != "GetAuthorizationToken"]
+    texts = [json.dumps(params, default=str) for _action, params in calls]
+    for _action, params in calls:
         for name in ("UserData", "CommandContent"):
             value = params.get(name) if isinstance(params, dict) else None
             if value:
@@ -116,18 +119,39 @@ def sent_to_the_cloud(emulator) -> str:
     return "\n".join(texts)
 
 
+def test_a_token_login_is_an_explicit_fallback_that_says_what_it_leaves(cloud):
+    emu = cloud.emulator
+    first_call, first_token, first_grant = len(emu.calls), len(emu.issued_tokens), len(emu.token_grants)
+    done = cloud.deploy("--registry-login", "token")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "--registry-login token:" in done.stderr and "keeps" in done.stderr       # what it leaves, said once
+    rec = cloud.records()[0]
+    tokens = emu.issued_tokens[first_token:]
+    assert tokens and [t for t in tokens if t in sent_to_the_cloud(emu, since=first_call)], \
+        "the token is in the host job: the fallback leaves it with the cloud"
+    assert not [g for g in emu.token_grants[first_grant:] if g["instance"] == rec["instance_id"]]
+    one_inference(cloud.project, done.stdout.strip(), cloud.env)
+    assert cloud.ngcx("deployments", "destroy", str(rec["id"]), "--yes").returncode == 0
+
+
 def test_no_secret_in_outputs_state_or_on_the_hosts(cloud):
-    done = cloud.deploy()                 # a host that logged in to the registry with a short-lived token
+    emu = cloud.emulator
+    first_call, first_grant = len(emu.calls), len(emu.token_grants)
+    done = cloud.deploy()                 # a host that logged in to the registry with its instance role
     assert done.returncode == 0, done.stderr[-3000:]
     rec = cloud.records()[0]
+    grants = [g for g in emu.token_grants[first_grant:] if g["instance"] == rec["instance_id"]]
+    assert grants, "the host must have asked for its registry login itself"
+    for grant in grants:                                        # with its role, for that one repository only
+        assert grant["caller"].startswith("role:ngcx-pull-")
+        assert len(grant["pull"]) == 1 and grant["pull"][0].endswith("e2e/onnx-zero-code")
     keyfile = Path(cloud.env["NGCX_STATE_DIR"]) / "keys" / f"{rec['id']}.key"
     key = keyfile.read_text().strip()
     rotated = cloud.ngcx("deployments", "rotate-key", str(rec["id"]), "--grace", "0")   # through the command channel
     assert rotated.returncode == 0, rotated.stderr[-2000:]
     new_key = keyfile.read_text().strip()
     one_inference(cloud.project, done.stdout.strip(), cloud.env)                   # the new key, pinned TLS
-    needles = [cloud.secret, *getattr(cloud.emulator, "issued_tokens", [])]
-    assert len(needles) > 1, "the deploy must have logged in with a registry token"
+    needles = [cloud.secret, *emu.issued_tokens, *emu.issued_secrets()]
     keys = [key, new_key]
     hashes = [hashlib.sha256(k.encode()).hexdigest() for k in keys]
     console = cloud.hosts.console_output(rec["instance_id"])
@@ -136,9 +160,8 @@ def test_no_secret_in_outputs_state_or_on_the_hosts(cloud):
                                     "docker inspect ngcx-serve; docker logs ngcx-serve 2>&1; true", 30)
     assert "ngcx-host: started deployment" in console + files.output      # we read the right machine
     assert not [n for n in needles + keys + hashes if n in console or n in files.output]
-    # user-data and command text: no endpoint key, no cloud secret. (The 1-hour registry token still travels in
-    # them until hosts log in through instance roles: issue 20 item 4, not done yet.)
-    assert not [n for n in [cloud.secret, *keys] if n in sent_to_the_cloud(cloud.emulator)]
+    # user-data and command text: no endpoint key, no cloud secret, no registry token, no role credential
+    assert not [n for n in needles + keys if n in sent_to_the_cloud(emu, since=first_call)]
     assert cloud.ngcx("deployments", "destroy", str(rec["id"]), "--yes").returncode == 0
     assert not keyfile.exists()                                            # the key went with the deployment
     for text in cloud.outputs:

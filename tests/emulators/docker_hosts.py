@@ -13,6 +13,10 @@ container of tests/emulators/host/ (Debian's docker.io, started by boot.sh), wit
   cgroup tree), since --privileged is refused on the machines this runs on;
 - the user-data at /var/lib/cloud/user-data before its first boot; boot.sh runs it once per instance.
 
+The cloud's metadata service answers at its real address (route_metadata: boot.sh DNATs it to the
+emulator's server on the bridge gateway), so a host's role login runs unchanged and the emulator
+knows the calling instance by its IP.
+
 The "VPC registry" the machines pull from is the host's loopback registry, reached through a
 RegistryRelay on the bridge's gateway address; the inner engines trust it as an insecure (http)
 registry through /etc/docker/daemon.json.
@@ -134,8 +138,14 @@ class DockerHosts:
         self.label = label
         self.memory = memory
         self.owner = secrets.token_hex(6)
+        self.metadata_routes: dict[str, str] = {}
         self._image: str | None = None
         self._image_lock = threading.Lock()
+
+    def route_metadata(self, address: str, target: str) -> None:
+        """Machines created from now on reach `target` (HOST:PORT, on the bridge gateway) when they call
+        `address` (e.g. "100.100.100.200:80"), as software on the cloud calls its metadata service."""
+        self.metadata_routes[address] = target
 
     # -- HostBackend -------------------------------------------------------------------------------
 
@@ -273,7 +283,9 @@ class DockerHosts:
     def _create_container(self, instance_id: str, image: str, disk: str):
         return self.client.containers.create(
             image, name=NAME_PREFIX + instance_id, hostname=instance_id,
-            environment={"NGCX_INSTANCE_ID": instance_id}, labels=self._labels(instance=instance_id),
+            environment={"NGCX_INSTANCE_ID": instance_id,
+                         "NGCX_METADATA_ROUTES": " ".join(f"{a}={t}" for a, t in self.metadata_routes.items())},
+            labels=self._labels(instance=instance_id),
             cap_add=_DOCKERD_CAPS, security_opt=_DOCKERD_SECURITY, mem_limit=self.memory,
             volumes={disk: {"bind": "/var/lib/docker", "mode": "rw"},
                      "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"}},

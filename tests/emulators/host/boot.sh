@@ -10,7 +10,8 @@
 #
 # Lines of our own start with "ngcx-host: " (tests and the emulator wait on them); user-data output
 # is printed raw. Environment: NGCX_INSTANCE_ID (set by DockerHosts), NGCX_DOCKERD_WAIT (seconds,
-# default 60).
+# default 60), NGCX_METADATA_ROUTES (space-separated ADDRESS:PORT=TARGET:PORT: the cloud's metadata
+# address, e.g. 100.100.100.200:80, and where the emulator serves it).
 set -u
 
 CLOUD_DIR=/var/lib/cloud
@@ -136,6 +137,19 @@ run_user_data() {
     say "user-data exited $rc"
 }
 
+route_metadata() {
+    # The cloud's metadata service at the address it has on the cloud (ECS 100.100.100.200, EC2
+    # 169.254.169.254): DNAT to the emulator's server on the bridge gateway, so software on the machine
+    # calls the real address and the emulator sees the machine's own IP (which instance is asking).
+    # Every boot: a started container gets a fresh network namespace.
+    local route from to
+    for route in ${NGCX_METADATA_ROUTES:-}; do
+        from=${route%%=*}; to=${route#*=}
+        set -- -t nat -p tcp -d "${from%:*}" --dport "${from##*:}" -j DNAT --to-destination "$to"
+        iptables -C OUTPUT "$@" 2>/dev/null || iptables -A OUTPUT "$@" || say "could not route metadata $from"
+    done
+}
+
 idle() {
     # Keep the machine on (console and Cloud Assistant still work) when the engine is gone.
     sleep infinity &
@@ -145,6 +159,7 @@ idle() {
 
 say "booting $INSTANCE_ID"
 clean_run_state
+route_metadata
 mkdir -p "$CLOUD_DIR" /var/log
 if start_engine; then engine_up=1; else engine_up=0; fi
 [ "$stopping" = 1 ] && exit 0
