@@ -34,16 +34,30 @@ the wire (aws_wire.py): it forwards every request to moto unchanged and adds, ar
   run in AWS's shape (Pending / InProgress / Success / Failed / TimedOut, ResponseCode -1 until done,
   StandardOutputContent = the first 24,000 characters). As on AWS, the first GetCommandInvocation of a
   command answers InvocationDoesNotExist (the agent has not picked it up yet), and SendCommand to an
-  instance that is not running, has no machine yet, or was launched without an IamInstanceProfile (its
-  agent could not register) answers 400 InvalidInstanceId.
-- ECR: moto's authorization token expired in 2015; expiresAt becomes now + 12 h.
+  instance that is not running, has no machine yet, or has no IamInstanceProfile associated (its agent
+  could not register) answers 400 InvalidInstanceId.
+- ECR: moto's authorization token expired in 2015; expiresAt becomes now + 12 h. moto's password is
+  the same for everyone; each GetAuthorizationToken gets a password of its own instead (any works on
+  the test registry), recorded in `issued_tokens` and, with who got it, in `token_grants`.
+- Instance profiles and IMDSv2 (aws_imds.py): RunInstances with IamInstanceProfile (Name or Arn),
+  Associate / Describe / Replace / DisassociateIamInstanceProfile(Associations) act on moto's state;
+  an unknown profile answers 400 InvalidParameterValue (moto: IAM's NoSuchEntity), Replace makes a new
+  association (moto kept the id and left DescribeInstances on the old profile), RunInstances with
+  MinCount > 1 associates every instance (moto: the first). `metadata_address` serves IMDSv2 to the
+  machines (the caller is its source address), handing out the role's session credentials; requests
+  signed with them need their X-Amz-Security-Token, are refused once expired, and are authorized
+  against the role's policies in moto's IAM (ECR GetAuthorizationToken -> AccessDeniedException).
+  SSM Run Command needs an instance whose association exists now (not: was launched with a profile).
 
 What the product must do to run against it (documented for the deploy tests): point boto3 at
 `.endpoint` (AWS_ENDPOINT_URL or AWS_ENDPOINT_URL_EC2/_ECR/_SSM), any access key, region = `region`;
-clear HTTP(S)_PROXY. ECR's proxyEndpoint names https://123456789012.dkr.ecr.REGION.amazonaws.com,
-which does not exist: tests give the product the loopback registry instead (NGCX_ECR_ENDPOINT=
-127.0.0.1:5000 for pushes, a RegistryRelay address for the machines), and the token's password
-(`123456789012-auth-token`) works there only because that registry has no auth.
+clear HTTP(S)_PROXY. Machines reach IMDS at `metadata_address` (on `metadata_host`: the docker
+bridge's gateway for DockerHosts, loopback for paper hosts; a machine's own 169.254.169.254:80 is
+DNAT'ed there) and the API through a relay to `.endpoint`.
+ECR's proxyEndpoint names https://123456789012.dkr.ecr.REGION.amazonaws.com, which does not exist:
+tests give the product the loopback registry instead (NGCX_ECR_ENDPOINT=127.0.0.1:5000 for pushes, a
+RegistryRelay address for the machines), and a token's password works there only because that
+registry has no auth (so `token_grants` says what each token would be allowed to pull).
 
 Limits (moto's, or kept out on purpose): moto's state is one per process, so only one Ec2Emulator
 runs at a time; DescribeInstances *filters* on instance-state-name see moto's state, not the
@@ -58,6 +72,7 @@ import ast
 import base64
 import binascii
 import json
+import secrets
 import threading
 import time
 from collections import Counter
@@ -68,12 +83,29 @@ from urllib.parse import urlencode
 
 from moto.server import ThreadedMotoServer
 
+from .aws_imds import (
+    PROFILE_KEYS,
+    Caller,
+    CredentialStore,
+    Machine,
+    MetadataService,
+    association_of,
+    authorize,
+    caller_at,
+    caller_identity,
+    check_profile,
+    profile_name,
+    replace_association,
+    resources_allowing,
+    role_statements,
+)
 from .aws_wire import (
     AwsError,
     ProxyServer,
     Upstream,
     WireRequest,
     WireResponse,
+    access_key_of,
     check_signature,
     child,
     child_text,
@@ -118,7 +150,6 @@ class Instance:
     masked: tuple[str, str] | None = None  # (moto's state, the state shown instead) while a transition runs
     private_ip: str = ""
     on_host: bool = False                  # hosts.create returned: there is a machine to stop/delete
-    profile: str = ""                      # IamInstanceProfile it was launched with (SSM needs one)
     generation: int = 0                    # bumped by every transition; a worker of an older one stands down
     host_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # orders backend calls
 
@@ -182,9 +213,11 @@ class Ec2Emulator:
     def __init__(self, hosts: HostBackend, *, region: str = "us-east-1",
                  zones: Iterable[str] = ("us-east-1a", "us-east-1b", "us-east-1c"),
                  boot_seconds: float = 0.5, start_seconds: float = 0.5,
-                 access_keys: Mapping[str, str] | None = None) -> None:
+                 access_keys: Mapping[str, str] | None = None, metadata_host: str = "127.0.0.1") -> None:
         """access_keys: key id -> secret; when given, every request must carry a valid SigV4 signature
-        by one of them (moto alone accepts anything), so a wrong credential fails as on AWS."""
+        by one of them (moto alone accepts anything), so a wrong credential fails as on AWS. Session
+        credentials from IMDS are always checked. metadata_host: where IMDS listens (an address the
+        machines reach; it knows them by their source address)."""
         self.hosts = hosts
         self.access_keys = dict(access_keys) if access_keys is not None else None
         self.region = region
@@ -193,6 +226,12 @@ class Ec2Emulator:
         self.calls: list[tuple[str, Any]] = []          # (action, form fields or JSON body) as clients sent them
         self.host_errors: list[tuple[str, str]] = []    # (instance or image id, what the backend raised)
         self.issued_tokens: list[str] = []              # ECR passwords handed out (tests look for leaks)
+        self.token_grants: list[dict[str, Any]] = []    # each ECR password: who got it, what it may pull
+        self.metadata_host = metadata_host
+        self._credentials = CredentialStore()
+        self._imds: MetadataService | None = None
+        self._imds_errors: list[str] = []
+        self._profile_lock = threading.Lock()           # Replace (two moto calls) vs IMDS reading the profile
         self._lock = threading.RLock()
         self._launch_lock = threading.Lock()            # RunInstances vs DescribeInstances: never half-registered
         self._instances: dict[str, Instance] = {}
@@ -226,6 +265,9 @@ class Ec2Emulator:
             ("json", "GetParameters"): self._ssm_parameters,
             ("json", "GetParametersByPath"): self._ssm_parameters,
             ("json", "GetAuthorizationToken"): self._ecr_token,
+            ("query", "AssociateIamInstanceProfile"): self._associate_profile,
+            ("query", "ReplaceIamInstanceProfileAssociation"): self._replace_association,
+            ("query", "GetCallerIdentity"): self._caller_identity,
             ("json", "SendCommand"): self._ssm_send_command,
             ("json", "GetCommandInvocation"): self._ssm_command_invocation,
         }
@@ -254,6 +296,8 @@ class Ec2Emulator:
             default_user_config.setdefault("iam", {})["load_aws_managed_policies"] = True
             self._proxy = ProxyServer(self._handle, self.region).start()
             self._proxy_errors = self._proxy.errors
+            self._imds = MetadataService(self.metadata_host, self._metadata_caller, self._credentials).start()
+            self._imds_errors = self._imds.errors
         except BaseException:
             self.close()
             raise
@@ -262,9 +306,10 @@ class Ec2Emulator:
     def close(self) -> None:
         """Stop serving, let the workers finish, have the backend remove its machines, stop moto."""
         try:
-            if self._proxy is not None:
-                self._proxy.close()
-                self._proxy = None
+            for server in (self._proxy, self._imds):
+                if server is not None:
+                    server.close()
+            self._proxy = self._imds = None
             self._closing.set()
             for worker in list(self._workers):
                 worker.join(timeout=120)
@@ -300,9 +345,16 @@ class Ec2Emulator:
         return f"http://{upstream.host}:{upstream.port}"
 
     @property
+    def metadata_address(self) -> str:
+        """IMDS as "host:port" (AWS's is 169.254.169.254:80): plain HTTP, IMDSv2, caller = source address."""
+        if self._imds is None:
+            raise RuntimeError("Ec2Emulator.start() first")
+        return self._imds.address
+
+    @property
     def proxy_errors(self) -> list[str]:
         """Harness bugs that were answered as 500 InternalError (a test should assert there are none)."""
-        return list(self._proxy_errors)
+        return list(self._proxy_errors) + list(self._imds_errors)
 
     # --- fault injection and inspection (tests) ---------------------------------------------------
 
@@ -351,6 +403,14 @@ class Ec2Emulator:
                         found.append(view)
         return found
 
+    def issued_secrets(self) -> list[str]:
+        """Every session credential's secret key and token IMDS handed out (tests look for leaks)."""
+        return self._credentials.secrets()
+
+    def expire_session_credentials(self) -> None:
+        """Every session credential issued so far expires now; IMDS hands out new ones on the next read."""
+        self._credentials.expire_all()
+
     def images(self) -> list[dict[str, str]]:
         """Images made by CreateImage through the emulator: id, state, source instance."""
         with self._lock:
@@ -366,11 +426,15 @@ class Ec2Emulator:
         tags = {child_text(t, "key"): child_text(t, "value") for t in items(item, "tagSet")}
         volumes = [child_text(path(m, "ebs"), "volumeId") for m in items(item, "blockDeviceMapping")
                    if path(m, "ebs") is not None]
+        options, profile = child(item, "metadataOptions"), child(item, "iamInstanceProfile")
         return {"id": inst.id, "state": child_text(path(item, "instanceState"), "name"),
                 "type": child_text(item, "instanceType"),
                 "zone": child_text(path(item, "placement"), "availabilityZone"), "tags": tags,
                 "client_token": token, "image_id": image_id, "private_ip": child_text(item, "privateIpAddress"),
-                "public_ip": child_text(item, "ipAddress"), "volume_ids": volumes}
+                "public_ip": child_text(item, "ipAddress"), "volume_ids": volumes,
+                "instance_profile": profile_name(child_text(profile, "arn")) if profile is not None else None,
+                "metadata_options": {local(o.tag)[:1].upper() + local(o.tag)[1:]: o.text for o in options}
+                if options is not None else None}
 
     # --- the request path -------------------------------------------------------------------------
 
@@ -383,11 +447,10 @@ class Ec2Emulator:
         with self._lock:
             self.calls.append((request.action, dict(request.params) if request.protocol != "json"
                                else request.document))
-        if self.access_keys is not None:
-            try:
-                check_signature(request, self.access_keys)
-            except AwsError as error:
-                return error_response(request, error)
+        try:
+            self._authenticate(request)
+        except AwsError as error:
+            return error_response(request, error)
         fault = self._take_fault(request.action)
         if fault is not None and not fault.after_effect:
             return self._fault_answer(request, fault)
@@ -401,6 +464,15 @@ class Ec2Emulator:
         if fault is not None:
             return self._fault_answer(request, fault)
         return answer
+
+    def _authenticate(self, request: WireRequest) -> None:
+        """Long-term keys when access_keys is set; session credentials always, then their role's policies."""
+        session = self._credentials.get(access_key_of(request))
+        if self.access_keys is not None or session is not None:
+            check_signature(request, self.access_keys or {},
+                            sessions={session.access_key_id: session} if session is not None else None)
+        if session is not None:
+            authorize(self._need_upstream(), request, session)
 
     @staticmethod
     def _fault_answer(request: WireRequest, fault: Fault) -> WireResponse:
@@ -446,6 +518,7 @@ class Ec2Emulator:
                                    "previous request(s).")
                 return WireResponse(200, (("Content-Type", "text/xml;charset=UTF-8"),), body)
             user_data = self._user_data(params)
+            self._check_profile(params)
             instance_type = params.get("InstanceType", "m1.small")
             self._check_type(region, instance_type)
             zone = self._zone_of(region, params)
@@ -458,12 +531,12 @@ class Ec2Emulator:
                 inst = Instance(child_text(item, "instanceId"), region,
                                 child_text(path(item, "placement"), "availabilityZone"),
                                 child_text(item, "instanceType"), child_text(item, "imageId"), token, user_data,
-                                masked=("running", "pending"), profile=params.get("IamInstanceProfile.Name") or
-                                params.get("IamInstanceProfile.Arn", ""))
+                                masked=("running", "pending"))
                 with self._lock:
                     self._instances[inst.id] = inst
                 launched.append(inst)
                 self._rewrite_instance(item)
+            self._associate_rest(region, params, launched[1:])
             body = xml_bytes(root) if launched else answer.body
             if token:
                 self._tokens[(region, token)] = (dict(params), body)
@@ -862,21 +935,66 @@ class Ec2Emulator:
         return answer.with_body(json.dumps(document).encode()) if changed else answer
 
     def _ecr_token(self, request: WireRequest) -> WireResponse:
-        """ECR tokens are valid 12 hours; moto's expired in 2015, which a token cache would never reuse."""
+        """ECR tokens are valid 12 hours (moto's expired in 2015, which a token cache would never reuse);
+        each call gets its own password, recorded with its caller and what that caller may pull."""
         answer = self._forward(request)
         if not answer.ok:
             return answer
         document = json.loads(answer.body)
-        now = time.time()
-        changed = False
+        session = self._credentials.get(access_key_of(request))
+        caller = f"role:{session.role}" if session is not None else f"key:{access_key_of(request)}"
+        pull = (resources_allowing(role_statements(self._need_upstream(), session.role), "ecr:BatchGetImage")
+                if session is not None else ["*"])
         for data in document.get("authorizationData") or []:
-            password = base64.b64decode(str(data.get("authorizationToken") or "")).decode(errors="replace")
+            password = secrets.token_urlsafe(96)
+            data["authorizationToken"] = base64.b64encode(f"AWS:{password}".encode()).decode()
             with self._lock:
-                self.issued_tokens.append(password.partition(":")[2])
+                self.issued_tokens.append(password)
+                self.token_grants.append({"token": password, "caller": caller, "pull": pull,
+                                          "instance": session.instance_id if session is not None else None})
             expires = data.get("expiresAt")
-            if isinstance(expires, int | float) and expires < now:
-                data["expiresAt"], changed = now + ECR_TOKEN_SECONDS, True
-        return answer.with_body(json.dumps(document).encode()) if changed else answer
+            if isinstance(expires, int | float) and expires < time.time():
+                data["expiresAt"] = time.time() + ECR_TOKEN_SECONDS
+        return answer.with_body(json.dumps(document).encode())
+
+    # --- instance profiles, IMDS, session callers ---------------------------------------------------------
+
+    def _check_profile(self, params: dict[str, str]) -> None:
+        check_profile(self._need_upstream(), params)
+
+    def _associate_rest(self, region: str, params: dict[str, str], rest: list[Instance]) -> None:
+        """moto associates the profile with the first instance of a RunInstances only; EC2 with each."""
+        profile = {k: v for k, v in params.items() if k in PROFILE_KEYS}
+        for inst in rest if profile else []:
+            self._need_upstream().ec2(region, "AssociateIamInstanceProfile", {"InstanceId": inst.id, **profile})
+
+    def _associate_profile(self, request: WireRequest) -> WireResponse:
+        self._check_profile(request.params)
+        with self._profile_lock:
+            return self._forward(request)
+
+    def _replace_association(self, request: WireRequest) -> WireResponse:
+        """One lock with IMDS's profile reads: it never sees the gap between the two moto calls."""
+        with self._profile_lock:
+            answer = replace_association(self._need_upstream(), request.region, request.params)
+        if answer.ok:
+            with self._lock:
+                self._performed[request.action] += 1
+        return answer
+
+    def _caller_identity(self, request: WireRequest) -> WireResponse:
+        session = self._credentials.get(access_key_of(request))
+        return caller_identity(self._need_upstream(), session) if session is not None else self._forward(request)
+
+    def _metadata_caller(self, ip: str) -> Caller | None:
+        """IMDS's caller: the running instance whose machine has this address (moto says its profile)."""
+        with self._lock:
+            near = [Machine(i.id, i.region, i.zone, i.instance_type, i.image_id, i.private_ip, i.user_data)
+                    for i in self._instances.values() if i.on_host and i.masked is None and i.private_ip == ip]
+        if not near:
+            return None
+        with self._profile_lock:
+            return caller_at(self._need_upstream(), near)
 
     # --- SSM Run Command: the commands run on the machine ----------------------------------------------
 
@@ -911,7 +1029,7 @@ class Ec2Emulator:
         with self._lock:
             inst = self._instances.get(instance_id)
             ready = inst is not None and inst.region == region and inst.on_host and inst.masked is None
-        if ready and inst is not None and inst.profile:
+        if ready and inst is not None and association_of(self._need_upstream(), region, instance_id) is not None:
             root = parse_xml(self._need_upstream().ec2(region, "DescribeInstances", {"InstanceId.1": instance_id}).body)
             states = [child_text(path(i, "instanceState"), "name")
                       for r in items(root, "reservationSet") for i in items(r, "instancesSet")]

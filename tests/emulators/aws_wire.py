@@ -13,6 +13,10 @@ Protocols (botocore's service models):
   `<Response><Errors><Error><Code/><Message/></Error></Errors><RequestID/></Response>`.
 - "json": ECR, SSM (awsJson1.1): POST with `X-Amz-Target: Prefix.Action`; errors are
   `{"__type": Code, "message": ...}` plus the `x-amzn-ErrorType` header.
+
+Credentials: long-term keys (`access_keys`) and the session credentials the instance metadata
+service hands out (SessionCredential: an ASIA key id, its secret, a session token that must come
+back in `X-Amz-Security-Token`, an expiry), checked as AWS checks them (check_signature).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import time
 import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
@@ -36,6 +40,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 EC2_VERSION = "2016-11-15"
 EC2_NS = "http://ec2.amazonaws.com/doc/2016-11-15"
+IAM_VERSION = "2010-05-08"
 UPSTREAM_TIMEOUT_S = 120
 # Headers that describe one hop, not the message: never copied from one connection to the next.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
@@ -147,21 +152,24 @@ def error_response(request: WireRequest, error: AwsError) -> WireResponse:
 _EC2_AUTH = {"missing": (401, "AuthFailure", "AWS was not able to validate the provided access credentials"),
              "unknown": (401, "AuthFailure", "AWS was not able to validate the provided access credentials"),
              "signature": (401, "AuthFailure", "AWS was not able to validate the provided access credentials"),
-             "expired": (400, "RequestExpired", "Request has expired.")}
+             "expired": (400, "RequestExpired", "Request has expired."),
+             "token-expired": (400, "RequestExpired", "Request has expired.")}
 _JSON_AUTH = {"missing": (400, "MissingAuthenticationTokenException", "Missing Authentication Token"),
               "unknown": (400, "UnrecognizedClientException", "The security token included in the request is invalid."),
               "signature": (400, "InvalidSignatureException",
                             "The request signature we calculated does not match the signature you provided. Check "
                             "your AWS Secret Access Key and signing method. Consult the service documentation for "
                             "details."),
-              "expired": (400, "InvalidSignatureException", "Signature expired.")}
+              "expired": (400, "InvalidSignatureException", "Signature expired."),
+              "token-expired": (400, "ExpiredTokenException", "The security token included in the request is expired")}
 _QUERY_AUTH = {"missing": (403, "MissingAuthenticationToken", "Request is missing Authentication Token"),
                "unknown": (403, "InvalidClientTokenId", "The security token included in the request is invalid."),
                "signature": (403, "SignatureDoesNotMatch",
                              "The request signature we calculated does not match the signature you provided. Check "
                              "your AWS Secret Access Key and signing method. Consult the service documentation for "
                              "details."),
-               "expired": (403, "SignatureDoesNotMatch", "Signature expired.")}
+               "expired": (403, "SignatureDoesNotMatch", "Signature expired."),
+               "token-expired": (403, "ExpiredToken", "The security token included in the request is expired")}
 
 
 def _auth_error(request: WireRequest, problem: str) -> AwsError:
@@ -192,8 +200,50 @@ def _signing_key(secret: str, day: str, region: str, service: str) -> bytes:
     return key
 
 
-def check_signature(request: WireRequest, access_keys: Mapping[str, str], now: float | None = None) -> None:
-    """Raise the error the service answers when the request is not signed (SigV4) by a key in access_keys.
+@dataclass(frozen=True)
+class SessionCredential:
+    """Temporary credentials as STS issues them (here: the metadata service, for an instance's role).
+
+    A request signed with `access_key_id` is valid only with `X-Amz-Security-Token: token` and before
+    `expires` (epoch seconds); role and instance_id say whose they are (the caller of a request).
+    """
+
+    access_key_id: str
+    secret: str = field(repr=False)
+    token: str = field(repr=False)
+    expires: float
+    role: str = ""
+    instance_id: str = ""
+    issued: float = 0.0
+
+
+def access_key_of(request: WireRequest) -> str:
+    """The access key id a request is signed with ("" when it carries no SigV4 Authorization)."""
+    match = _AUTHORIZATION.match(request.header("Authorization"))
+    return match.group(1) if match is not None else ""
+
+
+def _secret_for(request: WireRequest, key_id: str, access_keys: Mapping[str, str],
+                sessions: Mapping[str, SessionCredential], now: float) -> str:
+    """The secret to verify with; a session key counts only with its own, unexpired token (AWS treats
+    an ASIA key without its token as an unknown key)."""
+    session = sessions.get(key_id)
+    if session is None:
+        secret = access_keys.get(key_id)
+        if secret is None:
+            raise _auth_error(request, "unknown")
+        return secret
+    if not hmac.compare_digest(request.header("X-Amz-Security-Token").encode(), session.token.encode()):
+        raise _auth_error(request, "unknown")
+    if session.expires <= now:
+        raise _auth_error(request, "token-expired")
+    return session.secret
+
+
+def check_signature(request: WireRequest, access_keys: Mapping[str, str], now: float | None = None,
+                    sessions: Mapping[str, SessionCredential] | None = None) -> None:
+    """Raise the error the service answers when the request is not signed (SigV4) by a key in access_keys
+    or by session credentials in `sessions` (which also need their token, unexpired).
 
     Messages name no secret: a test can print them.
     """
@@ -201,15 +251,14 @@ def check_signature(request: WireRequest, access_keys: Mapping[str, str], now: f
     if match is None:
         raise _auth_error(request, "missing")
     key_id, day, region, service, signed, signature = match.groups()
-    secret = access_keys.get(key_id)
-    if secret is None:
-        raise _auth_error(request, "unknown")
+    clock = time.time() if now is None else now
+    secret = _secret_for(request, key_id, access_keys, sessions or {}, clock)
     amz_date = request.header("X-Amz-Date")
     try:
         sent = datetime.strptime(amz_date, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).timestamp()
     except ValueError:
         raise _auth_error(request, "signature") from None
-    if abs((time.time() if now is None else now) - sent) > SIGV4_SKEW_S:
+    if abs(clock - sent) > SIGV4_SKEW_S:
         raise _auth_error(request, "expired")
     canonical = canonical_request(request, signed.split(";"))
     string_to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, f"{day}/{region}/{service}/aws4_request",
@@ -242,11 +291,12 @@ def xml_bytes(root: ET.Element) -> bytes:
     return ('<?xml version="1.0" encoding="UTF-8"?>\n' + text).encode()
 
 
-def child(element: ET.Element, name: str) -> ET.Element | None:
-    return next((c for c in element if local(c.tag) == name), None)
+def child(element: ET.Element | None, name: str) -> ET.Element | None:
+    """The first child named `name` (None when there is none, or no element to look in)."""
+    return next((c for c in element if local(c.tag) == name), None) if element is not None else None
 
 
-def child_text(element: ET.Element, name: str) -> str:
+def child_text(element: ET.Element | None, name: str) -> str:
     found = child(element, name)
     return (found.text or "") if found is not None else ""
 
@@ -303,16 +353,24 @@ class Upstream:
     def forward(self, request: WireRequest) -> WireResponse:
         return self.send(request.method, request.path, request.headers, request.body)
 
-    def ec2(self, region: str, action: str, params: dict[str, str]) -> WireResponse:
-        """The harness's own EC2 call (not a client's): a form POST whose credential scope names the region.
+    def query(self, service: str, region: str, action: str, version: str, params: Mapping[str, str]) -> WireResponse:
+        """The harness's own query-protocol call (not a client's): a form POST whose credential scope names
+        the region and the service.
 
         moto does not check signatures; it reads the region (and the service) from the scope.
         """
-        body = urlencode({"Action": action, "Version": EC2_VERSION, **params}).encode()
+        body = urlencode({"Action": action, "Version": version, **params}).encode()
         headers = (("Content-Type", "application/x-www-form-urlencoded; charset=utf-8"),
-                   ("Authorization", f"AWS4-HMAC-SHA256 Credential=harness/20260101/{region}/ec2/aws4_request, "
+                   ("Authorization", f"AWS4-HMAC-SHA256 Credential=harness/20260101/{region}/{service}/aws4_request, "
                                      "SignedHeaders=host, Signature=0"))
         return self.send("POST", "/", headers, body)
+
+    def ec2(self, region: str, action: str, params: Mapping[str, str]) -> WireResponse:
+        return self.query("ec2", region, action, EC2_VERSION, params)
+
+    def iam(self, action: str, params: Mapping[str, str]) -> WireResponse:
+        """IAM is global: moto keeps one IAM per account, whatever the region."""
+        return self.query("iam", "us-east-1", action, IAM_VERSION, params)
 
     def reset(self) -> None:
         """moto's state is per process: start every emulator from an empty cloud."""
