@@ -114,10 +114,11 @@ class Ecs:
         """The RAM role ECS hosts assume to pull `grant`'s repository: made once, found by its name after that."""
         from ..clouds.aliyun import AliyunError
 
-        name = grant.role_name
+        name, document = grant.role_name, roles.aliyun_policy(grant)
         try:
             attached = self.api.ram("ListPoliciesForRole", {"RoleName": name}).get("Policies", {}).get("Policy", [])
             if any(p.get("PolicyName") == name for p in attached):
+                self._keep_policy_current(name, document)
                 return name
         except AliyunError as exc:
             if exc.code != "EntityNotExist.Role":
@@ -125,7 +126,7 @@ class Ecs:
         vm.say(f"creating the RAM role {name}: hosts pull {grant.repository} with it, no registry secret sent")
         steps = [("CreateRole", {"RoleName": name, "AssumeRolePolicyDocument": roles.aliyun_trust(),
                                  "Description": grant.description}, "EntityAlreadyExists.Role"),
-                 ("CreatePolicy", {"PolicyName": name, "PolicyDocument": roles.aliyun_policy(grant),
+                 ("CreatePolicy", {"PolicyName": name, "PolicyDocument": document,
                                    "Description": grant.description}, "EntityAlreadyExists.Policy"),
                  ("AttachPolicyToRole", {"PolicyType": "Custom", "PolicyName": name, "RoleName": name},
                   "EntityAlreadyExists.Role.Policy")]
@@ -136,6 +137,16 @@ class Ecs:
                 if exc.code != done:
                     raise
         return name
+
+    def _keep_policy_current(self, name: str, document: str) -> None:
+        """The role's policy says what this ngcx grants (a newer ngcx may narrow it): when the default version
+        differs, a new one becomes the default (the oldest spare one dropped at RAM's limit of 5)."""
+        found = self.api.ram("GetPolicy", {"PolicyType": "Custom", "PolicyName": name})
+        if roles.same_document(found.get("DefaultPolicyVersion", {}).get("PolicyDocument") or "", document):
+            return
+        vm.say(f"updating the RAM policy {name} to what this ngcx grants")
+        self.api.ram("CreatePolicyVersion", {"PolicyName": name, "PolicyDocument": document, "SetAsDefault": "true",
+                                             "RotateStrategy": "DeleteOldestNonDefaultVersionWhenLimitExceeded"})
 
     def attach_role(self, instance_id: str, role: str) -> None:
         """A reused host gets this repository's role (ECS holds one per instance: the old one is detached)."""

@@ -237,7 +237,6 @@ class Ec2:
 
     def create(self, spec: vm.CreateSpec) -> str:
         """RunInstances with spec.token; CapacityError when the zone has no stock for the type."""
-
         subnet = (self.subnets or {}).get(spec.zone)
         if subnet is None:
             raise CapacityError("NoDefaultSubnetInZone", spec.zone)

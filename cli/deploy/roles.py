@@ -20,7 +20,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-LOGIN_MODES = ("role", "token")
 ROLE_PREFIX = "ngcx-pull-"
 ACR_PULL = ("cr:PullRepository",)
 ECR_PULL = ("ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability")

@@ -145,6 +145,16 @@ def test_a_reused_ecs_host_gets_the_new_repositorys_role(ecs, aliyun_cloud):
     assert [s["RamRoleName"] for s in sets if s["InstanceId"] == instance_id] == [second]
 
 
+def test_a_widened_ram_policy_is_narrowed_again_by_the_next_deploy(ecs, aliyun_cloud):
+    grant = roles.PullGrant("aliyun", "cn-hangzhou", "team/widened", "cri-unit")
+    name = aliyun_cloud.ensure_pull_role(grant)
+    wide = json.dumps({"Version": "1", "Statement": [{"Effect": "Allow", "Action": "cr:*", "Resource": "*"}]})
+    aliyun_cloud.api.ram("CreatePolicyVersion", {"PolicyName": name, "PolicyDocument": wide, "SetAsDefault": "true"})
+    assert aliyun_cloud.ensure_pull_role(grant) == name
+    found = aliyun_cloud.api.ram("GetPolicy", {"PolicyType": "Custom", "PolicyName": name})
+    assert json.loads(found["DefaultPolicyVersion"]["PolicyDocument"]) == json.loads(roles.aliyun_policy(grant))
+
+
 # ------------------------------------------------------------------------------------------- AWS
 
 @pytest.fixture(scope="module")
@@ -209,3 +219,15 @@ def test_a_reused_ec2_host_gets_the_new_repositorys_profile(ec2, aws_cloud):
         {"Name": "instance-id", "Values": [instance_id]}, {"Name": "state", "Values": ["associated"]}])
     arns = [a["IamInstanceProfile"]["Arn"] for a in found["IamInstanceProfileAssociations"]]
     assert len(arns) == 1 and arns[0].endswith("/" + second)
+
+
+def test_a_widened_iam_policy_is_narrowed_again_by_the_next_deploy(ec2, aws_cloud):
+    grant = roles.PullGrant("aws", "us-east-1", "team/widened")
+    name = aws_cloud.ensure_pull_role(grant)
+    wide = json.dumps({"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "ecr:*",
+                                                               "Resource": "*"}]})
+    aws_cloud.api.call("iam", "put_role_policy", RoleName=name, PolicyName="ngcx-pull", PolicyDocument=wide)
+    assert aws_cloud.ensure_pull_role(grant) == name
+    found = aws_cloud.api.call("iam", "get_role_policy", RoleName=name, PolicyName="ngcx-pull")
+    assert roles.same_document(found["PolicyDocument"], roles.aws_policy(grant, "aws", aws_cloud.api.call(
+        "sts", "get_caller_identity")["Account"]))
