@@ -2,7 +2,8 @@
 # Set up a Debian bookworm machine for ngcx development and CI. Idempotent: run it again any time.
 #
 #   1. apt packages: Docker Engine (docker.io), a real OCI registry (docker-registry),
-#      debootstrap (offline base images), apache2-utils (htpasswd for the auth-registry tests)
+#      debootstrap (offline base images), apache2-utils (htpasswd for the auth-registry tests),
+#      haproxy (the data plane of the emulated load balancers; its system service is stopped and disabled)
 #   2. dockerd running (started in the background when `docker info` fails; no systemd needed)
 #   3. an unauthenticated registry on 127.0.0.1:5000 (own config + storage + log)
 #   4. the repo's virtualenv .venv with ngcx installed editable plus test deps
@@ -37,7 +38,7 @@ as_root() {
 install_packages() {
     if [ "${NGCX_SKIP_APT:-0}" = 1 ]; then say "NGCX_SKIP_APT=1: not installing apt packages"; return; fi
     local pkgs=(docker.io docker-registry debootstrap apache2-utils ca-certificates curl
-                python3 python3-venv python3-pip tar)
+                python3 python3-venv python3-pip tar haproxy)
     local missing=()
     for p in "${pkgs[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -46,6 +47,19 @@ install_packages() {
     say "installing: ${missing[*]}"
     as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+# The haproxy package enables (and, where services may start, starts) a system haproxy service; the
+# tests' balancer plane (tests/emulators/balancer_plane.py) runs its own haproxy processes instead.
+stop_system_haproxy() {
+    if [ "${NGCX_SKIP_APT:-0}" = 1 ] || ! command -v haproxy >/dev/null; then return; fi
+    if command -v systemctl >/dev/null; then
+        as_root systemctl disable haproxy >/dev/null 2>&1 || true
+        if [ -d /run/systemd/system ]; then as_root systemctl stop haproxy >/dev/null 2>&1 || true; fi
+    fi
+    if [ -f /run/haproxy.pid ]; then
+        as_root service haproxy stop >/dev/null 2>&1 || as_root kill "$(cat /run/haproxy.pid)" 2>/dev/null || true
+    fi
 }
 
 # The Debian docker.io CLI drives BuildKit itself; a newer CLI earlier on PATH would want buildx.
@@ -119,6 +133,7 @@ bootstrap_base() {
 }
 
 install_packages
+stop_system_haproxy
 start_dockerd
 start_registry
 make_venv

@@ -1,0 +1,513 @@
+"""The data plane of the emulated cloud load balancers (Alibaba Cloud ALB, AWS ALB): real haproxy processes.
+
+Why haproxy: the balancer emulators (aliyun_alb.py, aws_elbv2.py) keep the API state; the traffic must
+meet a real proxy, so that what a rolling update test measures (failed requests, 503s, who answered)
+is what a proxy in front of real hosts does. haproxy runs its own HTTP health checks against the
+emulated hosts and alone decides who gets requests: a host is taken out by its server answering
+something else than `HealthCheck.codes` (or not answering) `unhealthy_threshold` times in a row, and
+comes back after `healthy_threshold` good checks. Nothing here pretends: health() reads haproxy's
+`show stat` / `show servers state`.
+
+One haproxy per listener, changed at run time. Each Listener gets its own haproxy process (its own
+config, stats socket, pid and log under `workdir`), so adding or removing a listener never touches
+another listener's process. Target changes go through haproxy's runtime API on the admin stats socket,
+never through a reload, because a reload closes the old worker's idle keep-alive client connections
+(a client sending on one at that moment sees a reset) and forgets dynamic servers:
+- add: `add server BACKEND/NAME ADDR:PORT weight 0 check ...` (dynamic servers start in maintenance),
+  `enable health`, `enable server`, `set server ... health down`, then the real weight: haproxy puts
+  a server leaving maintenance UP before any check ran; forcing it down (at weight 0, so no request can
+  slip in between) makes it wait for `healthy_threshold` passing checks, as a cloud's "initial" target.
+- drain / undrain: `set server ... state drain|ready` (no new requests, in-flight ones finish);
+- weight: `set server ... weight N` (0..256; 0 means no requests, as ALB weight 0);
+- remove: `set server ... state maint`, then `del server` once haproxy says it has no connections
+  left (retried on every later apply() and on close() while a slow request still runs). Server names
+  carry a generation number, so a target removed and added again at once never clashes with its old
+  self.
+Only a change of a listener's HealthCheck or backend_scheme rebuilds its config: the new haproxy takes
+the listening socket over from the old one (`-x` + `expose-fd listeners`, `-sf`), with the targets as
+static servers and their health carried over in a server-state file. Requests in flight finish in the
+old process, but its idle keep-alive client connections are closed: do not change health checks under
+a zero-failure load test.
+
+Retries (haproxy `retry-on conn-failure`, `retries 3`, `option redispatch 1`): a request is sent again,
+to another target, when the connection to its target (or the TLS handshake) failed, so nothing was
+sent: a target that just stopped listening costs no failed request, as on a cloud ALB. A request that
+reached its target is never retried: the target dying mid-request, answering garbage or timing out
+gives the client 502/504, as ALB does. Server-side connections are closed after each response
+(`option http-server-close`; client keep-alive stays), so no request goes out on a stale pooled
+connection and a removed target holds no idle connection.
+
+Limits (not emulated): TLS termination (frontends are plain HTTP; Listener.port is informational and
+only fills X-Forwarded-Port), listener rules / host or path routing / redirects / fixed responses,
+sticky sessions, slow start, HTTP/2 and gRPC, connection draining timeouts (the caller removes a
+draining target after its own delay), cross-zone behaviour, access logs, ALB's own error pages (503
+is haproxy's page), health-check Host headers or methods other than `GET path HTTP/1.0`. A listener
+with no healthy, non-draining target answers 503 (haproxy "no server available"), as ALB does.
+HealthCheck.enabled False means the targets are not checked and always get traffic; health() then says
+"unused". "initial" is a target that is down and has not failed a check since it was added; once it
+has, it is "unhealthy" until it is up again.
+"""
+
+from __future__ import annotations
+
+import atexit
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+HAPROXY = "haproxy"
+NAME = re.compile(r"[A-Za-z0-9_.-]+")
+MAX_WEIGHT = 256
+READY_TIMEOUT_S = 15.0
+STOP_TIMEOUT_S = 5.0
+STATES = ("healthy", "unhealthy", "initial", "draining", "unused")
+# `show servers state` srv_admin_state bits (haproxy management guide).
+ADMIN_MAINT = 0x01 | 0x02 | 0x04 | 0x20
+ADMIN_DRAIN = 0x08 | 0x10
+GOOD_CHECKS = ("L4OK", "L6OK", "L7OK", "L7OKC")
+
+
+class PlaneError(RuntimeError):
+    """haproxy refused a command, did not start, or the desired state is invalid."""
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    path: str = "/v2/health/ready"
+    interval_s: float = 2.0
+    timeout_s: float = 1.0
+    healthy_threshold: int = 2      # haproxy rise
+    unhealthy_threshold: int = 2    # haproxy fall
+    codes: str = "200"              # "200", "200,204" or a range "200-399" (as ALB / elbv2 matchers say it)
+    scheme: str = "http"            # "https": check over TLS without verifying (hosts serve their own self-signed cert)
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class Target:
+    host: str                       # an IP the machine running the tests can reach (loopback or a docker bridge IP)
+    port: int
+    weight: int = 100
+    draining: bool = False          # no new requests; in-flight ones finish (the caller removes it after its delay)
+
+
+@dataclass(frozen=True)
+class Listener:
+    name: str                       # unique in the plane, [A-Za-z0-9_.-]
+    port: int                       # the port the balancer listens on in the cloud (80/443): informational
+    backend_scheme: str = "http"    # "http" | "https" to the targets (TLS to targets without verification, as ALB does)
+    targets: tuple[Target, ...] = ()
+    health: HealthCheck = HealthCheck()
+
+
+def status_regex(codes: str) -> str:
+    """haproxy `rstatus` regex for a matcher: "200", "200,204", "200-399" (also Aliyun's "http_2xx,http_3xx")."""
+    wanted: list[int] = []
+    for part in (p.strip() for p in codes.split(",") if p.strip()):
+        if m := re.fullmatch(r"http_([1-5])xx", part):
+            low = int(m.group(1)) * 100
+            wanted.extend(range(low, low + 100))
+        elif m := re.fullmatch(r"(\d{3})-(\d{3})", part):
+            wanted.extend(range(int(m.group(1)), int(m.group(2)) + 1))
+        elif re.fullmatch(r"\d{3}", part):
+            wanted.append(int(part))
+        else:
+            raise PlaneError(f"health check codes {codes!r}: {part!r} is not a code, a range or http_Nxx")
+    if not wanted:
+        raise PlaneError(f"health check codes {codes!r} name no status")
+    return "^(" + "|".join(str(c) for c in sorted(set(wanted))) + ")$"
+
+
+def _validate(listeners: Sequence[Listener]) -> None:
+    names = [lst.name for lst in listeners]
+    if len(set(names)) != len(names):
+        raise PlaneError(f"listener names must be unique: {names}")
+    for lst in listeners:
+        if not NAME.fullmatch(lst.name):
+            raise PlaneError(f"listener name {lst.name!r} must match [A-Za-z0-9_.-]+")
+        if lst.backend_scheme not in ("http", "https") or lst.health.scheme not in ("http", "https"):
+            raise PlaneError(f"{lst.name}: schemes are http or https")
+        keys = [(t.host, t.port) for t in lst.targets]
+        if len(set(keys)) != len(keys):
+            raise PlaneError(f"{lst.name}: a target is listed twice: {keys}")
+        for t in lst.targets:
+            if not 0 <= t.weight <= MAX_WEIGHT:
+                raise PlaneError(f"{lst.name}: weight {t.weight} of {t.host}:{t.port} is not in 0..{MAX_WEIGHT}")
+        status_regex(lst.health.codes)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def cli(sock: Path, command: str, timeout: float = 5.0) -> str:
+    """One command (or several joined by ';') on haproxy's stats socket; its whole answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(sock))
+        s.sendall(command.encode() + b"\n")
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def free_port(bind: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((bind, 0))
+        return int(s.getsockname()[1])
+
+
+def until(check: Callable[[], bool], timeout: float, what: str, interval: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise PlaneError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class _Server:
+    name: str
+    target: Target
+
+
+def _server_options(lst: Listener, target: Target) -> str:
+    """The `server` / `add server` keywords of one target (its weight aside)."""
+    opts = ["ssl verify none"] if lst.backend_scheme == "https" else []
+    hc = lst.health
+    if hc.enabled:
+        opts.append(f"check inter {_ms(hc.interval_s)} rise {hc.healthy_threshold} fall {hc.unhealthy_threshold}")
+        if hc.scheme == "https" and lst.backend_scheme == "http":
+            opts.append("check-ssl verify none")
+        elif hc.scheme == "http" and lst.backend_scheme == "https":
+            opts.append(f"port {target.port}")      # an explicit check port: checks do not inherit `ssl`
+    return " ".join(opts)
+
+
+def render_config(lst: Listener, bind: str, port: int, sock: Path, servers: Sequence[_Server] = (),
+                  state_file: Path | None = None) -> str:
+    """haproxy.cfg of one listener. Targets are added at run time; `servers` only on a rebuild."""
+    hc = lst.health
+    check = [f"    option httpchk GET {hc.path}", f"    http-check expect rstatus {status_regex(hc.codes)}",
+             f"    timeout check {_ms(hc.timeout_s)}"] if hc.enabled else []
+    state = ([f"    server-state-file {state_file}"], ["    load-server-state-from-file global"]) if state_file \
+        else ([], [])
+    static = [f"    server {s.name} {s.target.host}:{s.target.port} weight {s.target.weight} "
+              f"{_server_options(lst, s.target)}" for s in servers]
+    return "\n".join([
+        "global",
+        f"    stats socket {sock} mode 600 level admin expose-fd listeners",
+        "    nbthread 1",
+        "    ssl-server-verify none",
+        "    hard-stop-after 5s",
+        *state[0],
+        "defaults",
+        "    mode http",
+        "    timeout connect 2s",
+        "    timeout client 60s",
+        "    timeout server 60s",
+        "    timeout http-keep-alive 60s",
+        "    timeout http-request 10s",
+        "    option http-server-close",
+        "    retries 3",
+        "    retry-on conn-failure",
+        "    option redispatch 1",
+        *state[1],
+        f"frontend fe_{lst.name}",
+        f"    bind {bind}:{port}",
+        "    option forwardfor",
+        "    http-request set-header X-Forwarded-Proto http",
+        f"    http-request set-header X-Forwarded-Port {lst.port}",
+        f"    default_backend be_{lst.name}",
+        f"backend be_{lst.name}",
+        "    balance roundrobin",
+        *check,
+        *static,
+        "",
+    ])
+
+
+@dataclass
+class _Proxy:
+    """One listener's haproxy process and the servers it was told about."""
+
+    listener: Listener
+    bind: str
+    port: int
+    folder: Path
+    servers: dict[tuple[str, int], _Server] = field(default_factory=dict)
+    retiring: list[str] = field(default_factory=list)       # in maint, to `del server` once idle
+    process: subprocess.Popen[bytes] | None = None
+    dying: list[subprocess.Popen[bytes]] = field(default_factory=list)     # replaced, finishing requests
+    generation: int = 0                                                     # of the config and socket
+    serial: int = 0                                                         # of server names
+
+    @property
+    def backend(self) -> str:
+        return f"be_{self.listener.name}"
+
+    @property
+    def sock(self) -> Path:
+        return self.folder / f"stats-{self.generation}.sock"
+
+    def run(self, command: str) -> str:
+        return cli(self.sock, command)
+
+    def expect_silence(self, command: str) -> None:
+        answer = self.run(command).strip()
+        if answer:
+            raise PlaneError(f"{self.listener.name}: haproxy answered {answer!r} to {command!r}")
+
+    # --- process -------------------------------------------------------------------------------
+    def start(self, servers: Sequence[_Server] = (), state_file: Path | None = None) -> None:
+        """Start haproxy on self.port; with an older process alive, take its listening socket over."""
+        old, old_sock = self.process, self.sock
+        self.generation += 1
+        cfg = self.folder / f"haproxy-{self.generation}.cfg"
+        cfg.write_text(render_config(self.listener, self.bind, self.port, self.sock, servers, state_file))
+        argv = [HAPROXY, "-db", "-f", str(cfg), "-p", str(self.folder / "haproxy.pid")]
+        if old is not None and old.poll() is None:
+            argv += ["-x", str(old_sock), "-sf", str(old.pid)]
+        log = open(self.folder / "haproxy.log", "ab")  # noqa: SIM115 - haproxy holds it for its life
+        with log:
+            self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                            start_new_session=True)
+        until(self.ready, READY_TIMEOUT_S, f"haproxy of listener {self.listener.name} to serve {self.bind}:{self.port}")
+        if old is not None:
+            self.dying.append(old)
+
+    def ready(self) -> bool:
+        if self.process is None or self.process.poll() is not None:
+            tail = (self.folder / "haproxy.log").read_text(errors="replace")[-2000:]
+            raise PlaneError(f"haproxy of listener {self.listener.name} exited:\n{tail}")
+        try:
+            self.run("show info")
+            with socket.create_connection((self.bind, self.port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        for process in [*self.dying, self.process]:
+            if process is not None:
+                _reap(process, signal.SIGTERM)
+        self.process, self.dying = None, []
+
+    # --- servers -------------------------------------------------------------------------------
+    def converge(self, lst: Listener) -> None:
+        """Bring haproxy from self.listener to lst: add first, then weights/drain, remove last."""
+        if (lst.health, lst.backend_scheme) != (self.listener.health, self.listener.backend_scheme):
+            self.rebuild(lst)
+        self.listener = lst
+        wanted = {(t.host, t.port): t for t in lst.targets}
+        for key, target in wanted.items():
+            if key not in self.servers:
+                self.add(target)
+        for key, target in wanted.items():
+            self.update(self.servers[key], target)
+        for key in [k for k in self.servers if k not in wanted]:
+            self.retire(self.servers.pop(key))
+        self.reap_retired()
+
+    def add(self, target: Target) -> None:
+        self.serial += 1
+        server = _Server(f"{target.host}_{target.port}_{self.serial}", Target(target.host, target.port, 0))
+        ref = f"{self.backend}/{server.name}"
+        answer = self.run(f"add server {ref} {target.host}:{target.port} weight 0 "
+                          f"{_server_options(self.listener, target)}")
+        if "New server registered" not in answer:
+            raise PlaneError(f"{self.listener.name}: add server {target.host}:{target.port}: {answer.strip()}")
+        enable = f"enable server {ref}"
+        if self.listener.health.enabled:
+            enable = f"enable health {ref}; {enable}; set server {ref} health down"
+        self.expect_silence(enable)
+        self.servers[(target.host, target.port)] = server
+
+    def update(self, server: _Server, target: Target) -> None:
+        ref = f"{self.backend}/{server.name}"
+        if target.draining != server.target.draining:
+            self.expect_silence(f"set server {ref} state {'drain' if target.draining else 'ready'}")
+        if target.weight != server.target.weight:
+            self.expect_silence(f"set server {ref} weight {target.weight}")
+        server.target = target
+
+    def retire(self, server: _Server) -> None:
+        self.expect_silence(f"set server {self.backend}/{server.name} state maint")
+        self.retiring.append(server.name)
+
+    def reap_retired(self) -> None:
+        """`del server` each retired server haproxy lets go of (one still serving a request stays)."""
+        for name in list(self.retiring):
+            if "Server deleted" in self.run(f"del server {self.backend}/{name}"):
+                self.retiring.remove(name)
+
+    def rebuild(self, lst: Listener) -> None:
+        """New health check or backend scheme: a new haproxy with the servers static, health carried over."""
+        self.reap_retired()
+        state_file = self.folder / "servers.state"
+        state_file.write_text(self.run(f"show servers state {self.backend}"))
+        self.listener = Listener(lst.name, lst.port, lst.backend_scheme, self.listener.targets, lst.health)
+        self.retiring = []
+        self.start(list(self.servers.values()), state_file)
+
+    # --- health --------------------------------------------------------------------------------
+    def health(self) -> dict[tuple[str, int], str]:
+        stats = _table(self.run(f"show stat {self.backend} 4 -1"), ",")
+        admin = {row["srv_name"]: int(row["srv_admin_state"])
+                 for row in _table(self.run(f"show servers state {self.backend}"), " ")}
+        by_name = {row["svname"]: row for row in stats}
+        out: dict[tuple[str, int], str] = {}
+        for key, server in self.servers.items():
+            row = by_name.get(server.name)
+            out[key] = _state(row, admin.get(server.name, 0), self.listener.health.enabled) if row else "unused"
+        return out
+
+
+def _table(text: str, sep: str) -> list[dict[str, str]]:
+    """Rows of `show stat` (CSV, '# ' header) or `show servers state` (version line, '# ' header)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    header = next((ln for ln in lines if ln.startswith("#")), None)
+    if header is None:
+        return []
+    columns = header.lstrip("# ").split(sep)
+    rows = [ln for ln in lines if not ln.startswith("#") and sep in ln]
+    return [dict(zip(columns, row.split(sep), strict=False)) for row in rows]
+
+
+def _state(row: dict[str, str], admin: int, checked: bool) -> str:
+    """Map haproxy's view of one server to the cloud's five words."""
+    if admin & ADMIN_MAINT:
+        return "unused"
+    if admin & ADMIN_DRAIN:
+        return "draining"
+    if not checked:
+        return "unused"
+    if row.get("status", "").startswith("UP"):
+        return "healthy"
+    last = row.get("check_status", "").lstrip("* ")
+    failed = last not in ("", "INI", *GOOD_CHECKS)
+    return "unhealthy" if failed or int(row.get("chkfail") or 0) else "initial"
+
+
+def _reap(process: subprocess.Popen[bytes], sig: signal.Signals | None = None) -> None:
+    """Wait for a haproxy to exit (after `sig`), killing it after STOP_TIMEOUT_S."""
+    if sig is not None and process.poll() is None:
+        process.send_signal(sig)
+    try:
+        process.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+_LIVE: weakref.WeakSet[BalancerPlane] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for plane in list(_LIVE):
+        plane.close()
+
+
+class BalancerPlane:
+    """A set of listeners, each served by its own haproxy on `bind`; see the module docstring."""
+
+    def __init__(self, name: str, workdir: Path | None = None, bind: str = "127.0.0.1") -> None:
+        if not NAME.fullmatch(name):
+            raise PlaneError(f"plane name {name!r} must match [A-Za-z0-9_.-]+")
+        if shutil.which(HAPROXY) is None:
+            raise PlaneError("haproxy is not installed (apt-get install haproxy; scripts/setup.sh does)")
+        self.name, self.bind = name, bind
+        self._own_workdir = workdir is None
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"plane-{name}-")) if workdir is None else Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._proxies: dict[str, _Proxy] = {}
+        self._lock = threading.RLock()
+        self._closed = False
+        _LIVE.add(self)
+
+    def apply(self, listeners: Sequence[Listener]) -> None:
+        """Converge to exactly these listeners; returns once haproxy serves them."""
+        _validate(listeners)
+        with self._lock:
+            if self._closed:
+                raise PlaneError(f"plane {self.name} is closed")
+            wanted = {lst.name: lst for lst in listeners}
+            for name in [n for n in self._proxies if n not in wanted]:
+                self._drop(self._proxies.pop(name))
+            for name, lst in wanted.items():
+                if name not in self._proxies:
+                    self._proxies[name] = self._launch(lst)
+                self._proxies[name].converge(lst)
+
+    def _launch(self, lst: Listener) -> _Proxy:
+        """A new listener's haproxy (no targets yet) on a free port; another port if that one was taken."""
+        for _ in range(5):
+            folder = self.workdir / lst.name
+            folder.mkdir(exist_ok=True)
+            proxy = _Proxy(Listener(lst.name, lst.port, lst.backend_scheme, (), lst.health), self.bind,
+                           free_port(self.bind), folder)
+            try:
+                proxy.start()
+                return proxy
+            except PlaneError as exc:
+                proxy.stop()
+                if "bind" not in str(exc).lower():
+                    raise
+        raise PlaneError(f"no free port for listener {lst.name} on {self.bind}")
+
+    @staticmethod
+    def _drop(proxy: _Proxy) -> None:
+        """Stop a listener's haproxy and remove its folder (config, socket, pid, log)."""
+        proxy.stop()
+        shutil.rmtree(proxy.folder, ignore_errors=True)
+
+    def address(self, listener_name: str) -> tuple[str, int]:
+        with self._lock:
+            proxy = self._proxies.get(listener_name)
+            if proxy is None:
+                raise KeyError(f"no listener {listener_name!r} in plane {self.name}")
+            return self.bind, proxy.port
+
+    def health(self) -> dict[str, dict[tuple[str, int], str]]:
+        with self._lock:
+            return {name: proxy.health() for name, proxy in self._proxies.items()}
+
+    def pids(self) -> list[int]:
+        """The haproxy processes running now (one per listener; for tests and diagnostics)."""
+        with self._lock:
+            return [p.process.pid for p in self._proxies.values() if p.process and p.process.poll() is None]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for proxy in self._proxies.values():
+                self._drop(proxy)
+            self._proxies.clear()
+            if self._own_workdir:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+        _LIVE.discard(self)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+__all__ = ["STATES", "BalancerPlane", "HealthCheck", "Listener", "PlaneError", "Target", "status_regex"]
