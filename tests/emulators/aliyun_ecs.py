@@ -12,7 +12,8 @@ DescribeImages lists only Available images unless Status is given; DescribeInsta
 AllTogether); StopInstance defaults to KeepCharging.
 
 Instance RAM roles, RAM itself (2015-05-01, on the same port), the STS keys of roles and the
-metadata service live in aliyun_ram.py; this module only wires them in.
+metadata service live in aliyun_ram.py, ALB (2020-06-16) and its haproxy data plane in aliyun_alb.py;
+this module only wires them in.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self
 
+from .aliyun_alb import ALB_IDEMPOTENT, ALB_UNLOCKED, ALB_VERSION, Alb
 from .aliyun_ram import (
     ACCOUNT_UID,
     RAM_ACTIONS,
@@ -163,9 +165,9 @@ class EcsEmulator(RpcService):
     behind one lock, and the instances' metadata service on its own port (metadata_address)."""
 
     products = {ECS_VERSION: ("Ecs", "ecs.aliyuncs.com"), CR_VERSION: ("cr", "cr.aliyuncs.com"),
-                RAM_VERSION: ("Ram", "ram.aliyuncs.com")}
-    idempotent = IDEMPOTENT
-    unlocked = UNLOCKED
+                RAM_VERSION: ("Ram", "ram.aliyuncs.com"), ALB_VERSION: ("Alb", "alb.aliyuncs.com")}
+    idempotent = IDEMPOTENT | ALB_IDEMPOTENT
+    unlocked = UNLOCKED | ALB_UNLOCKED
     regionless = frozenset({"DescribeRegions"}) | RAM_ACTIONS
 
     def __init__(self, hosts: HostBackend, *, access_keys: Mapping[str, str] | None = None,
@@ -199,6 +201,8 @@ class EcsEmulator(RpcService):
         self._security_groups: dict[str, SecurityGroup] = {}
         self._invocations: dict[str, list[Invocation]] = {}
         self._restart_failures: set[str] = set()
+        self.alb = Alb(self._lock, self._spawn, self._sleep_until, self._vpc_id, self._vswitches, self._instances.get,
+                       region)    # ALB 2020-06-16 (aliyun_alb.py), its data plane a haproxy per load balancer
         self.actions = {
             ECS_VERSION: {
                 "DescribeRegions": self._describe_regions, "DescribeZones": self._describe_zones,
@@ -220,6 +224,7 @@ class EcsEmulator(RpcService):
             },
             CR_VERSION: {"GetAuthorizationToken": self._get_authorization_token},
             RAM_VERSION: self.ram.actions,
+            ALB_VERSION: self.alb.actions,
         }
         self.actions[ECS_VERSION].update(self.instance_roles.actions)
 
@@ -244,6 +249,7 @@ class EcsEmulator(RpcService):
             self._metadata.close()
             self._metadata = None
         super().close()
+        self.alb.close()
         self.hosts.close()
 
     # --- fault injection and inspection (tests) -----------------------------------------
@@ -268,6 +274,10 @@ class EcsEmulator(RpcService):
                      "security_group_ids": list(i.security_group_ids), "user_data": i.user_data,
                      "ram_role": i.ram_role}
                     for i in self._instances.values()]
+
+    def balancer_address(self, load_balancer: str, listener_port: int) -> tuple[str, int]:
+        """(host, port) where the data plane serves this ALB listener (load balancer id or DNSName)."""
+        return self.alb.address(load_balancer, listener_port)
 
     def issued_secrets(self) -> list[str]:
         """Every STS AccessKeySecret and SecurityToken handed out (tests search logs for them)."""
