@@ -183,16 +183,16 @@ class _Server:
     target: Target
 
 
-def _server_options(lst: Listener, target: Target) -> str:
-    """The `server` / `add server` keywords of one target (its weight aside)."""
+def _server_options(lst: Listener, static: bool = False) -> str:
+    """The `server` (static) / `add server` keywords of a target of `lst`, its weight aside."""
     opts = ["ssl verify none"] if lst.backend_scheme == "https" else []
     hc = lst.health
     if hc.enabled:
         opts.append(f"check inter {_ms(hc.interval_s)} rise {hc.healthy_threshold} fall {hc.unhealthy_threshold}")
-        if hc.scheme == "https" and lst.backend_scheme == "http":
-            opts.append("check-ssl verify none")
-        elif hc.scheme == "http" and lst.backend_scheme == "https":
-            opts.append(f"port {target.port}")      # an explicit check port: checks do not inherit `ssl`
+        if hc.scheme == "https":
+            opts.append("check-ssl verify none")    # dynamic servers do not inherit it from `ssl`
+        elif static and lst.backend_scheme == "https":
+            opts.append("no-check-ssl")             # static ones do
     return " ".join(opts)
 
 
@@ -205,7 +205,7 @@ def render_config(lst: Listener, bind: str, port: int, sock: Path, servers: Sequ
     state = ([f"    server-state-file {state_file}"], ["    load-server-state-from-file global"]) if state_file \
         else ([], [])
     static = [f"    server {s.name} {s.target.host}:{s.target.port} weight {s.target.weight} "
-              f"{_server_options(lst, s.target)}" for s in servers]
+              f"{_server_options(lst, static=True)}" for s in servers]
     return "\n".join([
         "global",
         f"    stats socket {sock} mode 600 level admin expose-fd listeners",
@@ -326,7 +326,7 @@ class _Proxy:
         server = _Server(f"{target.host}_{target.port}_{self.serial}", Target(target.host, target.port, 0))
         ref = f"{self.backend}/{server.name}"
         answer = self.run(f"add server {ref} {target.host}:{target.port} weight 0 "
-                          f"{_server_options(self.listener, target)}")
+                          f"{_server_options(self.listener)}")
         if "New server registered" not in answer:
             raise PlaneError(f"{self.listener.name}: add server {target.host}:{target.port}: {answer.strip()}")
         enable = f"enable server {ref}"
@@ -484,6 +484,14 @@ class BalancerPlane:
     def health(self) -> dict[str, dict[tuple[str, int], str]]:
         with self._lock:
             return {name: proxy.health() for name, proxy in self._proxies.items()}
+
+    def servers(self, listener_name: str) -> list[str]:
+        """ADDR:PORT of every server haproxy still has for the listener, removed ones not yet deleted included."""
+        with self._lock:
+            proxy = self._proxies[listener_name]
+            proxy.reap_retired()
+            rows = _table(proxy.run(f"show servers state {proxy.backend}"), " ")
+            return sorted(f"{row['srv_addr']}:{row['srv_port']}" for row in rows)
 
     def pids(self) -> list[int]:
         """The haproxy processes running now (one per listener; for tests and diagnostics)."""
