@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from ..core.errors import UserError
-from .options import CatalogOpt, JsonOpt, ProjectFileOpt, VariantOpt
+from .options import CatalogOpt, JsonOpt, ProjectFileOpt, RegistryLogin, RegistryLoginOpt, VariantOpt
 
 
 class Cloud(StrEnum):
@@ -28,11 +28,6 @@ class Workload(StrEnum):
     cnn = "cnn"
     rnn = "rnn"
     transformer = "transformer"
-
-
-class RegistryLogin(StrEnum):
-    role = "role"     # the host logs in with its instance role: no registry secret reaches it (default)
-    token = "token"   # a short-lived token in the host job (registries without roles; it is left in the cloud)
 
 
 class GpuMode(StrEnum):
@@ -75,11 +70,7 @@ def deploy_cmd(
     no_auth: Annotated[bool, typer.Option(
         "--no-auth", help="No endpoint key: anyone who reaches the port may call every API (on a cloud, only with "
                           "an --allow-from narrower than 0.0.0.0/0).")] = False,
-    registry_login: Annotated[RegistryLogin, typer.Option(
-        "--registry-login", case_sensitive=False,
-        help="Cloud: how the host logs in to ACR/ECR. role: with its instance role, nothing secret sent (default); "
-             "token: a short-lived token travels in the host job and stays in the cloud's records.")]
-    = RegistryLogin.role,
+    registry_login: RegistryLoginOpt = RegistryLogin.role,
     project_file: ProjectFileOpt = None,
     variant: VariantOpt = None,
     catalog_file: CatalogOpt = None,

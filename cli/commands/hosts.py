@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from ..deploy.bake import bake, cloud_for, logins, pushed_refs
+from .options import RegistryLogin, RegistryLoginOpt
 
 
 def register(app: typer.Typer) -> None:
@@ -23,11 +24,12 @@ def bake_cmd(
                                                                   "the refs of this machine's pushes.")] = None,
     instance_type: Annotated[str | None, typer.Option("--instance-type", help="Builder type (default: the cheapest "
                                                                               "one-GPU type with stock).")] = None,
+    registry_login: RegistryLoginOpt = RegistryLogin.role,
 ) -> None:
     """Make (once per region) the host image `ngcx deploy` boots from; prints its image id."""
     target_cloud = cloud_for(cloud, region)
     refs = pull if pull is not None else pushed_refs(cloud)
-    print(bake(target_cloud, refs, instance_type, logins(cloud)))
+    print(bake(target_cloud, refs, instance_type, logins(cloud, registry_login.value)))
 
 
 def ls_cmd(cloud: Annotated[str, typer.Option("--cloud", help="aliyun or aws")] = "aliyun",

@@ -23,6 +23,13 @@ class Gpu(StrEnum):
     off = "off"            # the CPU even when GPUs are present
 
 
+class RegistryLogin(StrEnum):
+    """How a cloud host (a deploy's or a bake's builder) logs in to ACR/ECR (deploy/roles.py)."""
+
+    role = "role"     # with its instance role: no registry secret reaches it (default)
+    token = "token"   # a short-lived token in the host job (registries without roles; it is left in the cloud)
+
+
 CatalogOpt = Annotated[Path | None, typer.Option(
     "--catalog", help="Catalog file (default: the shipped registry.yaml).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
@@ -32,3 +39,7 @@ GpuOpt = Annotated[Gpu, typer.Option(
     "--gpu", case_sensitive=False, help="auto: GPUs when present; require: fail without one; off: CPU only.")]
 ProjectFileOpt = Annotated[Path | None, typer.Option(
     "-f", "--file", help="A project's ngcx.yaml (default: ./ngcx.yaml when no IMAGE is given).")]
+RegistryLoginOpt = Annotated[RegistryLogin, typer.Option(
+    "--registry-login", case_sensitive=False,
+    help="Cloud: how the host logs in to ACR/ECR. role: with its instance role, nothing secret sent (default); "
+         "token: a short-lived token travels in the host job and stays in the cloud's records.")]

@@ -110,11 +110,12 @@ class Ecs:
         if allow_from == "0.0.0.0/0":
             vm.say(f"port {SERVE_PORT} of ngcx hosts is open to 0.0.0.0/0; restrict it with --allow-from CIDR")
 
-    def ensure_pull_role(self, grant: roles.PullGrant) -> str:
-        """The RAM role ECS hosts assume to pull `grant`'s repository: made once, found by its name after that."""
+    def ensure_pull_role(self, grant: roles.PullGrant | roles.PullRole) -> str:
+        """The RAM role ECS hosts assume to pull `grant`'s repositories: made once, found by its name after that."""
         from ..clouds.aliyun import AliyunError
 
-        name, document = grant.role_name, roles.aliyun_policy(grant)
+        role = roles.pull_role(grant)
+        name, document = role.role_name, roles.aliyun_policy(role)
         try:
             attached = self.api.ram("ListPoliciesForRole", {"RoleName": name}).get("Policies", {}).get("Policy", [])
             if any(p.get("PolicyName") == name for p in attached):
@@ -123,11 +124,11 @@ class Ecs:
         except AliyunError as exc:
             if exc.code != "EntityNotExist.Role":
                 raise
-        vm.say(f"creating the RAM role {name}: hosts pull {grant.repository} with it, no registry secret sent")
+        vm.say(f"creating the RAM role {name}: hosts pull {role.repositories} with it, no registry secret sent")
         steps = [("CreateRole", {"RoleName": name, "AssumeRolePolicyDocument": roles.aliyun_trust(),
-                                 "Description": grant.description}, "EntityAlreadyExists.Role"),
+                                 "Description": role.description}, "EntityAlreadyExists.Role"),
                  ("CreatePolicy", {"PolicyName": name, "PolicyDocument": document,
-                                   "Description": grant.description}, "EntityAlreadyExists.Policy"),
+                                   "Description": role.description}, "EntityAlreadyExists.Policy"),
                  ("AttachPolicyToRole", {"PolicyType": "Custom", "PolicyName": name, "RoleName": name},
                   "EntityAlreadyExists.Role.Policy")]
         for action, params, done in steps:

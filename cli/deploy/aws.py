@@ -223,7 +223,7 @@ class Ec2:
 
     # ------------------------------------------------------------ pull roles (aws_roles.py)
 
-    def ensure_pull_role(self, grant: roles.PullGrant) -> str:
+    def ensure_pull_role(self, grant: roles.PullGrant | roles.PullRole) -> str:
         from . import aws_roles
 
         return aws_roles.ensure_pull_profile(self.api, grant)

@@ -20,23 +20,24 @@ DONE_CODES = ("EntityAlreadyExists", "LimitExceeded")   # LimitExceeded: the pro
 LIVE_ASSOCIATIONS = ["associating", "associated"]
 
 
-def ensure_pull_profile(api: Any, grant: roles.PullGrant) -> str:
-    """The instance profile whose role may pull `grant`'s repository (and be reached by SSM).
+def ensure_pull_profile(api: Any, grant: roles.PullGrant | roles.PullRole) -> str:
+    """The instance profile whose role may pull `grant`'s repositories (and be reached by SSM).
 
     NGCX_AWS_INSTANCE_PROFILE names the user's own profile instead: its role must then allow the pull.
     """
     own = os.environ.get("NGCX_AWS_INSTANCE_PROFILE")
     if own:
         return own
-    name = grant.role_name
-    document = roles.aws_policy(grant, api.partition(), _account(api))
+    role = roles.pull_role(grant)
+    name = role.role_name
+    document = roles.aws_policy(role, api.partition(), _account(api))
     if _current(api, name, document):
         return name
-    vm.say(f"creating the IAM role and instance profile {name}: hosts pull {grant.repository} with it "
+    vm.say(f"creating the IAM role and instance profile {name}: hosts pull {role.repositories} with it "
            "(and SSM reaches them), no registry secret sent")
     ssm = f"arn:{api.partition()}:iam::aws:policy/{SSM_POLICY}"
     steps = [("create_role", {"RoleName": name, "AssumeRolePolicyDocument": roles.aws_trust(),
-                              "Description": grant.description}),
+                              "Description": role.description}),
              ("put_role_policy", {"RoleName": name, "PolicyName": INLINE_POLICY, "PolicyDocument": document}),
              ("attach_role_policy", {"RoleName": name, "PolicyArn": ssm}),
              ("create_instance_profile", {"InstanceProfileName": name}),

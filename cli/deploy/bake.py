@@ -5,9 +5,11 @@ then reboots (cloud-apis.md §7); SkyPilot's baked images cut GPU provisioning b
 thirds (§11.4). Done once per region: a builder instance runs recipes/deploy/bake.sh.j2 (driver,
 Docker, NVIDIA Container Toolkit, persistence mode, and a pull of the images named with --pull so
 their shared CUDA layers are on the disk), is stopped, captured as an image tagged ngcx:host-image,
-and deleted. `ngcx deploy` then boots from the newest such image. The steps are the same on every
-VM cloud; the cloud object (cli/deploy/vm.py's Cloud, plus create_image / image_available /
-host_images) supplies the calls.
+and deleted. `ngcx deploy` then boots from the newest such image. The builder pre-pulls private
+repositories with its own pull role (roles.py: one role for those repositories), so no registry
+secret is in its user-data; `--registry-login token` puts short-lived tokens there instead.
+The steps are the same on every VM cloud; the cloud object (cli/deploy/vm.py's Cloud, plus
+create_image / image_available / host_images) supplies the calls.
 """
 
 from __future__ import annotations
@@ -60,11 +62,13 @@ def _hosts_pull_from(cloud: str, host: str) -> str:
     return acr.vpc_endpoint(region) if region else host
 
 
-def logins(cloud: str) -> dict[str, Any]:
-    """Short-lived logins for the cloud's own registries the pushes went to, keyed by the host the
-    builder pulls from: the bake pre-pulls private repositories too, then scrubs every copy of them."""
+def logins(cloud: str, mode: str = "role") -> dict[str, Any]:
+    """The builder's login to each of the cloud's own registries the pushes went to, keyed by the host it
+    pulls from: a RoleLogin (the builder's role gets the login on the host, roles.py) or, with
+    `--registry-login token`, a short-lived token that the script scrubs before the capture."""
     from ..registry import acr, ecr
     from ..state import db as state
+    from .roles import RoleLogin
 
     logins: dict[str, Any] = {}
     for push in state.list_pushes():
@@ -73,10 +77,27 @@ def logins(cloud: str) -> dict[str, Any]:
         if pulled in logins:
             continue
         if cloud == "aws" and ecr.region_of(host):
-            logins[pulled] = ecr.temporary_login(ecr.region_of(host))
+            region = str(ecr.region_of(host))
+            logins[pulled] = ecr.temporary_login(region) if mode == "token" else RoleLogin(
+                cloud, region, ecr.api_host_endpoint(region))
         elif cloud == "aliyun" and acr.region_of(host):
-            logins[pulled] = acr.temporary_login(acr.region_of(host))
+            region = str(acr.region_of(host))
+            logins[pulled] = acr.temporary_login(region) if mode == "token" else RoleLogin(
+                cloud, region, acr.api_host_endpoint(region), acr.instance_id())
     return logins
+
+
+def pull_role(refs: list[str], logins: dict[str, Any]) -> Any:
+    """The builder's role: pulls of the refs whose registry it logs in to with its role, and nothing else
+    (None when no registry is logged in to that way)."""
+    from . import roles
+
+    grants = []
+    for ref in refs:
+        login = logins.get(ref.split("/", 1)[0])
+        if isinstance(login, roles.RoleLogin):
+            grants.append(roles.PullGrant(login.cloud, login.region, roles.repository_of(ref), login.registry_instance))
+    return roles.PullRole(tuple(dict.fromkeys(grants))) if grants else None
 
 
 def bake(cloud: Any, refs: list[str], instance_type: str | None, logins: dict[str, Any] | None = None) -> str:
@@ -89,8 +110,10 @@ def bake(cloud: Any, refs: list[str], instance_type: str | None, logins: dict[st
     token = f"ngcx-bake-{owner}-{int(time.time())}"
     t0 = time.monotonic()
     script = hostscript.render_bake(refs, logins or {})
+    wanted = pull_role(refs, logins or {})
+    role = cloud.ensure_pull_role(wanted) if wanted else None
     builder = cloud.create(vm.CreateSpec(itype, zones[0], cloud.fallback_image(), script, token,
-                                         {vm.TAG_OWNER: owner, vm.TAG_ROLE: "bake"}, "ngcx-bake"))
+                                         {vm.TAG_OWNER: owner, vm.TAG_ROLE: "bake"}, "ngcx-bake", role=role))
     _say(f"builder {builder} ({itype}, {zones[0]}) is baking")
     try:
         vm.wait_state(cloud, builder, "running", vm.BOOT_TIMEOUT_S)

@@ -68,6 +68,10 @@ def render(job: HostJob, mode: str) -> str:
     return text
 
 
-def render_bake(refs: list[str], logins: dict[str, Credentials] | None = None) -> str:
-    """The bake script for `ngcx hosts bake` (recipes/deploy/bake.sh.j2); `logins`: registry -> short-lived login."""
-    return _env().get_template("bake.sh.j2").render(refs=refs, logins=logins or {})
+def render_bake(refs: list[str], logins: dict[str, Credentials | RoleLogin] | None = None) -> str:
+    """The bake script for `ngcx hosts bake` (recipes/deploy/bake.sh.j2); `logins`: registry -> its login,
+    through the builder's role (no secret in the script) or a short-lived token."""
+    logins = logins or {}
+    by_role = {registry: login for registry, login in logins.items() if isinstance(login, RoleLogin)}
+    tokens = {registry: login for registry, login in logins.items() if not isinstance(login, RoleLogin)}
+    return _env().get_template("bake.sh.j2").render(refs=refs, logins=tokens, role_logins=by_role)

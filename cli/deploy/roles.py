@@ -10,7 +10,8 @@ Why one role per repository: the narrowest grant a host can hold is "pull this o
 hosts reused by a deploy of another repository get that repository's role attached instead
 (`attach_role` of each cloud module). The name is a hash of what it grants, so every deploy of the
 same repository finds the same role (idempotent, no state row needed) and `--registry-login token`
-stays the explicit fallback for registries without roles.
+stays the explicit fallback for registries without roles. A bake's builder pre-pulls several
+repositories (bake.py), so its role (a PullRole of several grants) may pull those, and only those.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 ROLE_PREFIX = "ngcx-pull-"
+
 ACR_PULL = ("cr:PullRepository",)
 ECR_PULL = ("ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability")
 
@@ -67,16 +69,56 @@ def aliyun_trust() -> str:
                                                       "Principal": {"Service": ["ecs.aliyuncs.com"]}}]})
 
 
-def aliyun_policy(grant: PullGrant) -> str:
-    """RAM policy: a token for the one ACR instance, pulls from the one repository (cloud-apis.md §8)."""
-    if grant.registry_instance:
-        instance = f"acs:cr:{grant.region}:*:instance/{grant.registry_instance}"
-        repository = f"acs:cr:{grant.region}:*:repository/{grant.registry_instance}/{grant.repository}"
-    else:
-        instance, repository = "*", f"acs:cr:{grant.region}:*:repository/{grant.repository}"
+@dataclass(frozen=True)
+class PullRole:
+    """What one role may pull: a deploy's single repository, or every repository a bake pre-pulls."""
+
+    grants: tuple[PullGrant, ...]
+
+    @property
+    def role_name(self) -> str:
+        """A single grant keeps its own name (roles made before bakes had roles are found again)."""
+        if len(self.grants) == 1:
+            return self.grants[0].role_name
+        what = "\n".join(sorted(g.role_name for g in self.grants))
+        return ROLE_PREFIX + hashlib.sha256(what.encode()).hexdigest()[:12]
+
+    @property
+    def repositories(self) -> str:
+        return ", ".join(sorted({g.repository for g in self.grants}))
+
+    @property
+    def description(self) -> str:
+        if len(self.grants) == 1:
+            return self.grants[0].description
+        return f"ngcx host bakes: pull {len(self.grants)} repositories only"
+
+
+def pull_role(what: PullGrant | PullRole) -> PullRole:
+    return what if isinstance(what, PullRole) else PullRole((what,))
+
+
+def _one_or_list(values: list[str], as_list: bool) -> str | list[str]:
+    """The resources of one statement; a single AWS resource stays a string (the document IAM keeps today)."""
+    unique = sorted(set(values))
+    return unique if as_list or len(unique) > 1 else unique[0]
+
+
+def aliyun_policy(what: PullGrant | PullRole) -> str:
+    """RAM policy: a token for each ACR instance, pulls from the granted repositories only (cloud-apis.md §8)."""
+    instances, repositories = [], []
+    for grant in pull_role(what).grants:
+        if grant.registry_instance:
+            instances.append(f"acs:cr:{grant.region}:*:instance/{grant.registry_instance}")
+            repositories.append(f"acs:cr:{grant.region}:*:repository/{grant.registry_instance}/{grant.repository}")
+        else:
+            instances.append("*")
+            repositories.append(f"acs:cr:{grant.region}:*:repository/{grant.repository}")
+    instances = ["*"] if "*" in instances else instances
     return json.dumps({"Version": "1", "Statement": [
-        {"Effect": "Allow", "Action": ["cr:GetAuthorizationToken"], "Resource": [instance]},
-        {"Effect": "Allow", "Action": list(ACR_PULL), "Resource": [repository]}]}, sort_keys=True)
+        {"Effect": "Allow", "Action": ["cr:GetAuthorizationToken"], "Resource": _one_or_list(instances, True)},
+        {"Effect": "Allow", "Action": list(ACR_PULL), "Resource": _one_or_list(repositories, True)}]},
+        sort_keys=True)
 
 
 def aws_trust() -> str:
@@ -84,12 +126,14 @@ def aws_trust() -> str:
                                                                 "Principal": {"Service": "ec2.amazonaws.com"}}]})
 
 
-def aws_policy(grant: PullGrant, partition: str, account: str) -> str:
-    """IAM inline policy: ECR's token (which IAM allows only on "*") and pulls from the one repository."""
-    repository = f"arn:{partition}:ecr:{grant.region}:{account}:repository/{grant.repository}"
+def aws_policy(what: PullGrant | PullRole, partition: str, account: str) -> str:
+    """IAM inline policy: ECR's token (which IAM allows only on "*") and pulls from the granted repositories."""
+    repositories = [f"arn:{partition}:ecr:{g.region}:{account}:repository/{g.repository}"
+                    for g in pull_role(what).grants]
     return json.dumps({"Version": "2012-10-17", "Statement": [
         {"Effect": "Allow", "Action": ["ecr:GetAuthorizationToken"], "Resource": "*"},
-        {"Effect": "Allow", "Action": list(ECR_PULL), "Resource": repository}]}, sort_keys=True)
+        {"Effect": "Allow", "Action": list(ECR_PULL), "Resource": _one_or_list(repositories, False)}]},
+        sort_keys=True)
 
 
 def same_document(a: str | dict[str, Any], b: str) -> bool:

@@ -1,5 +1,6 @@
 # ngcx role login: log this host in to its cloud's registry with the instance role's credentials.
-# Included by host.sh.j2 and run there as `python3 - CLOUD REGION API REGISTRY [ACR_INSTANCE]`.
+# Included by host.sh.j2 and bake.sh.j2, run there as `python3 - CLOUD REGION API REGISTRY ACR_INSTANCE [...]`
+# (five words per registry; ACR_INSTANCE may be empty).
 # Standard library only, Python >= 3.6 (Alibaba Cloud Linux 3 ships 3.6): a host needs nothing installed.
 # Why here and not in ngcx: the credentials exist only on the host (the metadata service answers the
 # instance itself), so nothing ngcx sends to the cloud can be replayed as a registry login. Nothing
@@ -109,12 +110,10 @@ def ecr_login(region, api, creds):
     return user, password
 
 
-def main(argv):
-    cloud, region, api, registry = argv[:4]
-    creds = role_credentials(cloud)
+def login(cloud, region, api, registry, instance, creds):
     try:
         if cloud == "aliyun":
-            user, password = acr_login(region, api, argv[4] if len(argv) > 4 else "", creds)
+            user, password = acr_login(region, api, instance, creds)
         else:
             user, password = ecr_login(region, api, creds)
     except LoginError as exc:
@@ -123,6 +122,19 @@ def main(argv):
                           input=password.encode(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     if done.returncode != 0:
         raise LoginError("docker login to %s: %s" % (registry, done.stderr.decode(errors="replace")[-200:].strip()))
+
+
+def main(argv):
+    """Every registry named (5 words each), one line per failure; a failure does not stop the next login."""
+    failed = []
+    creds = role_credentials(argv[0])
+    for at in range(0, len(argv) - 4, 5):
+        try:
+            login(*argv[at:at + 5], creds=creds)
+        except LoginError as exc:
+            failed.append(str(exc))
+    if failed:
+        raise LoginError("; ".join(failed))
 
 
 if __name__ == "__main__":

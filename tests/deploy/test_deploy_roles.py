@@ -77,3 +77,39 @@ def test_the_role_login_keeps_user_data_well_under_its_16_kb():
     text = render(HostJob(5, ECR_REF, ECR_REF.split("/")[0], "1", "auto", login, auth_hashes=("d" * 64,)),
                   "user-data")
     assert len(text.encode()) < 13 * 1024, "leave room for the user's CMD and environment"
+
+
+def test_a_bake_role_may_pull_each_pre_pulled_repository_and_nothing_else():
+    one = roles.PullGrant("aliyun", "cn-hangzhou", "team/app", "cri-1")
+    both = roles.PullRole((one, roles.PullGrant("aliyun", "cn-hangzhou", "team/other", "cri-1")))
+    assert roles.PullRole((one,)).role_name == one.role_name          # a deploy's role keeps its name
+    assert both.role_name.startswith("ngcx-pull-") and both.role_name != one.role_name
+    assert roles.aliyun_policy(roles.PullRole((one,))) == roles.aliyun_policy(one)
+    acr = json.loads(roles.aliyun_policy(both))
+    pulls = {r for s in acr["Statement"] if "cr:PullRepository" in s["Action"] for r in s["Resource"]}
+    assert pulls == {f"acs:cr:cn-hangzhou:*:repository/cri-1/team/{name}" for name in ("app", "other")}
+    ecr = json.loads(roles.aws_policy(roles.PullRole((roles.PullGrant("aws", "us-east-1", "a"),
+                                                      roles.PullGrant("aws", "us-east-1", "b"))), "aws", "1"))
+    [pull] = [s for s in ecr["Statement"] if "ecr:BatchGetImage" in s["Action"]]
+    assert pull["Resource"] == ["arn:aws:ecr:us-east-1:1:repository/a", "arn:aws:ecr:us-east-1:1:repository/b"]
+
+
+def test_a_bake_script_logs_in_with_the_builders_role_and_holds_no_secret():
+    from ngcx.deploy import bake
+    from ngcx.deploy.hostscript import render_bake
+
+    registry = "registry-vpc.cn-hangzhou.aliyuncs.com"
+    refs = [f"{registry}/team/app@sha256:" + "a" * 64, f"{registry}/team/other@sha256:" + "b" * 64,
+            "docker.io/library/busybox:1"]
+    logins = {registry: roles.RoleLogin("aliyun", "cn-hangzhou", "https://cr.cn-hangzhou.aliyuncs.com", "cri-1")}
+    text = render_bake(refs, logins)
+    assert subprocess.run(["sh", "-n"], input=text, text=True).returncode == 0
+    call = next(line for line in text.splitlines() if line.startswith("python3 - "))
+    assert shlex.split(call.rstrip("\\"))[2:] == ["aliyun", "cn-hangzhou", "https://cr.cn-hangzhou.aliyuncs.com",
+                                                  registry, "cri-1"]
+    assert "printf" not in text and 'rm -rf "$LOGIN_DIR"' in text          # no token piped to docker login
+    role = bake.pull_role(refs, logins)                   # busybox is public: not in the role
+    assert sorted(g.repository for g in role.grants) == ["team/app", "team/other"]
+    assert bake.pull_role(refs[2:], logins) is None
+    tokens = render_bake(refs, {registry: Credentials("cr_temp_user", "token-asked-for-explicitly")})
+    assert "python3 - " not in tokens and "printf '%s' token-asked-for-explicitly" in tokens

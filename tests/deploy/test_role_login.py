@@ -145,6 +145,16 @@ def test_a_reused_ecs_host_gets_the_new_repositorys_role(ecs, aliyun_cloud):
     assert [s["RamRoleName"] for s in sets if s["InstanceId"] == instance_id] == [second]
 
 
+def test_a_registry_that_refuses_does_not_stop_the_next_login_and_each_failure_is_named(ecs, aliyun_cloud):
+    _ecs_instance(aliyun_cloud, aliyun_cloud.ensure_pull_role(roles.PullGrant("aliyun", "cn-hangzhou", "t/a", "")))
+    program = login_program(ecs.metadata_address, "aliyun")
+    closed = ["http://127.0.0.1:9", "http://127.0.0.1:7"]     # discard / echo: nothing listens there
+    argv = [word for api in closed for word in ("aliyun", "cn-hangzhou", api, "registry.example", "")]
+    with pytest.raises(program.LoginError) as failure:
+        program.main(argv)                                    # a bake's builder logs in to every registry
+    assert all(api in str(failure.value) for api in closed) and "\n" not in str(failure.value)
+
+
 def test_a_widened_ram_policy_is_narrowed_again_by_the_next_deploy(ecs, aliyun_cloud):
     grant = roles.PullGrant("aliyun", "cn-hangzhou", "team/widened", "cri-unit")
     name = aliyun_cloud.ensure_pull_role(grant)

@@ -46,6 +46,7 @@ class Cloud:
     set_capacity: Callable[[str, str, bool], None]
     outputs: list[str] = field(default_factory=list)
     baked: str = ""
+    bake_window: tuple[int, int, int, int] = (0, 0, 0, 0)   # emulator.calls and .token_grants during the bake
 
     def ngcx(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         done = ngcx(self.project, *args, env={**self.env, **(env or {})})
@@ -100,9 +101,12 @@ def reach_from_hosts(stack: contextlib.ExitStack, emulator: Any, hosts: Any, gat
 
 
 def _bake(cloud: Cloud, *args: str) -> str:
-    t0 = time.monotonic()
+    """`ngcx hosts bake`; what it sent the cloud and the logins its builder got are kept for the secrets test."""
+    emulator, t0 = cloud.emulator, time.monotonic()
+    first_call, first_grant = len(emulator.calls), len(emulator.token_grants)
     done = cloud.ngcx("hosts", "bake", "--cloud", cloud.name, *args)
     assert done.returncode == 0, done.stderr[-3000:]
+    cloud.bake_window = (first_call, len(emulator.calls), first_grant, len(emulator.token_grants))
     print(f"{cloud.name} bake: {time.monotonic() - t0:.1f} s")
     return done.stdout.strip()
 
@@ -168,11 +172,7 @@ def aws(docker_client, registry, relay, project, tmp_path_factory) -> Iterator[C
         created = [c for name, c in emulator.calls if name == "CreateRepository"]
         assert [c["repositoryName"] for c in created] == ["e2e/onnx-zero-code"]
         assert [name for name, _ in emulator.calls].count("GetAuthorizationToken") >= 1, "push logs in with a token"
-        t0 = time.monotonic()
-        baked = cloud.ngcx("hosts", "bake", "--cloud", "aws", "--region", AWS_REGION)
-        assert baked.returncode == 0, baked.stderr[-3000:]
-        cloud.baked = baked.stdout.strip()
-        print(f"aws bake: {time.monotonic() - t0:.1f} s")
+        cloud.baked = _bake(cloud, "--region", AWS_REGION)
         assert [m["state"] for m in emulator.images() if m["id"] == cloud.baked] == ["available"]
         assert not [i for i in emulator.instances() if i["tags"].get("ngcx:role") == "bake"
                     and state_of(i) not in ("terminated", "shutting-down")], "the builder is left"

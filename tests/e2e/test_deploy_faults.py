@@ -104,11 +104,11 @@ def test_a_wrong_secret_is_one_line_without_the_secret(cloud):
     assert "rejected" in line and wrong not in done.stderr and cloud.secret not in done.stderr
 
 
-def sent_to_the_cloud(emulator, since: int = 0) -> str:
-    """Every request ngcx sent the emulated cloud (from call number `since`), with base64 user-data and command
-    text decoded: what the cloud keeps (DescribeUserData, the command history). The hosts' own token requests
-    are left out: they carry the role's session token to the API, as the protocol has them do."""
-    calls = [(action, params) for action, params in emulator.calls[since:] if action != "GetAuthorizationToken"]
+def sent_to_the_cloud(emulator, since: int = 0, until: int | None = None) -> str:
+    """Every request ngcx sent the emulated cloud (calls number `since` to `until`), with base64 user-data and
+    command text decoded: what the cloud keeps (DescribeUserData, the command history). The hosts' own token
+    requests are left out: they carry the role's session token to the API, as the protocol has them do."""
+    calls = [(action, params) for action, params in emulator.calls[since:until] if action != "GetAuthorizationToken"]
     texts = [json.dumps(params, default=str) for _action, params in calls]
     for _action, params in calls:
         for name in ("UserData", "CommandContent"):
@@ -117,6 +117,19 @@ def sent_to_the_cloud(emulator, since: int = 0) -> str:
                 with contextlib.suppress(ValueError):
                     texts.append(base64.b64decode(value, validate=True).decode("utf-8", "replace"))
     return "\n".join(texts)
+
+
+def test_the_bake_builder_pulled_with_its_role_and_no_registry_secret_reached_the_cloud(cloud):
+    emu = cloud.emulator
+    first_call, last_call, first_grant, last_grant = cloud.bake_window
+    grants = emu.token_grants[first_grant:last_grant]
+    assert grants, "the builder must have asked for its registry login itself"
+    for grant in grants:                                  # its role may pull what it pre-pulls, nothing else
+        assert grant["caller"].startswith("role:ngcx-pull-")
+        assert len(grant["pull"]) == 1 and grant["pull"][0].endswith("e2e/onnx-zero-code")
+    sent = sent_to_the_cloud(emu, since=first_call, until=last_call)
+    assert "docker pull" in sent, "the bake script must be among what was read"
+    assert not [n for n in [cloud.secret, *emu.issued_tokens, *emu.issued_secrets()] if n in sent]
 
 
 def test_a_token_login_is_an_explicit_fallback_that_says_what_it_leaves(cloud):
