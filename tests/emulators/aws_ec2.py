@@ -48,6 +48,8 @@ the wire (aws_wire.py): it forwards every request to moto unchanged and adds, ar
   signed with them need their X-Amz-Security-Token, are refused once expired, and are authorized
   against the role's policies in moto's IAM (ECR GetAuthorizationToken -> AccessDeniedException).
   SSM Run Command needs an instance whose association exists now (not: was launched with a profile).
+- Load balancers (elbv2): aws_elbv2.Elbv2Balancers (`.elbv2`) takes every request signed for
+  elasticloadbalancing: a real haproxy per balancer, target health, draining, idempotent creates.
 
 What the product must do to run against it (documented for the deploy tests): point boto3 at
 `.endpoint` (AWS_ENDPOINT_URL or AWS_ENDPOINT_URL_EC2/_ECR/_SSM), any access key, region = `region`;
@@ -83,6 +85,7 @@ from urllib.parse import urlencode
 
 from moto.server import ThreadedMotoServer
 
+from .aws_elbv2 import Elbv2Balancers
 from .aws_imds import (
     PROFILE_KEYS,
     Caller,
@@ -131,6 +134,7 @@ MESSAGES = {
     "InternalError": "An internal error has occurred.",
     "Unavailable": "The server is overloaded and can't handle the request.",
     "ThrottlingException": "Rate exceeded",
+    "Throttling": "Rate exceeded",
     "AuthFailure": "AWS was not able to validate the provided access credentials",
     "UnauthorizedOperation": "You are not authorized to perform this operation.",
 }
@@ -250,6 +254,7 @@ class Ec2Emulator:
         self._upstream: Upstream | None = None
         self._proxy: ProxyServer | None = None
         self._proxy_errors: list[str] = []
+        self.elbv2 = Elbv2Balancers(self._forward, self._need_upstream, self._private_ip)
         self._actions: dict[tuple[str, str], Callable[[WireRequest], WireResponse]] = {
             ("query", "RunInstances"): self._run_instances,
             ("query", "StartInstances"): self._start_instances,
@@ -311,6 +316,7 @@ class Ec2Emulator:
                     server.close()
             self._proxy = self._imds = None
             self._closing.set()
+            self.elbv2.close()
             for worker in list(self._workers):
                 worker.join(timeout=120)
             self.hosts.close()
@@ -354,7 +360,11 @@ class Ec2Emulator:
     @property
     def proxy_errors(self) -> list[str]:
         """Harness bugs that were answered as 500 InternalError (a test should assert there are none)."""
-        return list(self._proxy_errors) + list(self._imds_errors)
+        return list(self._proxy_errors) + list(self._imds_errors) + list(self.elbv2.errors)
+
+    def balancer_address(self, dns_name_or_arn: str, listener_port: int) -> tuple[str, int]:
+        """Where a load balancer's listener is served (its haproxy): send its traffic there."""
+        return self.elbv2.balancer_address(dns_name_or_arn, listener_port)
 
     # --- fault injection and inspection (tests) ---------------------------------------------------
 
@@ -454,7 +464,7 @@ class Ec2Emulator:
         fault = self._take_fault(request.action)
         if fault is not None and not fault.after_effect:
             return self._fault_answer(request, fault)
-        action = self._actions.get((request.protocol, request.action), self._forward)
+        action = self.elbv2.route(request) or self._actions.get((request.protocol, request.action), self._forward)
         try:
             answer = action(request)
         except AwsError as error:
@@ -464,6 +474,12 @@ class Ec2Emulator:
         if fault is not None:
             return self._fault_answer(request, fault)
         return answer
+
+    def _private_ip(self, instance_id: str) -> str:
+        """The address of the instance's running machine ("" while it has none): elbv2's instance targets."""
+        with self._lock:
+            inst = self._instances.get(instance_id)
+            return inst.private_ip if inst is not None and inst.on_host and inst.masked is None else ""
 
     def _authenticate(self, request: WireRequest) -> None:
         """Long-term keys when access_keys is set; session credentials always, then their role's policies."""

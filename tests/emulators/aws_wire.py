@@ -129,6 +129,10 @@ def new_request_id() -> str:
     return str(uuid.uuid4())
 
 
+# Query services whose errors are <ErrorResponse xmlns=...><Error><Type/><Code/><Message/></Error><RequestId/>
+ERROR_RESPONSE_NAMESPACES = {"elasticloadbalancing": "http://elasticloadbalancing.amazonaws.com/doc/2015-12-01/"}
+
+
 def error_response(request: WireRequest, error: AwsError) -> WireResponse:
     """The error in the shape the request's protocol expects (botocore parses each its own way)."""
     request_id = new_request_id()
@@ -137,6 +141,14 @@ def error_response(request: WireRequest, error: AwsError) -> WireResponse:
         headers = (("Content-Type", "application/x-amz-json-1.1"), ("x-amzn-RequestId", request_id),
                    ("x-amzn-ErrorType", error.code))
         return WireResponse(error.http_status, headers, body)
+    if request.service in ERROR_RESPONSE_NAMESPACES:
+        root = ET.Element("ErrorResponse", xmlns=ERROR_RESPONSE_NAMESPACES[request.service])
+        fields = ET.SubElement(root, "Error")
+        for name, text in (("Type", "Sender" if error.http_status < 500 else "Receiver"), ("Code", error.code),
+                           ("Message", error.message)):
+            ET.SubElement(fields, name).text = text
+        ET.SubElement(root, "RequestId").text = request_id
+        return WireResponse(error.http_status, (("Content-Type", "text/xml"),), ET.tostring(root))
     root = ET.Element("Response")
     errors = ET.SubElement(ET.SubElement(root, "Errors"), "Error")
     ET.SubElement(errors, "Code").text = error.code

@@ -1,0 +1,597 @@
+"""Elastic Load Balancing v2 (Application Load Balancers) in the AWS double: moto's API state, a real data plane.
+
+Why: ngcx puts a service's replicas behind an ALB (issue 21); what it must get right is what a user notices
+on AWS: traffic reaches only healthy targets, a deregistered target finishes its in-flight requests
+(draining) before it is gone, creates can be retried. aws_ec2.Ec2Emulator routes every request signed for
+`elasticloadbalancing` here; each call goes to moto, and this module adds around it what moto lacks.
+
+What moto 5 does (moto/elbv2/models.py): it keeps balancers, listeners (and rules), target groups and their
+attributes, registered targets and tags, validates names, ports, protocols and actions, and refuses to
+delete a group a listener uses. But CreateLoadBalancer with a name in use makes a *second* balancer (its
+ARN has a random id, so the duplicate check never hits); CreateTargetGroup with a name in use always
+answers DuplicateTargetGroupName; DescribeTargetHealth says `healthy` for every registered target (nothing
+is checked) with HealthCheckPort `traffic-port`; DeregisterTargets forgets a target at once (the
+deregistration delay is stored, never used); nothing serves traffic.
+
+What this module adds:
+- A data plane: one balancer_plane.BalancerPlane (real haproxy) per balancer. After every successful
+  non-Describe call, the region's state is read back from moto (DescribeLoadBalancers / Listeners /
+  TargetGroups, moto's own DescribeTargetHealth for the registered targets) and each plane converges to it:
+  a plane listener per listener, its targets those of the groups its default action forwards to
+  (ForwardConfig weights kept), checked as the first such group says. Read back, not tracked, so every call
+  that changes listeners, groups or targets (Modify*, Delete*, ...) is followed without parsing each one;
+  the harness keeps only what moto forgets (draining targets). A target's host is the IP itself for type
+  `ip`; for `instance`, the address of the instance's machine as Ec2Emulator knows it (a DockerHosts
+  container's bridge IP), looked at again every tick, so a restarted instance's new address is followed.
+- DescribeTargetHealth from the plane's health checks, in AWS's shapes: `initial` (Elb.RegistrationInProgress
+  / Elb.InitialHealthChecking), `healthy`, `unhealthy` (Target.ResponseCodeMismatch "Health checks failed
+  with these codes: [503]", Target.Timeout, else Target.FailedHealthChecks: the plane only says unhealthy,
+  so one probe of the health route tells why), `draining` (Target.DeregistrationInProgress), `unused`
+  (Target.NotRegistered; Target.NotInUse when no listener forwards to the group; Target.InvalidState for an
+  instance without a running machine), `unavailable` (Target.HealthCheckDisabled); HealthCheckPort resolved.
+- Deregistration delay: a deregistered target is `draining` (no new requests, in-flight ones complete) for
+  the group's deregistration_delay.timeout_seconds (default 300) times `time_scale`, then gone. Deregistering
+  it again meanwhile succeeds (moto: InvalidTarget).
+- `time_scale` (default 1.0) scales the balancer's durations: that delay, health check interval and timeout.
+- Idempotent creates: CreateLoadBalancer / CreateTargetGroup with a name in use and the same settings answer
+  the existing one (same ARN); other settings: 400 DuplicateLoadBalancerName / DuplicateTargetGroupName.
+  "Same" compares the request's parameters (tags and list order aside) with those of the create that made
+  it (ModifyTargetGroup folded in): an omitted parameter and its default spelled out differ.
+- `balancer_address(dns_name_or_arn, listener_port)`: where the plane serves that listener (tests send the
+  balancer's traffic there). DeleteLoadBalancer stops its haproxy.
+Faults (fail_next, hold), SigV4 and role checks are Ec2Emulator's and apply unchanged; errors come in ELB's
+`<ErrorResponse>` shape (aws_wire.error_response); throttling is `Throttling` (400).
+
+Not emulated: listener rules (only default actions route; fixed-response / redirect listeners get no
+targets), TLS at the balancer (an HTTPS listener is served as plain HTTP: the plane takes no certificate),
+a health check port other than the traffic port, per-group health checks when a listener forwards to
+several groups (the first group's applies), one target id registered with two ports (moto keys targets by
+id), slow start, stickiness, zones (every target gets traffic), NLB/GWLB, `provisioning` (moto: active).
+"""
+from __future__ import annotations
+
+import contextlib
+import http.client
+import re
+import ssl
+import threading
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .aws_wire import (
+    AwsError,
+    Upstream,
+    WireRequest,
+    WireResponse,
+    child,
+    child_text,
+    local,
+    new_request_id,
+    parse_xml,
+    path,
+    xml_bytes,
+)
+from .balancer_plane import BalancerPlane, HealthCheck, Listener, Target
+
+SERVICE = "elasticloadbalancing"
+VERSION = "2015-12-01"
+NS = "http://elasticloadbalancing.amazonaws.com/doc/2015-12-01/"
+TICK_S = 0.1                       # how often draining deadlines and instance addresses are looked at
+DEFAULT_DELAY_S = 300
+DEREGISTRATION_DELAY = "deregistration_delay.timeout_seconds"
+_LIST_KEY = re.compile(r"^(.*?)\.member\.\d+(.*)$")
+_REASONS = {
+    "registration": ("initial", "Elb.RegistrationInProgress", "Target registration is in progress"),
+    "initial": ("initial", "Elb.InitialHealthChecking", "Initial health checks in progress"),
+    "draining": ("draining", "Target.DeregistrationInProgress", "Target deregistration is in progress"),
+    "not-registered": ("unused", "Target.NotRegistered", "Target is not registered to the target group"),
+    "not-in-use": ("unused", "Target.NotInUse",
+                   "Target group is not configured to receive traffic from the load balancer"),
+    "stopped": ("unused", "Target.InvalidState", "Target is in the stopped state"),
+    "disabled": ("unavailable", "Target.HealthCheckDisabled", "Health checks are disabled"),
+    "timeout": ("unhealthy", "Target.Timeout", "Request timed out"),
+    "failed": ("unhealthy", "Target.FailedHealthChecks", "Health checks failed"),
+}
+
+
+# --- moto's state, as read back -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Group:
+    """A target group: its health check and the targets moto has registered (id, port)."""
+
+    arn: str
+    name: str
+    protocol: str
+    target_type: str
+    check: HealthCheck                         # as the group says (unscaled)
+    check_port: str
+    targets: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class ListenerState:
+    port: int
+    protocol: str
+    forwards: tuple[tuple[str, int], ...]      # (target group ARN, weight)
+
+
+@dataclass
+class Balancer:
+    arn: str
+    name: str
+    dns: str
+    region: str
+    listeners: tuple[ListenerState, ...] = ()
+    plane: BalancerPlane | None = None
+    applied: tuple[Listener, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Drain:
+    group: str
+    id: str
+    port: int
+    host: str
+    until: float                               # time.monotonic()
+
+
+def members(element: ET.Element | None, name: str) -> list[ET.Element]:
+    """The <member> children of element's <name> (the query protocol's list encoding in ELB answers)."""
+    found = child(element, name)
+    return [c for c in found if local(c.tag) == "member"] if found is not None else []
+
+
+def listed(params: dict[str, str], prefix: str) -> list[dict[str, str]]:
+    """`Targets.member.1.Id`, `Targets.member.1.Port`, ... as [{"Id": ..., "Port": ...}] in index order."""
+    found: dict[int, dict[str, str]] = {}
+    for key, value in params.items():
+        head, _, rest = key.partition(".member.")
+        number, _, leaf = rest.partition(".")
+        if head == prefix and number.isdigit():
+            found.setdefault(int(number), {})[leaf] = value
+    return [found[n] for n in sorted(found)]
+
+
+def settings(params: dict[str, str], drop: Iterable[str] = ()) -> dict[str, Any]:
+    """A create request's settings, comparable across calls: no Action/Version/tags, lists as sorted lists."""
+    dropped = {"Action", "Version", *drop}
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        if key in dropped or key.startswith("Tags."):
+            continue
+        match = _LIST_KEY.match(key)
+        if match:
+            out.setdefault(match.group(1) + match.group(2), []).append(value)
+        else:
+            out[key] = value
+    return {k: sorted(v) if isinstance(v, list) else v for k, v in out.items()}
+
+
+def codes_match(codes: str, status: int) -> bool:
+    """ELB's matcher: "200", "200,204", "200-399"."""
+    for part in codes.split(","):
+        low, _, high = part.strip().partition("-")
+        with contextlib.suppress(ValueError):
+            if int(low) <= status <= int(high or low):
+                return True
+    return False
+
+
+def answer(action: str, build: Callable[[ET.Element], None]) -> WireResponse:
+    """An ELB success answer: <ActionResponse><ActionResult>...</ActionResult><ResponseMetadata/>."""
+    root = ET.Element(f"{{{NS}}}{action}Response")
+    build(ET.SubElement(root, f"{{{NS}}}{action}Result"))
+    ET.SubElement(ET.SubElement(root, f"{{{NS}}}ResponseMetadata"), f"{{{NS}}}RequestId").text = new_request_id()
+    return WireResponse(200, (("Content-Type", "text/xml"),), xml_bytes(root))
+
+
+def sub(parent: ET.Element, name: str, text: str | None = None) -> ET.Element:
+    element = ET.SubElement(parent, f"{{{NS}}}{name}")
+    element.text = text
+    return element
+
+
+class Elbv2Balancers:
+    """elbv2 for Ec2Emulator: `route` picks the requests signed for elasticloadbalancing."""
+
+    def __init__(self, forward: Callable[[WireRequest], WireResponse], upstream: Callable[[], Upstream],
+                 instance_ip: Callable[[str], str], plane_factory: Callable[[str], BalancerPlane] = BalancerPlane,
+                 time_scale: float = 1.0) -> None:
+        """forward: the emulator's own (counts `performed`); instance_ip: an instance's machine address ("" when
+        it has no running machine); plane_factory: name -> a BalancerPlane."""
+        self._forward, self._upstream, self._instance_ip = forward, upstream, instance_ip
+        self._plane_factory = plane_factory
+        self.time_scale = time_scale
+        self.errors: list[str] = []                          # plane failures (a test asserts there are none)
+        self._lock = threading.RLock()                       # the model below
+        self._refresh_lock = threading.Lock()                # one read-back at a time: the last one wins
+        self._create_lock = threading.Lock()                 # name check + create, atomically
+        self._converge_lock = threading.Lock()
+        self._balancers: dict[str, Balancer] = {}
+        self._groups: dict[str, Group] = {}
+        self._drains: list[Drain] = []
+        self._created: dict[tuple[str, str, str], dict[str, Any]] = {}   # (region, kind, name) -> settings
+        self._closing = threading.Event()
+        self._ticker: threading.Thread | None = None
+        self._special: dict[str, Callable[[WireRequest], WireResponse]] = {
+            "CreateLoadBalancer": lambda r: self._create(r, "LoadBalancers", "LoadBalancer", "A load balancer"),
+            "CreateTargetGroup": lambda r: self._create(r, "TargetGroups", "TargetGroup", "A target group"),
+            "ModifyTargetGroup": self._modify_group,
+            "DeregisterTargets": self._deregister,
+            "DescribeTargetHealth": self._describe_health,
+        }
+
+    # --- the emulator's side ----------------------------------------------------------------------
+
+    @staticmethod
+    def owns(request: WireRequest) -> bool:
+        return request.service == SERVICE or (request.service == "" and request.params.get("Version") == VERSION)
+
+    def route(self, request: WireRequest) -> Callable[[WireRequest], WireResponse] | None:
+        """The handler for an elbv2 request (None: not one)."""
+        return self.handle if self.owns(request) and request.protocol == "query" else None
+
+    def handle(self, request: WireRequest) -> WireResponse:
+        action = self._special.get(request.action, self._forward)  # the emulator's (counts `performed`)
+        result = action(request)
+        if result.ok and not request.action.startswith("Describe"):
+            self.refresh(request.region)
+        return result
+
+    def balancer_address(self, dns_name_or_arn: str, listener_port: int) -> tuple[str, int]:
+        """Where the plane serves that balancer's listener: (host, port) for a test client's requests."""
+        wanted = dns_name_or_arn.lower().rstrip(".")
+        with self._lock:
+            found = next((b for b in self._balancers.values() if wanted in (b.arn.lower(), b.dns.lower())), None)
+            listener = found is not None and any(x.port == listener_port for x in found.listeners)
+        if found is None:
+            raise KeyError(f"no load balancer {dns_name_or_arn}")
+        if not listener:
+            raise KeyError(f"load balancer {found.name} has no listener on port {listener_port}")
+        self.converge(found)
+        if found.plane is None:
+            raise KeyError(f"load balancer {found.name} has no data plane: {self.errors[-1:]}")
+        return found.plane.address(_listener_name(listener_port))
+
+    def close(self) -> None:
+        """Stop the ticker and every balancer's haproxy."""
+        self._closing.set()
+        if self._ticker is not None:
+            self._ticker.join(5)
+        with self._lock:
+            planes = [b.plane for b in self._balancers.values() if b.plane is not None]
+            self._balancers.clear()
+        for plane in planes:
+            self._close_plane(plane)
+
+    # --- calls moto gets wrong ----------------------------------------------------------------------
+
+    def _moto(self, region: str, action: str, params: dict[str, str]) -> ET.Element | None:
+        reply = self._upstream().query(SERVICE, region, action, VERSION, params)
+        return parse_xml(reply.body) if reply.ok else None
+
+    def _create(self, request: WireRequest, kind: str, noun: str, what: str) -> WireResponse:
+        """Same name + same settings: the existing one (AWS's idempotency); other settings: Duplicate...Name."""
+        name = request.params.get("Name", "")
+        key, wanted = (request.region, kind, name), settings(request.params)
+        with self._create_lock:
+            existing = self._moto(request.region, f"Describe{kind}", {"Names.member.1": name}) if name else None
+            if existing is not None and members(path(existing, f"Describe{kind}Result"), kind):
+                if self._created.get(key, wanted) != wanted:
+                    raise AwsError(400, f"Duplicate{noun}Name",
+                                   f"{what} with the same name '{name}' exists, but with different settings")
+                result = path(existing, f"Describe{kind}Result")
+                assert result is not None
+                for element in [c for c in result if local(c.tag) != kind]:
+                    result.remove(element)            # NextMarker
+                existing.tag, result.tag = f"{{{NS}}}Create{noun}Response", f"{{{NS}}}Create{noun}Result"
+                return WireResponse(200, (("Content-Type", "text/xml"),), xml_bytes(existing))
+            reply = self._forward(request)
+            if reply.ok:
+                self._created[key] = wanted
+            return reply
+
+    def _modify_group(self, request: WireRequest) -> WireResponse:
+        """A later identical create compares against the group as modified."""
+        reply = self._forward(request)
+        name = request.params.get("TargetGroupArn", "").partition(":targetgroup/")[2].partition("/")[0]
+        record = self._created.get((request.region, "TargetGroups", name))
+        if reply.ok and record is not None:
+            record.update(settings(request.params, drop=("TargetGroupArn",)))
+        return reply
+
+    def _deregister(self, request: WireRequest) -> WireResponse:
+        """moto forgets the target; the harness keeps it draining for the group's deregistration delay."""
+        group_arn = request.params.get("TargetGroupArn", "")
+        asked = listed(request.params, "Targets")
+        now = time.monotonic()
+        with self._lock:
+            group = self._groups.get(group_arn)
+            draining = {(d.id, d.port) for d in self._drains if d.group == group_arn and d.until > now}
+        if group is not None and asked and all((t.get("Id", ""), self._port(group, t)) in draining for t in asked):
+            return answer("DeregisterTargets", lambda result: None)
+        reply = self._forward(request)
+        if not reply.ok or group is None:
+            return reply
+        attributes = self._moto(request.region, "DescribeTargetGroupAttributes", {"TargetGroupArn": group_arn})
+        result = path(attributes, "DescribeTargetGroupAttributesResult") if attributes is not None else None
+        delay = next((float(child_text(m, "Value")) for m in members(result, "Attributes")
+                      if child_text(m, "Key") == DEREGISTRATION_DELAY), float(DEFAULT_DELAY_S))
+        until = time.monotonic() + delay * self.time_scale
+        for target in asked:
+            host = self._host(group, target.get("Id", ""))
+            if host:
+                with self._lock:
+                    self._drains.append(Drain(group_arn, target.get("Id", ""), self._port(group, target), host, until))
+        return reply
+
+    @staticmethod
+    def _port(group: Group, target: dict[str, str]) -> int:
+        """A target's port: its own, else the one registered under its id."""
+        return int(target.get("Port") or next((p for i, p in group.targets if i == target.get("Id")), 0))
+
+    # --- DescribeTargetHealth ------------------------------------------------------------------------
+
+    def _describe_health(self, request: WireRequest) -> WireResponse:
+        """moto's answer says which targets there are; their state comes from the plane (and the drains)."""
+        reply = self._forward(request)
+        root = parse_xml(reply.body) if reply.ok else None
+        if root is None:
+            return reply
+        group_arn = request.params.get("TargetGroupArn", "")
+        asked = bool(listed(request.params, "Targets"))
+        now = time.monotonic()
+        with self._lock:
+            self._drains = [d for d in self._drains if d.until > now]
+            drains = {(d.id, d.port): d for d in self._drains if d.group == group_arn}
+            group = self._groups.get(group_arn)
+        rows = [(child_text(path(m, "Target"), "Id"), int(child_text(path(m, "Target"), "Port") or 0),
+                 child_text(path(m, "TargetHealth"), "State"))       # id, port, moto's state
+                for m in members(path(root, "DescribeTargetHealthResult"), "TargetHealthDescriptions")]
+        if not asked:
+            rows += [(d.id, d.port, "unused") for key, d in drains.items() if key not in {r[:2] for r in rows}]
+        health = self._plane_health(group) if group is not None else None
+
+        def build(result: ET.Element) -> None:
+            descriptions = sub(result, "TargetHealthDescriptions")
+            for target_id, port, moto_state in rows:
+                member = sub(descriptions, "member")
+                target = sub(member, "Target")
+                sub(target, "Id", target_id)
+                sub(target, "Port", str(port))
+                check_port = group.check_port if group is not None else "traffic-port"
+                sub(member, "HealthCheckPort", str(port) if check_port in ("", "traffic-port") else check_port)
+                state, reason, description = self._state(group, health, drains, target_id, port, moto_state)
+                health_element = sub(member, "TargetHealth")
+                sub(health_element, "State", state)
+                if reason:
+                    sub(health_element, "Reason", reason)
+                    sub(health_element, "Description", description)
+
+        return answer("DescribeTargetHealth", build)
+
+    def _state(self, group: Group | None, health: dict[tuple[str, int], str] | None,
+               drains: dict[tuple[str, int], Drain], target_id: str, port: int,
+               moto_state: str) -> tuple[str, str, str]:
+        if (target_id, port) in drains:
+            return _REASONS["draining"]
+        if group is None or moto_state != "healthy":   # moto: not registered, or a stopped instance
+            return _REASONS["stopped"] if moto_state == "unused" and group is not None and any(
+                i == target_id for i, _ in group.targets) else _REASONS["not-registered"]
+        if health is None:
+            return _REASONS["not-in-use"]
+        host = self._host(group, target_id)
+        if not host:
+            return _REASONS["stopped"] if group.target_type == "instance" else _REASONS["registration"]
+        if not group.check.enabled:
+            return _REASONS["disabled"]
+        seen = health.get((host, port))
+        if seen == "healthy":
+            return "healthy", "", ""
+        if seen == "unhealthy":
+            return self._probe(group, host, port)
+        if seen == "draining":
+            return _REASONS["draining"]
+        return _REASONS["initial"] if seen == "initial" else _REASONS["registration"]
+
+    def _plane_health(self, group: Group) -> dict[tuple[str, int], str] | None:
+        """(host, port) -> the plane's state, over the listeners that forward to the group (None: none do)."""
+        with self._lock:
+            using = [(b, _listener_name(x.port)) for b in self._balancers.values() for x in b.listeners
+                     if any(arn == group.arn for arn, _ in x.forwards)]
+        if not using:
+            return None
+        merged: dict[tuple[str, int], str] = {}
+        for balancer, name in using:
+            self.converge(balancer)
+            try:
+                states = balancer.plane.health().get(name, {}) if balancer.plane is not None else {}
+            except Exception as exc:  # reported; the targets read as initial
+                self._failed(balancer, "health", exc)
+                states = {}
+            for key, state in states.items():
+                if merged.get(key) != "healthy":
+                    merged[key] = state
+        return merged
+
+    def _probe(self, group: Group, host: str, port: int) -> tuple[str, str, str]:
+        """Why a target is unhealthy (the plane says only that it is): one request to its health route."""
+        timeout = max(0.2, group.check.timeout_s * self.time_scale)
+        check_port = port if group.check_port in ("", "traffic-port") else int(group.check_port)
+        tls = {"context": ssl._create_unverified_context()} if group.check.scheme == "https" else {}
+        conn = (http.client.HTTPSConnection if tls else http.client.HTTPConnection)(host, check_port, timeout=timeout,
+                                                                                   **tls)
+        try:
+            conn.request("GET", group.check.path, headers={"User-Agent": "ELB-HealthChecker/2.0"})
+            status = conn.getresponse().status
+        except TimeoutError:
+            return _REASONS["timeout"]
+        except OSError:
+            return _REASONS["failed"]
+        finally:
+            conn.close()
+        if codes_match(group.check.codes, status):
+            return _REASONS["failed"]                  # it answers again: the plane has not seen enough checks yet
+        return "unhealthy", "Target.ResponseCodeMismatch", f"Health checks failed with these codes: [{status}]"
+
+    # --- reading moto back, converging the planes ----------------------------------------------------
+
+    def refresh(self, region: str) -> None:
+        """Read the region's balancers, listeners, groups and registered targets from moto; converge the planes."""
+        with self._refresh_lock:
+            groups = {g.arn: g for g in self._read_groups(region)}
+            balancers: dict[str, tuple[str, str, tuple[ListenerState, ...]]] = {}
+            marker = ""
+            while True:
+                root = self._moto(region, "DescribeLoadBalancers", {"Marker": marker} if marker else {})
+                result = path(root, "DescribeLoadBalancersResult") if root is not None else None
+                for member in members(result, "LoadBalancers"):
+                    arn = child_text(member, "LoadBalancerArn")
+                    balancers[arn] = (child_text(member, "LoadBalancerName"), child_text(member, "DNSName"),
+                                      self._read_listeners(region, arn))
+                marker = child_text(result, "NextMarker")
+                if not marker:
+                    break
+            closed: list[BalancerPlane] = []
+            with self._lock:
+                self._groups = {**{a: g for a, g in self._groups.items() if _region(a) != region}, **groups}
+                self._drains = [d for d in self._drains if d.group in self._groups
+                                and (d.id, d.port) not in self._groups[d.group].targets]   # registered again
+                for arn in [a for a, b in self._balancers.items() if b.region == region and a not in balancers]:
+                    closed += [p for p in (self._balancers.pop(arn).plane,) if p is not None]
+                for arn, (name, dns, listeners) in balancers.items():
+                    balancer = self._balancers.setdefault(arn, Balancer(arn, name, dns, region))
+                    balancer.listeners = listeners
+            for plane in closed:
+                self._close_plane(plane)
+        self._start_ticker()
+        self.converge_all()
+
+    def _read_groups(self, region: str) -> list[Group]:
+        root = self._moto(region, "DescribeTargetGroups", {})
+        found = []
+        for m in members(path(root, "DescribeTargetGroupsResult") if root is not None else None, "TargetGroups"):
+            arn = child_text(m, "TargetGroupArn")
+            health = self._moto(region, "DescribeTargetHealth", {"TargetGroupArn": arn})
+            targets = tuple((child_text(path(t, "Target"), "Id"), int(child_text(path(t, "Target"), "Port") or 0))
+                            for t in members(path(health, "DescribeTargetHealthResult") if health is not None
+                                             else None, "TargetHealthDescriptions"))
+            text = {local(e.tag): e.text or "" for e in m} | {"HttpCode": child_text(path(m, "Matcher"), "HttpCode")}
+            check = HealthCheck(
+                text.get("HealthCheckPath") or "/", float(text.get("HealthCheckIntervalSeconds") or 30),
+                float(text.get("HealthCheckTimeoutSeconds") or 5), int(text.get("HealthyThresholdCount") or 5),
+                int(text.get("UnhealthyThresholdCount") or 2), text["HttpCode"] or "200",
+                (text.get("HealthCheckProtocol") or "HTTP").lower(), text.get("HealthCheckEnabled") != "false")
+            found.append(Group(arn, child_text(m, "TargetGroupName"), child_text(m, "Protocol") or "HTTP",
+                               child_text(m, "TargetType") or "instance", check,
+                               child_text(m, "HealthCheckPort") or "traffic-port", targets))
+        return found
+
+    def _read_listeners(self, region: str, balancer_arn: str) -> tuple[ListenerState, ...]:
+        root = self._moto(region, "DescribeListeners", {"LoadBalancerArn": balancer_arn})
+        found = []
+        for m in members(path(root, "DescribeListenersResult") if root is not None else None, "Listeners"):
+            forwards: list[tuple[str, int]] = []
+            for action in members(m, "DefaultActions"):
+                if child_text(action, "Type") != "forward":
+                    continue
+                weighted = members(path(action, "ForwardConfig"), "TargetGroups")
+                if weighted:
+                    forwards += [(child_text(g, "TargetGroupArn"), int(child_text(g, "Weight") or 1)) for g in weighted]
+                elif child_text(action, "TargetGroupArn"):
+                    forwards.append((child_text(action, "TargetGroupArn"), 1))
+            found.append(ListenerState(int(child_text(m, "Port") or 0), child_text(m, "Protocol"), tuple(forwards)))
+        return tuple(sorted(found, key=lambda x: x.port))
+
+    def _host(self, group: Group, target_id: str) -> str:
+        return target_id if group.target_type == "ip" else self._instance_ip(target_id)
+
+    def _desired(self, balancer: Balancer) -> tuple[Listener, ...]:
+        now = time.monotonic()
+        with self._lock:
+            groups, listeners = dict(self._groups), balancer.listeners
+            drains = [d for d in self._drains if d.until > now]
+        planned = []
+        for listener in listeners:
+            forwards = [(groups[a], w) for a, w in listener.forwards if a in groups and w > 0]
+            top = max((w for _, w in forwards), default=1)
+            targets: dict[tuple[str, int], Target] = {}
+            for group, weight in forwards:
+                for target_id, port in group.targets:
+                    host = self._host(group, target_id)
+                    if host and (host, port) not in targets:
+                        targets[(host, port)] = Target(host, port, weight=max(1, round(100 * weight / top)))
+                for d in drains:
+                    if d.group == group.arn and (d.host, d.port) not in targets:
+                        targets[(d.host, d.port)] = Target(d.host, d.port, draining=True)
+            first = forwards[0][0] if forwards else None
+            check = HealthCheck() if first is None else replace(
+                first.check, interval_s=first.check.interval_s * self.time_scale,
+                timeout_s=first.check.timeout_s * self.time_scale)
+            planned.append(Listener(_listener_name(listener.port), listener.port,
+                                    backend_scheme=(first.protocol if first else "HTTP").lower(),
+                                    targets=tuple(targets.values()), health=check))
+        return tuple(planned)
+
+    def converge(self, balancer: Balancer) -> None:
+        """Bring the balancer's plane to the desired state (a no-op when nothing changed since the last apply)."""
+        with self._converge_lock:
+            with self._lock:
+                if self._balancers.get(balancer.arn) is not balancer or self._closing.is_set():
+                    return
+            try:
+                if balancer.plane is None:
+                    balancer.plane = self._plane_factory(f"{balancer.name}-{balancer.arn.rpartition('/')[2][:8]}")
+                desired = self._desired(balancer)
+                if desired != balancer.applied:
+                    balancer.plane.apply(desired)
+                    balancer.applied = desired
+            except Exception as exc:  # reported; the next tick tries again
+                self._failed(balancer, "apply", exc)
+
+    def converge_all(self) -> None:
+        with self._lock:
+            balancers = list(self._balancers.values())
+        for balancer in balancers:
+            self.converge(balancer)
+
+    def _start_ticker(self) -> None:
+        with self._lock:
+            if self._ticker is not None or self._closing.is_set():
+                return
+            self._ticker = threading.Thread(target=self._tick, name="elbv2-planes", daemon=True)
+        self._ticker.start()
+
+    def _tick(self) -> None:
+        """Draining targets leave when their delay is over; instances' new addresses reach the planes."""
+        while not self._closing.wait(TICK_S):
+            now = time.monotonic()
+            with self._lock:
+                self._drains = [d for d in self._drains if d.until > now]
+            self.converge_all()
+
+    def _failed(self, balancer: Balancer, call: str, exc: BaseException) -> None:
+        with self._lock:
+            message = f"{balancer.name}: {call}: {type(exc).__name__}: {exc}"[:500]
+            if message not in self.errors[-1:]:
+                self.errors.append(message)
+
+    def _close_plane(self, plane: BalancerPlane) -> None:
+        with self._converge_lock:
+            try:
+                plane.close()
+            except Exception as exc:  # reported
+                self.errors.append(f"close: {type(exc).__name__}: {exc}"[:500])
+
+
+def _listener_name(port: int) -> str:
+    return f"listener-{port}"
+
+
+def _region(arn: str) -> str:
+    return arn.split(":")[3] if arn.count(":") >= 4 else ""
+
