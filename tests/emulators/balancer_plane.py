@@ -8,11 +8,13 @@ something else than `HealthCheck.codes` (or not answering) `unhealthy_threshold`
 comes back after `healthy_threshold` good checks. Nothing here pretends: health() reads haproxy's
 `show stat` / `show servers state`.
 
-One haproxy per listener, changed at run time. Each Listener gets its own haproxy process (its own
-config, stats socket, pid and log under `workdir`), so adding or removing a listener never touches
-another listener's process. Target changes go through haproxy's runtime API on the admin stats socket,
-never through a reload, because a reload closes the old worker's idle keep-alive client connections
-(a client sending on one at that moment sees a reset) and forgets dynamic servers:
+Two haproxy processes per listener, changed at run time, never reloaded. A listener's "front" haproxy
+owns the public port (`address()`, chosen once) and relays each request over a unix socket to its
+"back" haproxy, which holds the targets, runs the checks and balances. Each listener has its own pair
+(configs, stats socket, pid files and log under `workdir/<listener>/`), so adding or removing a listener
+never touches another one. Target changes go through the back haproxy's runtime API on its admin stats
+socket, never through a reload, because a reload closes the old process's idle keep-alive client
+connections (a client sending on one at that moment sees a reset) and forgets dynamic servers:
 - add: `add server BACKEND/NAME ADDR:PORT weight 0 check ...` (dynamic servers start in maintenance),
   `enable health`, `enable server`, `set server ... health down`, then the real weight: haproxy puts
   a server leaving maintenance UP before any check ran; forcing it down (at weight 0, so no request can
@@ -20,14 +22,15 @@ never through a reload, because a reload closes the old worker's idle keep-alive
 - drain / undrain: `set server ... state drain|ready` (no new requests, in-flight ones finish);
 - weight: `set server ... weight N` (0..256; 0 means no requests, as ALB weight 0);
 - remove: `set server ... state maint`, then `del server` once haproxy says it has no connections
-  left (retried on every later apply() and on close() while a slow request still runs). Server names
-  carry a generation number, so a target removed and added again at once never clashes with its old
-  self.
-Only a change of a listener's HealthCheck or backend_scheme rebuilds its config: the new haproxy takes
-the listening socket over from the old one (`-x` + `expose-fd listeners`, `-sf`), with the targets as
-static servers and their health carried over in a server-state file. Requests in flight finish in the
-old process, but its idle keep-alive client connections are closed: do not change health checks under
-a zero-failure load test.
+  left (retried on every later apply() and servers() call while a slow request still runs). Server
+  names carry a serial number, so a target removed and added again at once never clashes with its
+  old self.
+Only a change of a listener's HealthCheck or backend_scheme needs a new config (httpchk and ssl are not
+runtime settings in haproxy 2.6). Then only the back haproxy is replaced: the new one takes the unix
+socket over from the old one (`-x` + `expose-fd listeners`, `-sf`), with the targets as static servers
+and their health, drain and weight carried over in a server-state file; the old one finishes its
+requests in flight. The front haproxy and its client connections, idle keep-alive ones included, see
+nothing of it (the front opens one connection to the back per request: `option http-server-close`).
 
 Retries (haproxy `retry-on conn-failure`, `retries 3`, `option redispatch 1`): a request is sent again,
 to another target, when the connection to its target (or the TLS handshake) failed, so nothing was
@@ -35,7 +38,8 @@ sent: a target that just stopped listening costs no failed request, as on a clou
 reached its target is never retried: the target dying mid-request, answering garbage or timing out
 gives the client 502/504, as ALB does. Server-side connections are closed after each response
 (`option http-server-close`; client keep-alive stays), so no request goes out on a stale pooled
-connection and a removed target holds no idle connection.
+connection and a removed target holds no idle connection. A health check over https sets `check-ssl`
+explicitly: dynamic servers do not inherit it from `ssl` as static ones do.
 
 Limits (not emulated): TLS termination (frontends are plain HTTP; Listener.port is informational and
 only fills X-Forwarded-Port), listener rules / host or path routing / redirects / fixed responses,
@@ -44,8 +48,9 @@ draining target after its own delay), cross-zone behaviour, access logs, ALB's o
 is haproxy's page), health-check Host headers or methods other than `GET path HTTP/1.0`. A listener
 with no healthy, non-draining target answers 503 (haproxy "no server available"), as ALB does.
 HealthCheck.enabled False means the targets are not checked and always get traffic; health() then says
-"unused". "initial" is a target that is down and has not failed a check since it was added; once it
-has, it is "unhealthy" until it is up again.
+"unused" (turning checks on again starts them healthy, checked at once). "initial" is a target that is
+down and whose checks have not failed (new, or passing on its way up); "unhealthy" is one whose last
+check failed, or that fell from up and is not back yet.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ NAME = re.compile(r"[A-Za-z0-9_.-]+")
 MAX_WEIGHT = 256
 READY_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 5.0
+SOCKET_DIR_MAX = 80        # longer folders get their sockets in a short temp dir (AF_UNIX paths <= 107 bytes)
 STATES = ("healthy", "unhealthy", "initial", "draining", "unused")
 # `show servers state` srv_admin_state bits (haproxy management guide).
 ADMIN_MAINT = 0x01 | 0x02 | 0x04 | 0x20
@@ -196,9 +202,23 @@ def _server_options(lst: Listener, static: bool = False) -> str:
     return " ".join(opts)
 
 
-def render_config(lst: Listener, bind: str, port: int, sock: Path, servers: Sequence[_Server] = (),
-                  state_file: Path | None = None) -> str:
-    """haproxy.cfg of one listener. Targets are added at run time; `servers` only on a rebuild."""
+DEFAULTS = ["defaults", "    mode http", "    timeout connect 2s", "    timeout client 60s", "    timeout server 60s",
+            "    timeout http-keep-alive 60s", "    timeout http-request 10s", "    option http-server-close"]
+
+
+def render_front(lst: Listener, bind: str, port: int, traffic: Path) -> str:
+    """The listener's stable haproxy: the public port, relaying each request to the back haproxy."""
+    return "\n".join([
+        "global", "    nbthread 1", "    hard-stop-after 5s", *DEFAULTS, "    retries 3",
+        f"frontend fe_{lst.name}", f"    bind {bind}:{port}", "    option forwardfor",
+        "    http-request set-header X-Forwarded-Proto http",
+        f"    http-request set-header X-Forwarded-Port {lst.port}",
+        "    default_backend back", "backend back", f"    server back unix@{traffic}", ""])
+
+
+def render_back(lst: Listener, traffic: Path, sock: Path, servers: Sequence[_Server] = (),
+                state_file: Path | None = None) -> str:
+    """The listener's balancing haproxy. Targets are added at run time; `servers` only on a rebuild."""
     hc = lst.health
     check = [f"    option httpchk GET {hc.path}", f"    http-check expect rstatus {status_regex(hc.codes)}",
              f"    timeout check {_ms(hc.timeout_s)}"] if hc.enabled else []
@@ -207,51 +227,29 @@ def render_config(lst: Listener, bind: str, port: int, sock: Path, servers: Sequ
     static = [f"    server {s.name} {s.target.host}:{s.target.port} weight {s.target.weight} "
               f"{_server_options(lst, static=True)}" for s in servers]
     return "\n".join([
-        "global",
-        f"    stats socket {sock} mode 600 level admin expose-fd listeners",
-        "    nbthread 1",
-        "    ssl-server-verify none",
-        "    hard-stop-after 5s",
-        *state[0],
-        "defaults",
-        "    mode http",
-        "    timeout connect 2s",
-        "    timeout client 60s",
-        "    timeout server 60s",
-        "    timeout http-keep-alive 60s",
-        "    timeout http-request 10s",
-        "    option http-server-close",
-        "    retries 3",
-        "    retry-on conn-failure",
-        "    option redispatch 1",
-        *state[1],
-        f"frontend fe_{lst.name}",
-        f"    bind {bind}:{port}",
-        "    option forwardfor",
-        "    http-request set-header X-Forwarded-Proto http",
-        f"    http-request set-header X-Forwarded-Port {lst.port}",
-        f"    default_backend be_{lst.name}",
-        f"backend be_{lst.name}",
-        "    balance roundrobin",
-        *check,
-        *static,
-        "",
-    ])
+        "global", f"    stats socket {sock} mode 600 level admin expose-fd listeners", "    nbthread 1",
+        "    ssl-server-verify none", "    hard-stop-after 5s", *state[0],
+        *DEFAULTS, "    retries 3", "    retry-on conn-failure", "    option redispatch 1", *state[1],
+        f"frontend fe_{lst.name}", f"    bind unix@{traffic} mode 600", f"    default_backend be_{lst.name}",
+        f"backend be_{lst.name}", "    balance roundrobin", *check, *static, ""])
 
 
 @dataclass
 class _Proxy:
-    """One listener's haproxy process and the servers it was told about."""
+    """One listener: its front haproxy (never changed) and back haproxy (the targets; rebuilt on a new
+    health check or backend scheme), and the servers the back one was told about."""
 
     listener: Listener
     bind: str
     port: int
     folder: Path
+    sockets: Path                                            # folder, or a short temp dir (AF_UNIX paths)
     servers: dict[tuple[str, int], _Server] = field(default_factory=dict)
     retiring: list[str] = field(default_factory=list)       # in maint, to `del server` once idle
-    process: subprocess.Popen[bytes] | None = None
+    front: subprocess.Popen[bytes] | None = None
+    back: subprocess.Popen[bytes] | None = None
     dying: list[subprocess.Popen[bytes]] = field(default_factory=list)     # replaced, finishing requests
-    generation: int = 0                                                     # of the config and socket
+    generation: int = 0                                                     # of the back's config and socket
     serial: int = 0                                                         # of server names
 
     @property
@@ -260,7 +258,11 @@ class _Proxy:
 
     @property
     def sock(self) -> Path:
-        return self.folder / f"stats-{self.generation}.sock"
+        return self.sockets / f"admin-{self.generation}.sock"
+
+    @property
+    def traffic(self) -> Path:
+        return self.sockets / "traffic.sock"
 
     def run(self, command: str) -> str:
         return cli(self.sock, command)
@@ -270,40 +272,58 @@ class _Proxy:
         if answer:
             raise PlaneError(f"{self.listener.name}: haproxy answered {answer!r} to {command!r}")
 
-    # --- process -------------------------------------------------------------------------------
-    def start(self, servers: Sequence[_Server] = (), state_file: Path | None = None) -> None:
-        """Start haproxy on self.port; with an older process alive, take its listening socket over."""
-        old, old_sock = self.process, self.sock
+    # --- processes -----------------------------------------------------------------------------
+    def spawn(self, role: str, config: str, *extra: str) -> subprocess.Popen[bytes]:
+        cfg = self.folder / f"{role}.cfg"
+        cfg.write_text(config)
+        argv = [HAPROXY, "-db", "-f", str(cfg), "-p", str(self.folder / f"{role}.pid"), *extra]
+        with open(self.folder / "haproxy.log", "ab") as log:
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+
+    def start(self) -> None:
+        """Both haproxy processes, the back one without targets."""
+        self.start_back()
+        self.front = self.spawn("front", render_front(self.listener, self.bind, self.port, self.traffic))
+        until(self.serving, READY_TIMEOUT_S, f"listener {self.listener.name} to serve {self.bind}:{self.port}")
+
+    def start_back(self, servers: Sequence[_Server] = (), state_file: Path | None = None) -> None:
+        """Start the back haproxy; with an older one alive, take its listening socket over (-x, -sf)."""
+        old, old_sock = self.back, self.sock
         self.generation += 1
-        cfg = self.folder / f"haproxy-{self.generation}.cfg"
-        cfg.write_text(render_config(self.listener, self.bind, self.port, self.sock, servers, state_file))
-        argv = [HAPROXY, "-db", "-f", str(cfg), "-p", str(self.folder / "haproxy.pid")]
-        if old is not None and old.poll() is None:
-            argv += ["-x", str(old_sock), "-sf", str(old.pid)]
-        log = open(self.folder / "haproxy.log", "ab")  # noqa: SIM115 - haproxy holds it for its life
-        with log:
-            self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                            start_new_session=True)
-        until(self.ready, READY_TIMEOUT_S, f"haproxy of listener {self.listener.name} to serve {self.bind}:{self.port}")
+        extra = ["-x", str(old_sock), "-sf", str(old.pid)] if old is not None and old.poll() is None else []
+        config = render_back(self.listener, self.traffic, self.sock, servers, state_file)
+        self.back = self.spawn(f"back-{self.generation}", config, *extra)
+        until(self.back_ready, READY_TIMEOUT_S, f"the back haproxy of listener {self.listener.name}")
         if old is not None:
             self.dying.append(old)
 
-    def ready(self) -> bool:
-        if self.process is None or self.process.poll() is not None:
+    def alive(self, process: subprocess.Popen[bytes] | None) -> None:
+        if process is None or process.poll() is not None:
             tail = (self.folder / "haproxy.log").read_text(errors="replace")[-2000:]
             raise PlaneError(f"haproxy of listener {self.listener.name} exited:\n{tail}")
+
+    def back_ready(self) -> bool:
+        self.alive(self.back)
         try:
-            self.run("show info")
+            return "Pid: " in self.run("show info") and self.traffic.exists()
+        except OSError:
+            return False
+
+    def serving(self) -> bool:
+        self.alive(self.front)
+        try:
             with socket.create_connection((self.bind, self.port), timeout=1):
                 return True
         except OSError:
             return False
 
     def stop(self) -> None:
-        for process in [*self.dying, self.process]:
+        for process in [self.front, *self.dying, self.back]:
             if process is not None:
                 _reap(process, signal.SIGTERM)
-        self.process, self.dying = None, []
+        self.front, self.back, self.dying = None, None, []
+        if self.sockets != self.folder:
+            shutil.rmtree(self.sockets, ignore_errors=True)
 
     # --- servers -------------------------------------------------------------------------------
     def converge(self, lst: Listener) -> None:
@@ -349,18 +369,27 @@ class _Proxy:
 
     def reap_retired(self) -> None:
         """`del server` each retired server haproxy lets go of (one still serving a request stays)."""
+        self.dying = [process for process in self.dying if process.poll() is None]
         for name in list(self.retiring):
             if "Server deleted" in self.run(f"del server {self.backend}/{name}"):
                 self.retiring.remove(name)
 
     def rebuild(self, lst: Listener) -> None:
-        """New health check or backend scheme: a new haproxy with the servers static, health carried over."""
+        """New health check or backend scheme: a new haproxy with the servers static. Checked before and
+        after: health, drain and weight carry over (server-state file). Otherwise the servers start up
+        (haproxy's default for static servers, checked at once when checks are on) and converge() drains
+        and weighs them again."""
         self.reap_retired()
-        state_file = self.folder / "servers.state"
-        state_file.write_text(self.run(f"show servers state {self.backend}"))
+        state_file: Path | None = None
+        if self.listener.health.enabled and lst.health.enabled:
+            state_file = self.folder / "servers.state"
+            state_file.write_text(self.run(f"show servers state {self.backend}"))
+        else:
+            for server in self.servers.values():
+                server.target = Target(server.target.host, server.target.port, server.target.weight)
         self.listener = Listener(lst.name, lst.port, lst.backend_scheme, self.listener.targets, lst.health)
         self.retiring = []
-        self.start(list(self.servers.values()), state_file)
+        self.start_back(list(self.servers.values()), state_file)
 
     # --- health --------------------------------------------------------------------------------
     def health(self) -> dict[tuple[str, int], str]:
@@ -457,8 +486,10 @@ class BalancerPlane:
         for _ in range(5):
             folder = self.workdir / lst.name
             folder.mkdir(exist_ok=True)
+            short = len(str(folder)) <= SOCKET_DIR_MAX
+            sockets = folder if short else Path(tempfile.mkdtemp(prefix=f"plane-{lst.name[:20]}-"))
             proxy = _Proxy(Listener(lst.name, lst.port, lst.backend_scheme, (), lst.health), self.bind,
-                           free_port(self.bind), folder)
+                           free_port(self.bind), folder, sockets)
             try:
                 proxy.start()
                 return proxy
@@ -493,10 +524,12 @@ class BalancerPlane:
             rows = _table(proxy.run(f"show servers state {proxy.backend}"), " ")
             return sorted(f"{row['srv_addr']}:{row['srv_port']}" for row in rows)
 
-    def pids(self) -> list[int]:
-        """The haproxy processes running now (one per listener; for tests and diagnostics)."""
+    def pids(self, listener_name: str | None = None) -> list[int]:
+        """The haproxy processes running now (a listener's or all; for tests and diagnostics)."""
         with self._lock:
-            return [p.process.pid for p in self._proxies.values() if p.process and p.process.poll() is None]
+            proxies = [self._proxies[listener_name]] if listener_name else list(self._proxies.values())
+            processes = [q for p in proxies for q in (p.front, p.back, *p.dying)]
+            return [q.pid for q in processes if q is not None and q.poll() is None]
 
     def close(self) -> None:
         with self._lock:

@@ -279,8 +279,9 @@ def test_targets_change_under_keepalive_load_without_a_failed_request(plane: Bal
              ((b.target, c.target, d.target), (d,)),     # remove the drained one, add another
              ((drain(b), c.target, heavy), ()),          # drain and reweight
              ((c.target, heavy), ())]                    # remove
-    for targets, fresh in steps:
-        plane.apply([Listener("web", 80, targets=targets, health=FAST)])
+    for i, (targets, fresh) in enumerate(steps):
+        health = FAST if i < 2 else replace(FAST, interval_s=0.25)    # a health check change on the way
+        plane.apply([Listener("web", 80, targets=targets, health=health)])
         all_healthy(plane, "web", *fresh)
         time.sleep(0.3)     # let the load run on this step (bounded: the clients stop after 6 s anyway)
     a.stop()                # deregistered hosts go away, as a rolling update stops them
@@ -294,7 +295,7 @@ def test_targets_change_under_keepalive_load_without_a_failed_request(plane: Bal
     assert plane.servers("web") == sorted(f"{h.target.host}:{h.target.port}" for h in (c, d)), "removed ones deleted"
 
 
-def test_address_is_stable_and_other_listeners_keep_their_connections(plane: BalancerPlane, backends) -> None:
+def test_address_is_stable_and_keepalive_connections_survive_every_change(plane: BalancerPlane, backends) -> None:
     a, b = backends("a"), backends("b")
     plane.apply([Listener("web", 80, targets=(a.target,), health=FAST)])
     address, pids = plane.address("web"), plane.pids()
@@ -313,10 +314,12 @@ def test_address_is_stable_and_other_listeners_keep_their_connections(plane: Bal
     assert get(address, conn=conn) == (200, "b")
     assert conn.sock.getsockname() == local, "the idle keep-alive connection survived"
 
+    front = plane.pids("web")[0]
     plane.apply([Listener("web", 80, targets=(b.target,), health=HealthCheck(interval_s=0.3, timeout_s=0.5))])
-    assert plane.address("web") == address
+    assert plane.address("web") == address and plane.pids("web")[0] == front
     assert state_of(plane, "web", b) == "healthy", "health carried over a health-check change"
-    assert get(address) == (200, "b")
+    assert get(address, conn=conn) == (200, "b")
+    assert conn.sock.getsockname() == local, "the idle keep-alive connection survived the new health check"
 
 
 def self_signed(folder: Path) -> ssl.SSLContext:
@@ -358,7 +361,7 @@ def test_close_stops_haproxy_and_removes_its_files(tmp_path: Path, backends) -> 
     plane = BalancerPlane("closing", workdir=tmp_path / "plane")
     plane.apply([Listener("one", 80, targets=(a.target,), health=FAST), Listener("two", 80, health=FAST)])
     pids = plane.pids()
-    assert len(pids) == 2 and any((tmp_path / "plane").iterdir())
+    assert len(pids) == 4 and any((tmp_path / "plane").iterdir()), "a front and a back haproxy per listener"
     plane.close()
     for pid in pids:
         with pytest.raises(ProcessLookupError):
