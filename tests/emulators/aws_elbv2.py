@@ -32,13 +32,13 @@ What this module adds:
 - Deregistration delay: a deregistered target is `draining` (no new requests, in-flight ones complete) for
   the group's deregistration_delay.timeout_seconds (default 300) times `time_scale`, then gone. Deregistering
   it again meanwhile succeeds (moto: InvalidTarget).
-- `time_scale` (default 1.0) scales the balancer's durations: that delay, health check interval and timeout.
+- `time_scale` (default 1.0) scales that delay and the health checks' interval and timeout.
 - Idempotent creates: CreateLoadBalancer / CreateTargetGroup with a name in use and the same settings answer
   the existing one (same ARN); other settings: 400 DuplicateLoadBalancerName / DuplicateTargetGroupName.
   "Same" compares the request's parameters (tags and list order aside) with those of the create that made
   it (ModifyTargetGroup folded in): an omitted parameter and its default spelled out differ.
 - `balancer_address(dns_name_or_arn, listener_port)`: where the plane serves that listener (tests send the
-  balancer's traffic there). DeleteLoadBalancer stops its haproxy.
+  balancer's traffic there); `plane(...)`: the plane itself. DeleteLoadBalancer stops its haproxy.
 Faults (fail_next, hold), SigV4 and role checks are Ec2Emulator's and apply unchanged; errors come in ELB's
 `<ErrorResponse>` shape (aws_wire.error_response); throttling is `Throttling` (400).
 
@@ -50,7 +50,6 @@ id), slow start, stickiness, zones (every target gets traffic), NLB/GWLB, `provi
 """
 from __future__ import annotations
 
-import contextlib
 import http.client
 import re
 import ssl
@@ -164,21 +163,14 @@ def settings(params: dict[str, str], drop: Iterable[str] = ()) -> dict[str, Any]
         if key in dropped or key.startswith("Tags."):
             continue
         match = _LIST_KEY.match(key)
-        if match:
-            out.setdefault(match.group(1) + match.group(2), []).append(value)
-        else:
-            out[key] = value
+        out.setdefault(match.group(1) + match.group(2), []).append(value) if match else out.update({key: value})
     return {k: sorted(v) if isinstance(v, list) else v for k, v in out.items()}
 
 
 def codes_match(codes: str, status: int) -> bool:
     """ELB's matcher: "200", "200,204", "200-399"."""
-    for part in codes.split(","):
-        low, _, high = part.strip().partition("-")
-        with contextlib.suppress(ValueError):
-            if int(low) <= status <= int(high or low):
-                return True
-    return False
+    ranges = [(low, high or low) for low, _, high in (p.strip().partition("-") for p in codes.split(","))]
+    return any(low.isdigit() and high.isdigit() and int(low) <= status <= int(high) for low, high in ranges)
 
 
 def answer(action: str, build: Callable[[ET.Element], None]) -> WireResponse:
@@ -227,13 +219,10 @@ class Elbv2Balancers:
 
     # --- the emulator's side ----------------------------------------------------------------------
 
-    @staticmethod
-    def owns(request: WireRequest) -> bool:
-        return request.service == SERVICE or (request.service == "" and request.params.get("Version") == VERSION)
-
     def route(self, request: WireRequest) -> Callable[[WireRequest], WireResponse] | None:
-        """The handler for an elbv2 request (None: not one)."""
-        return self.handle if self.owns(request) and request.protocol == "query" else None
+        """The handler for an elbv2 request: signed for elasticloadbalancing, else unsigned with elbv2's Version."""
+        ours = request.service == SERVICE or (request.service == "" and request.params.get("Version") == VERSION)
+        return self.handle if ours and request.protocol == "query" else None
 
     def handle(self, request: WireRequest) -> WireResponse:
         action = self._special.get(request.action, self._forward)  # the emulator's (counts `performed`)
@@ -244,18 +233,28 @@ class Elbv2Balancers:
 
     def balancer_address(self, dns_name_or_arn: str, listener_port: int) -> tuple[str, int]:
         """Where the plane serves that balancer's listener: (host, port) for a test client's requests."""
-        wanted = dns_name_or_arn.lower().rstrip(".")
+        plane = self.plane(dns_name_or_arn)
         with self._lock:
-            found = next((b for b in self._balancers.values() if wanted in (b.arn.lower(), b.dns.lower())), None)
-            listener = found is not None and any(x.port == listener_port for x in found.listeners)
+            balancer = self._find(dns_name_or_arn)
+            if not any(x.port == listener_port for x in balancer.listeners):
+                raise KeyError(f"load balancer {balancer.name} has no listener on port {listener_port}")
+        return plane.address(_listener_name(listener_port))
+
+    def plane(self, dns_name_or_arn: str) -> BalancerPlane:
+        """The balancer's data plane, converged (KeyError for a balancer that does not exist (any more))."""
+        with self._lock:
+            balancer = self._find(dns_name_or_arn)
+        self.converge(balancer)
+        if balancer.plane is None:
+            raise KeyError(f"load balancer {balancer.name} has no data plane: {self.errors[-1:]}")
+        return balancer.plane
+
+    def _find(self, dns_name_or_arn: str) -> Balancer:
+        wanted = dns_name_or_arn.lower().rstrip(".")
+        found = next((b for b in self._balancers.values() if wanted in (b.arn.lower(), b.dns.lower())), None)
         if found is None:
             raise KeyError(f"no load balancer {dns_name_or_arn}")
-        if not listener:
-            raise KeyError(f"load balancer {found.name} has no listener on port {listener_port}")
-        self.converge(found)
-        if found.plane is None:
-            raise KeyError(f"load balancer {found.name} has no data plane: {self.errors[-1:]}")
-        return found.plane.address(_listener_name(listener_port))
+        return found
 
     def close(self) -> None:
         """Stop the ticker and every balancer's haproxy."""
@@ -496,9 +495,7 @@ class Elbv2Balancers:
         found = []
         for m in members(path(root, "DescribeListenersResult") if root is not None else None, "Listeners"):
             forwards: list[tuple[str, int]] = []
-            for action in members(m, "DefaultActions"):
-                if child_text(action, "Type") != "forward":
-                    continue
+            for action in [a for a in members(m, "DefaultActions") if child_text(a, "Type") == "forward"]:
                 weighted = members(path(action, "ForwardConfig"), "TargetGroups")
                 if weighted:
                     forwards += [(child_text(g, "TargetGroupArn"), int(child_text(g, "Weight") or 1)) for g in weighted]
@@ -540,12 +537,12 @@ class Elbv2Balancers:
     def converge(self, balancer: Balancer) -> None:
         """Bring the balancer's plane to the desired state (a no-op when nothing changed since the last apply)."""
         with self._converge_lock:
-            with self._lock:
-                if self._balancers.get(balancer.arn) is not balancer or self._closing.is_set():
-                    return
             try:
-                if balancer.plane is None:
-                    balancer.plane = self._plane_factory(f"{balancer.name}-{balancer.arn.rpartition('/')[2][:8]}")
+                with self._lock:        # a plane is made only for a balancer that still exists (refresh closes it)
+                    if self._balancers.get(balancer.arn) is not balancer or self._closing.is_set():
+                        return
+                    if balancer.plane is None:
+                        balancer.plane = self._plane_factory(f"{balancer.name}-{balancer.arn.rpartition('/')[2][:8]}")
                 desired = self._desired(balancer)
                 if desired != balancer.applied:
                     balancer.plane.apply(desired)
@@ -575,10 +572,9 @@ class Elbv2Balancers:
             self.converge_all()
 
     def _failed(self, balancer: Balancer, call: str, exc: BaseException) -> None:
+        message = f"{balancer.name}: {call}: {type(exc).__name__}: {exc}"[:500]
         with self._lock:
-            message = f"{balancer.name}: {call}: {type(exc).__name__}: {exc}"[:500]
-            if message not in self.errors[-1:]:
-                self.errors.append(message)
+            self.errors += [message] if message not in self.errors[-1:] else []
 
     def _close_plane(self, plane: BalancerPlane) -> None:
         with self._converge_lock:

@@ -31,7 +31,7 @@ from emulators.test_aws_imds import LoopbackHosts
 TIME_SCALE = 0.1
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy")
 CHECK = {"HealthCheckPath": "/v2/health/ready", "HealthCheckIntervalSeconds": 5, "HealthCheckTimeoutSeconds": 2,
-         "HealthyThresholdCount": 2, "UnhealthyThresholdCount": 2}
+         "HealthyThresholdCount": 3, "UnhealthyThresholdCount": 2}
 
 
 class Backend(ThreadingHTTPServer):
@@ -52,6 +52,9 @@ class Backend(ThreadingHTTPServer):
     @property
     def port(self) -> int:
         return self.server_address[1]
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Quiet: haproxy's health checks hang up without reading the whole answer."""
 
     def close(self) -> None:
         self.release.set()
@@ -283,11 +286,22 @@ def test_the_same_create_twice_answers_the_same_arn_and_other_settings_are_refus
                                                     **CHECK))[:2] == ("DuplicateTargetGroupName", 400)
 
 
+def running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_deleting_the_balancer_stops_its_haproxy(emulator):
     elb, balancer, _ = service(emulator, "gone")
     address = emulator.balancer_address(balancer["DNSName"], 80)
     assert get(address)[0] == 503, "a listener without healthy targets answers 503, as an ALB does"
+    pids = emulator.elbv2.plane(balancer["LoadBalancerArn"]).pids()
+    assert pids and all(running(pid) for pid in pids)
     elb.delete_load_balancer(LoadBalancerArn=balancer["LoadBalancerArn"])
+    until("its haproxy processes are gone", lambda: not any(running(pid) for pid in pids))
 
     def refused() -> bool:
         try:
