@@ -56,6 +56,7 @@ check failed, or that fell from up and is not back yet.
 from __future__ import annotations
 
 import atexit
+import ipaddress
 import re
 import shutil
 import signal
@@ -140,17 +141,40 @@ def _validate(listeners: Sequence[Listener]) -> None:
     if len(set(names)) != len(names):
         raise PlaneError(f"listener names must be unique: {names}")
     for lst in listeners:
-        if not NAME.fullmatch(lst.name):
-            raise PlaneError(f"listener name {lst.name!r} must match [A-Za-z0-9_.-]+")
-        if lst.backend_scheme not in ("http", "https") or lst.health.scheme not in ("http", "https"):
-            raise PlaneError(f"{lst.name}: schemes are http or https")
+        _check_name(lst.name, "listener")
+        if lst.backend_scheme not in ("http", "https"):
+            raise PlaneError(f"{lst.name}: backend_scheme {lst.backend_scheme!r} is not http or https")
+        _check_health(lst.name, lst.health)
         keys = [(t.host, t.port) for t in lst.targets]
         if len(set(keys)) != len(keys):
             raise PlaneError(f"{lst.name}: a target is listed twice: {keys}")
         for t in lst.targets:
-            if not 0 <= t.weight <= MAX_WEIGHT:
-                raise PlaneError(f"{lst.name}: weight {t.weight} of {t.host}:{t.port} is not in 0..{MAX_WEIGHT}")
-        status_regex(lst.health.codes)
+            _check_target(lst.name, t)
+
+
+def _check_name(name: str, what: str) -> None:
+    if not NAME.fullmatch(name) or set(name) == {"."}:
+        raise PlaneError(f"{what} name {name!r} must match [A-Za-z0-9_.-]+ (and be no folder like '..')")
+
+
+def _check_health(listener: str, hc: HealthCheck) -> None:
+    if hc.scheme not in ("http", "https"):
+        raise PlaneError(f"{listener}: health check scheme {hc.scheme!r} is not http or https")
+    if not re.fullmatch(r"/\S*", hc.path):
+        raise PlaneError(f"{listener}: health check path {hc.path!r} must start with / and hold no space")
+    if min(hc.interval_s, hc.timeout_s) <= 0 or min(hc.healthy_threshold, hc.unhealthy_threshold) < 1:
+        raise PlaneError(f"{listener}: health check intervals must be > 0 and thresholds >= 1: {hc}")
+    status_regex(hc.codes)
+
+
+def _check_target(listener: str, t: Target) -> None:
+    try:
+        ipaddress.IPv4Address(t.host)
+    except ValueError:
+        raise PlaneError(f"{listener}: target host {t.host!r} is not an IPv4 address (haproxy resolves no "
+                         "names for servers added at run time)") from None
+    if not 0 < t.port < 65536 or not 0 <= t.weight <= MAX_WEIGHT:
+        raise PlaneError(f"{listener}: {t.host}:{t.port} weight {t.weight}: port 1..65535, weight 0..{MAX_WEIGHT}")
 
 
 def _ms(seconds: float) -> int:
@@ -454,8 +478,7 @@ class BalancerPlane:
     """A set of listeners, each served by its own haproxy on `bind`; see the module docstring."""
 
     def __init__(self, name: str, workdir: Path | None = None, bind: str = "127.0.0.1") -> None:
-        if not NAME.fullmatch(name):
-            raise PlaneError(f"plane name {name!r} must match [A-Za-z0-9_.-]+")
+        _check_name(name, "plane")
         if shutil.which(HAPROXY) is None:
             raise PlaneError("haproxy is not installed (apt-get install haproxy; scripts/setup.sh does)")
         self.name, self.bind = name, bind

@@ -378,5 +378,11 @@ def test_health_check_matchers_and_bad_input() -> None:
     assert status_regex("http_2xx").count("|") == 99
     with pytest.raises(PlaneError):
         status_regex("ok")
-    with BalancerPlane("bad") as plane, pytest.raises(PlaneError):
-        plane.apply([Listener("x", 80), Listener("x", 81)])
+    bad = [[Listener("x", 80), Listener("x", 81)], [Listener("..", 80)],
+           [Listener("x", 80, targets=(Target("host", 1),))], [Listener("x", 80, health=HealthCheck(path="/a b"))],
+           [Listener("x", 80, targets=(Target("10.0.0.1", 1, weight=300),))]]
+    with BalancerPlane("bad") as plane:
+        for listeners in bad:
+            with pytest.raises(PlaneError):
+                plane.apply(listeners)
+        assert plane.pids() == []
