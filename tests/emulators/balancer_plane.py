@@ -55,7 +55,6 @@ check failed, or that fell from up and is not back yet.
 
 from __future__ import annotations
 
-import atexit
 import ipaddress
 import re
 import shutil
@@ -465,13 +464,20 @@ def _reap(process: subprocess.Popen[bytes], sig: signal.Signals | None = None) -
         process.wait()
 
 
-_LIVE: weakref.WeakSet[BalancerPlane] = weakref.WeakSet()
+def _shutdown(proxies: dict[str, _Proxy], own_workdir: Path | None) -> None:
+    """Stop every haproxy of a plane and remove its files: close(), or the plane's finalizer (garbage
+    collection, interpreter exit), so no haproxy outlives the tests that forgot to close."""
+    for proxy in proxies.values():
+        _drop(proxy)
+    proxies.clear()
+    if own_workdir is not None:
+        shutil.rmtree(own_workdir, ignore_errors=True)
 
 
-@atexit.register
-def _close_all() -> None:
-    for plane in list(_LIVE):
-        plane.close()
+def _drop(proxy: _Proxy) -> None:
+    """Stop a listener's haproxy processes and remove its folder (configs, sockets, pid files, log)."""
+    proxy.stop()
+    shutil.rmtree(proxy.folder, ignore_errors=True)
 
 
 class BalancerPlane:
@@ -482,13 +488,13 @@ class BalancerPlane:
         if shutil.which(HAPROXY) is None:
             raise PlaneError("haproxy is not installed (apt-get install haproxy; scripts/setup.sh does)")
         self.name, self.bind = name, bind
-        self._own_workdir = workdir is None
+        own = workdir is None
         self.workdir = Path(tempfile.mkdtemp(prefix=f"plane-{name}-")) if workdir is None else Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._proxies: dict[str, _Proxy] = {}
         self._lock = threading.RLock()
         self._closed = False
-        _LIVE.add(self)
+        self._finalizer = weakref.finalize(self, _shutdown, self._proxies, self.workdir if own else None)
 
     def apply(self, listeners: Sequence[Listener]) -> None:
         """Converge to exactly these listeners; returns once haproxy serves them."""
@@ -498,7 +504,7 @@ class BalancerPlane:
                 raise PlaneError(f"plane {self.name} is closed")
             wanted = {lst.name: lst for lst in listeners}
             for name in [n for n in self._proxies if n not in wanted]:
-                self._drop(self._proxies.pop(name))
+                _drop(self._proxies.pop(name))
             for name, lst in wanted.items():
                 if name not in self._proxies:
                     self._proxies[name] = self._launch(lst)
@@ -521,12 +527,6 @@ class BalancerPlane:
                 if "bind" not in str(exc).lower():
                     raise
         raise PlaneError(f"no free port for listener {lst.name} on {self.bind}")
-
-    @staticmethod
-    def _drop(proxy: _Proxy) -> None:
-        """Stop a listener's haproxy and remove its folder (config, socket, pid, log)."""
-        proxy.stop()
-        shutil.rmtree(proxy.folder, ignore_errors=True)
 
     def address(self, listener_name: str) -> tuple[str, int]:
         with self._lock:
@@ -559,12 +559,7 @@ class BalancerPlane:
             if self._closed:
                 return
             self._closed = True
-            for proxy in self._proxies.values():
-                self._drop(proxy)
-            self._proxies.clear()
-            if self._own_workdir:
-                shutil.rmtree(self.workdir, ignore_errors=True)
-        _LIVE.discard(self)
+            self._finalizer()
 
     def __enter__(self) -> Self:
         return self

@@ -15,21 +15,25 @@ every 0.2 s, so a state change takes about half a second.
 from __future__ import annotations
 
 import datetime
+import gc
 import http.client
 import os
+import shutil
 import ssl
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from emulators.balancer_plane import BalancerPlane, HealthCheck, Listener, PlaneError, Target, status_regex
+from emulators.balancer_plane import HAPROXY, BalancerPlane, HealthCheck, Listener, PlaneError, Target, status_regex
+from support import missing
 
 FAST = HealthCheck(interval_s=0.2, timeout_s=0.5)
 
@@ -43,6 +47,7 @@ class Handler(BaseHTTPRequestHandler):
             backend.checks.append((time.monotonic(), backend.health_status))
             return self.reply(backend.health_status, "ok" if backend.health_status < 400 else "sick")
         backend.served += 1
+        backend.headers = self.headers
         if self.path == "/slow":
             backend.slow_started.set()
             backend.release.wait(10)
@@ -69,6 +74,7 @@ class Backend(ThreadingHTTPServer):
         if tls is not None:
             self.socket = tls.wrap_socket(self.socket, server_side=True)
         self.tag, self.health_status, self.served = tag, 200, 0
+        self.headers: Message | None = None
         self.checks: list[tuple[float, int]] = []
         self.slow_started, self.release = threading.Event(), threading.Event()
         self.thread = threading.Thread(target=self.serve_forever, args=(0.05,), name=f"backend-{tag}", daemon=True)
@@ -121,6 +127,12 @@ def all_healthy(plane: BalancerPlane, listener: str, *backends: Backend) -> None
           lambda: all(state_of(plane, listener, b) == "healthy" for b in backends))
 
 
+@pytest.fixture(autouse=True)
+def haproxy() -> None:
+    if shutil.which(HAPROXY) is None:
+        missing("haproxy not installed (apt: haproxy; scripts/setup.sh installs it)")
+
+
 @pytest.fixture
 def plane(tmp_path: Path) -> Iterator[BalancerPlane]:
     with BalancerPlane("test", workdir=tmp_path / "plane") as p:
@@ -149,6 +161,7 @@ def test_traffic_reaches_only_healthy_targets_round_robin(plane: BalancerPlane, 
     answers = Counter(get(plane.address("web"))[1] for _ in range(20))
     assert answers == {"a": 10, "b": 10}, answers
     assert sick.served == 0
+    assert a.headers and (a.headers["X-Forwarded-For"], a.headers["X-Forwarded-Port"]) == ("127.0.0.1", "80")
 
 
 def test_a_new_target_gets_nothing_before_it_passed_its_checks(plane: BalancerPlane, backends) -> None:
@@ -369,6 +382,16 @@ def test_close_stops_haproxy_and_removes_its_files(tmp_path: Path, backends) -> 
     assert not any((tmp_path / "plane").iterdir())
     with pytest.raises(PlaneError):
         plane.apply([])
+
+    forgotten = BalancerPlane("forgotten")
+    forgotten.apply([Listener("one", 80, health=FAST)])
+    pids, workdir = forgotten.pids(), forgotten.workdir
+    del forgotten
+    gc.collect()
+    assert not workdir.exists(), "a plane nobody closed is stopped when it is collected (or at exit)"
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 def test_health_check_matchers_and_bad_input() -> None:
