@@ -1,43 +1,36 @@
 """Alibaba Cloud ALB (Application Load Balancer, 2020-06-16) for the ECS emulator, with a real haproxy as data plane.
 
-Why: ngcx services sit behind the cloud's own load balancer (issue 21). Their code must be tested through
-the real SDK (CommonRequest, product "Alb", RPC style) against a balancer that keeps real state — load
-balancers that take a while to become Active, server groups whose servers are added and removed
-asynchronously (JobId, Adding -> Available, Removing with connection draining), listeners, health checks,
-tags, ClientToken replays, the gateway's faults — and whose traffic really flows: every Active load
-balancer gets a BalancerPlane (balancer_plane.py, haproxy) configured from this state, and haproxy's own
-health checks decide which emulated host gets requests. EcsEmulator (aliyun_ecs.py) owns the instances and
-serves these actions on its port; this module keeps the ALB state and actions apart from ECS.
+Why: ngcx services sit behind the cloud's own load balancer (issue 21), and that code must meet, through the
+real SDK (CommonRequest, product "Alb"), a balancer with real state — Provisioning before Active, servers
+added and removed asynchronously (JobId; Adding -> Available; Removing, with connection draining), listeners,
+health checks, tags, ClientToken replays, the gateway's faults (aliyun_rpc fail_next/hold work here too) —
+whose traffic really flows: each Active balancer gets a BalancerPlane (balancer_plane.py, haproxy) converged
+to its state, and haproxy's own health checks decide which emulated host gets requests. EcsEmulator owns
+the instances, serves these actions on its port and says where a listener serves (balancer_address()).
 
-Emulated: Create/Get/List/DeleteLoadBalancer, Create/List/Delete/UpdateServerGroupAttribute,
-AddServersTo/RemoveServersFrom/ListServerGroupServers, UpdateServerGroupServersAttribute (weight),
-Create/List/Delete/GetListenerAttribute, GetListenerHealthStatus, TagResources/UnTagResources/
-ListTagResources. Parameter and field names follow aliyun-python-sdk-alb's request classes and the
-aliyun-java-sdk-alb unmarshallers; statuses follow the API reference (LoadBalancerStatus Provisioning/Active,
-ListenerStatus Provisioning/Running, server Status Adding/Available/Removing, ServerGroupStatus
-Available/Configuring, health Status Initial/Unhealthy/Unused/Unavailable).
+Emulated: Create/Get/List/DeleteLoadBalancer; Create/List/Delete/UpdateServerGroupAttribute; AddServersTo/
+RemoveServersFrom/ListServerGroupServers; Create/List/Delete/GetListenerAttribute, GetListenerHealthStatus;
+Tag/ListTagResources. Names follow aliyun-python-sdk-alb's requests and aliyun-java-sdk-alb's unmarshallers;
+statuses the API reference (LoadBalancerStatus Provisioning/Active, ListenerStatus Provisioning/Running, server
+Adding/Available/Removing, ServerGroupStatus Available/Configuring, health Initial/Unhealthy/Unused/Unavailable).
+Not emulated: rules, ACLs, security policies, logs, zone changes, QUIC, weights changed later
+(UpdateServerGroupServersAttribute), UnTagResources, servers other than Ecs, Ip/Fc server groups, TLS at the
+balancer (an HTTPS listener keeps its CertificateId, its plane stays HTTP); LoadBalancerAddresses are made up.
 
-Not emulated: forwarding rules, ACLs, security policies, access logs, zone changes, QUIC, server types other
-than Ecs, server groups of type Ip/Fc, TLS at the balancer (an HTTPS listener keeps its CertificateId; its
-data plane stays plain HTTP). LoadBalancerAddresses are made-up VPC addresses: tests and ngcx's harness reach
-a listener through EcsEmulator.balancer_address().
-
-Choices and guesses (said here as the brief asks):
-- DeleteLoadBalancer deletes the balancer's listeners with it (its documented errors have no "in use" code);
-  DeleteServerGroup of a group a listener forwards to answers 400 ResourceInUse.ServerGroup.
-- A server group is busy ("Configuring") for `job_seconds` after an add/remove/update of its servers or
-  attributes; a second such call meanwhile answers 400 Conflict.Lock (the code is real, when ALB uses it
-  exactly is not documented).
-- GetListenerHealthStatus lists only NonNormalServers, as the real API does: a server absent there is healthy.
-  Mapping from the plane: initial -> Initial, unhealthy -> Unhealthy (ReasonCode RESPONSE_MISMATCH: the plane
-  does not say why, the code is a guess), unused -> Unused, health check disabled -> Unavailable; draining
-  servers are left out. ListServerGroupServers Status is the server's lifecycle, not its health (real API).
-- Guessed error codes: ResourceNotFound.Instance (an unknown ECS ServerId), ResourceAlreadyExist.BackendServer
-  (the same ServerId+Port twice), Mismatch.VpcId (an instance or group in another VPC), ResourceNotFound.Vpc,
-  IllegalParam.<Name> for values ALB refuses (the pattern of NLB's documented IllegalParam.%s).
-  A ClientToken reused with other parameters answers the gateway's IdempotentParameterMismatch (aliyun_rpc).
-- HealthCheckCodes http_2xx..http_5xx map to haproxy status ranges; `health_scale` multiplies the check
-  interval and timeout and `drain_scale` the ConnectionDrainTimeout, so tests keep real values but short waits.
+Choices and guesses:
+- DeleteLoadBalancer takes its listeners with it (its documented errors have no "in use" code); DeleteServerGroup
+  of a group a listener uses answers 400 ResourceInUse.ServerGroup. Deletions are immediate, not Deleting.
+- A server group is Configuring for `job_seconds` after a change; another change meanwhile answers 400
+  Conflict.Lock (a real code; exactly when ALB answers it is not documented).
+- GetListenerHealthStatus lists only NonNormalServers, as the real API (a server not listed is healthy): plane
+  initial -> Initial, unhealthy -> Unhealthy (ReasonCode RESPONSE_MISMATCH is a guess: the plane does not say
+  why), weight 0 -> Unused, checks off -> Unavailable; draining servers are not listed. ListServerGroupServers
+  Status is the server's lifecycle, not its health (as the real API).
+- Guessed codes: ResourceNotFound.Instance (unknown ECS ServerId), ResourceAlreadyExist.BackendServer,
+  Mismatch.VpcId, ResourceNotFound.Vpc, IllegalParam.<Name> (NLB documents IllegalParam.%s). A ClientToken
+  reused with other parameters answers the gateway's IdempotentParameterMismatch (NLB: IdempotenceSignatureMismatch).
+- `health_scale`/`drain_scale` multiply HealthCheckInterval/Timeout and ConnectionDrainTimeout for the plane
+  (tests keep real values, wait little); `data_plane = False` runs without haproxy.
 """
 
 from __future__ import annotations
@@ -50,84 +43,77 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from .aliyun_rpc import Action, ApiError, as_bool, as_int, indexed, iso_now, missing, repeated, required
-
-if TYPE_CHECKING:
-    from .balancer_plane import BalancerPlane
+from .balancer_plane import BalancerPlane, HealthCheck, Target
+from .balancer_plane import Listener as PlaneListener
 
 ALB_VERSION = "2020-06-16"
 # Actions whose ClientToken makes a retry safe (same token + same params -> the first answer).
 ALB_IDEMPOTENT = frozenset({
     "CreateLoadBalancer", "DeleteLoadBalancer", "CreateServerGroup", "DeleteServerGroup",
     "UpdateServerGroupAttribute", "AddServersToServerGroup", "RemoveServersFromServerGroup",
-    "UpdateServerGroupServersAttribute", "CreateListener", "DeleteListener"})
+    "CreateListener", "DeleteListener"})
 # Actions that ask haproxy while answering, so they must not hold the emulator's lock meanwhile.
 ALB_UNLOCKED = frozenset({"GetListenerHealthStatus"})
-EDITIONS = ("Basic", "Standard", "StandardWithWaf")
-HEALTH_CODES = {"http_2xx": (200, 299), "http_3xx": (300, 399), "http_4xx": (400, 499), "http_5xx": (500, 599)}
-RESOURCE_TYPES = ("loadbalancer", "servergroup", "listener")
-_ACTION_KEY = re.compile(r"DefaultActions\.(\d+)\.(Type|ForwardGroupConfig\.ServerGroupTuples\.(\d+)\.ServerGroupId)$")
-
-
-class Machine(Protocol):
-    """What ALB reads of an ECS instance (aliyun_ecs.Instance)."""
-
-    status: str
-    private_ip: str
-    vpc_id: str
+HEALTH_CODES = ("http_2xx", "http_3xx", "http_4xx", "http_5xx")
+HEALTH_INTS = {"HealthCheckInterval": (1, 50), "HealthCheckTimeout": (1, 300), "HealthyThreshold": (2, 10),
+               "UnhealthyThreshold": (2, 10)}
+HEALTH_DEFAULTS = {"HealthCheckEnabled": True, "HealthCheckPath": "/", "HealthCheckProtocol": "HTTP",
+                   "HealthCheckMethod": "GET", "HealthCheckInterval": 2, "HealthCheckTimeout": 5, "HealthyThreshold": 3,
+                   "UnhealthyThreshold": 3, "HealthCheckCodes": ["http_2xx"], "HealthCheckHttpVersion": "HTTP1.1"}
+KINDS = {"loadbalancer": "LoadBalancer", "servergroup": "ServerGroup", "listener": "Listener"}
+FORWARD = "DefaultActions.1.ForwardGroupConfig.ServerGroupTuples.1.ServerGroupId"
+FIXED = {"ResourceGroupId": "rg-emulated"}        # fields every view of that kind shows as they are
+LB_FIXED = {**FIXED, "LoadBalancerBussinessStatus": "Normal", "AddressAllocatedMode": "Dynamic",
+            "AddressIpVersion": "IPv4", "ModificationProtectionConfig": {"Status": "NonProtection"},
+            "LoadBalancerOperationLocks": []}
+GROUP_FIXED = {**FIXED, "Scheduler": "Wrr", "StickySessionConfig": {"StickySessionEnabled": False}}
+LISTENER_FIXED = {"IdleTimeout": 15, "RequestTimeout": 60, "GzipEnabled": True}
 
 
 def _new_id(prefix: str) -> str:
     return prefix + "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(18))
 
 
-def _job() -> dict[str, str]:
-    return {"JobId": str(uuid.uuid4())}
+def _job(**fields: str) -> dict[str, str]:
+    return {**fields, "JobId": str(uuid.uuid4())}
 
 
 def illegal(name: str, why: str = "") -> ApiError:
-    return ApiError(400, f"IllegalParam.{name}", f"The param of {name} is illegal. {why}".rstrip())
+    return bad(f"IllegalParam.{name}", f"The param of {name} is illegal. {why}".rstrip())
+
+
+def bad(code: str, message: str) -> ApiError:
+    return ApiError(400, code, message)
 
 
 def not_found(kind: str, resource_id: str) -> ApiError:
     return ApiError(404, f"ResourceNotFound.{kind}", f"The specified resource {kind} [{resource_id}] is not found.")
 
 
-def incorrect_status(kind: str, resource_id: str, status: str) -> ApiError:
-    return ApiError(400, f"IncorrectStatus.{kind}", f"The status of {kind} [{resource_id}] is incorrect: {status}.")
-
-
-def _choice(params: Mapping[str, str], name: str, allowed: Iterable[str], default: str = "") -> str:
+def _choice(params: Mapping[str, str], name: str, allowed: tuple[str, ...], default: str = "") -> str:
     value = params.get(name) or default
-    if not value:
-        raise missing(name)
-    allowed = tuple(allowed)
     if value not in allowed:
-        raise illegal(name, f"Expected one of {', '.join(allowed)}.")
+        raise missing(name) if not value else illegal(name, f"Expected one of {', '.join(allowed)}.")
     return value
 
 
 def _paged(items: list[Any], params: Mapping[str, str], key: str) -> dict[str, Any]:
     """NextToken/MaxResults paging (1..100, default 20); the token is the offset of the next page."""
-    size = as_int(params, "MaxResults", 20, 1, 100)
-    token = params.get("NextToken", "")
+    size, token = as_int(params, "MaxResults", 20, 1, 100), params.get("NextToken", "")
     if token and not token.isdigit():
         raise illegal("NextToken")
-    start = int(token or 0)
-    following = start + size
-    return {key: items[start:following], "MaxResults": size, "TotalCount": len(items),
-            "NextToken": str(following) if following < len(items) else ""}
+    start, end = int(token or 0), int(token or 0) + size
+    return {key: items[start:end], "MaxResults": size, "TotalCount": len(items),
+            "NextToken": str(end) if end < len(items) else ""}
 
 
 def parse_tags(params: Mapping[str, str]) -> dict[str, str]:
-    tags: dict[str, str] = {}
-    for tag in indexed(params, "Tag"):
-        key = tag.get("Key", "")
-        if not key or len(key) > 128 or key.startswith(("aliyun", "acs:")) or "http://" in key or "https://" in key:
-            raise illegal("Tag.Key", "At most 128 characters, not starting with aliyun or acs:.")
-        tags[key] = tag.get("Value", "")
+    tags = {tag.get("Key", ""): tag.get("Value", "") for tag in indexed(params, "Tag")}
+    if any(not key or len(key) > 128 or key.startswith(("aliyun", "acs:")) or "://" in key for key in tags):
+        raise illegal("Tag.Key", "At most 128 characters, not starting with aliyun or acs:.")
     if len(tags) > 20:
         raise illegal("Tag", "At most 20 tags.")
     return tags
@@ -142,54 +128,40 @@ def _tag_view(tags: Mapping[str, str]) -> list[dict[str, str]]:
     return [{"Key": key, "Value": value} for key, value in tags.items()]
 
 
-def plane_codes(codes: Iterable[str]) -> str:
-    """['http_2xx', 'http_3xx'] -> '200-399' (adjacent classes merged), as the plane's HealthCheck takes it."""
-    spans: list[list[int]] = []
-    for low, high in sorted(HEALTH_CODES[code] for code in codes):
-        if spans and spans[-1][1] + 1 == low:
-            spans[-1][1] = high
-        else:
-            spans.append([low, high])
-    return ",".join(f"{low}-{high}" for low, high in spans)
+def health_config(params: Mapping[str, str], now: Mapping[str, Any]) -> dict[str, Any]:
+    """`now` (a HealthCheckConfig as ListServerGroups shows it) changed by the HealthCheckConfig.* parameters."""
+    p, h = "HealthCheckConfig.", dict(now)
+    h["HealthCheckEnabled"] = as_bool(params, p + "HealthCheckEnabled", h["HealthCheckEnabled"])
+    h["HealthCheckPath"] = params.get(p + "HealthCheckPath", h["HealthCheckPath"])
+    if not h["HealthCheckPath"].startswith("/") or len(h["HealthCheckPath"]) > 80:
+        raise illegal(p + "HealthCheckPath", "1..80 characters starting with /.")
+    h["HealthCheckProtocol"] = _choice(params, p + "HealthCheckProtocol", ("HTTP", "HTTPS"), h["HealthCheckProtocol"])
+    for name, (low, high) in HEALTH_INTS.items():
+        h[name] = as_int(params, p + name, h[name], low, high)
+    codes = repeated(params, p + "HealthCheckCodes") or repeated(params, p + "HealthCheckHttpCodes")
+    if any(code not in HEALTH_CODES for code in codes):
+        raise illegal(p + "HealthCheckCodes", f"Expected {', '.join(HEALTH_CODES)}.")
+    h["HealthCheckCodes"] = list(dict.fromkeys(codes)) or h["HealthCheckCodes"]
+    return h
+
+
+def drain_config(params: Mapping[str, str], now: tuple[bool, int]) -> tuple[bool, int]:
+    return (as_bool(params, "ConnectionDrainConfig.ConnectionDrainEnabled", now[0]),
+            as_int(params, "ConnectionDrainConfig.ConnectionDrainTimeout", now[1], 0, 900))
+
+
+def plane_health(h: Mapping[str, Any], scale: float) -> HealthCheck:
+    interval = max(0.05, h["HealthCheckInterval"] * scale)
+    return HealthCheck(h["HealthCheckPath"], interval, min(h["HealthCheckTimeout"] * scale, interval),
+                       h["HealthyThreshold"], h["UnhealthyThreshold"], ",".join(h["HealthCheckCodes"]),
+                       h["HealthCheckProtocol"].lower(), h["HealthCheckEnabled"])
 
 
 @dataclass
-class HealthConfig:
-    enabled: bool = True
-    path: str = "/"
-    protocol: str = "HTTP"
-    interval: int = 2
-    timeout: int = 5
-    healthy: int = 3
-    unhealthy: int = 3
-    codes: tuple[str, ...] = ("http_2xx",)
-
-    def update(self, params: Mapping[str, str]) -> None:
-        """Apply the HealthCheckConfig.* parameters that are present (absent ones keep their value)."""
-        prefix = "HealthCheckConfig."
-        self.enabled = as_bool(params, prefix + "HealthCheckEnabled", self.enabled)
-        path = params.get(prefix + "HealthCheckPath")
-        if path is not None:
-            if not path.startswith("/") or len(path) > 80:
-                raise illegal("HealthCheckConfig.HealthCheckPath", "1..80 characters starting with /.")
-            self.path = path
-        if params.get(prefix + "HealthCheckProtocol"):
-            self.protocol = _choice(params, prefix + "HealthCheckProtocol", ("HTTP", "HTTPS"))
-        self.interval = as_int(params, prefix + "HealthCheckInterval", self.interval, 1, 50)
-        self.timeout = as_int(params, prefix + "HealthCheckTimeout", self.timeout, 1, 300)
-        self.healthy = as_int(params, prefix + "HealthyThreshold", self.healthy, 2, 10)
-        self.unhealthy = as_int(params, prefix + "UnhealthyThreshold", self.unhealthy, 2, 10)
-        codes = (repeated(params, prefix + "HealthCheckCodes") or repeated(params, prefix + "HealthCheckHttpCodes"))
-        if codes:
-            if any(code not in HEALTH_CODES for code in codes):
-                raise illegal("HealthCheckConfig.HealthCheckCodes", f"Expected {', '.join(HEALTH_CODES)}.")
-            self.codes = tuple(dict.fromkeys(codes))
-
-    def view(self) -> dict[str, Any]:
-        return {"HealthCheckEnabled": self.enabled, "HealthCheckPath": self.path, "HealthCheckProtocol": self.protocol,
-                "HealthCheckMethod": "GET", "HealthCheckInterval": self.interval, "HealthCheckTimeout": self.timeout,
-                "HealthyThreshold": self.healthy, "UnhealthyThreshold": self.unhealthy,
-                "HealthCheckCodes": list(self.codes), "HealthCheckHttpVersion": "HTTP1.1"}
+class Resource:                 # a load balancer, server group or listener: the API fields as they were set, tags
+    id: str
+    view: dict[str, Any]
+    tags: dict[str, str]
 
 
 @dataclass
@@ -205,65 +177,40 @@ class Server:
 
 
 @dataclass
-class ServerGroup:
-    id: str
-    name: str
-    vpc_id: str
-    protocol: str
-    health: HealthConfig
-    drain_enabled: bool
-    drain_timeout: int
-    tags: dict[str, str]
+class ServerGroup(Resource):
+    health: dict[str, Any] = field(default_factory=dict)    # HealthCheckConfig, as ListServerGroups shows it
+    drain: tuple[bool, int] = (False, 300)                  # ConnectionDrainEnabled, ConnectionDrainTimeout
     servers: dict[tuple[str, int], Server] = field(default_factory=dict)
     busy_until: float = 0.0
-    created: str = field(default_factory=iso_now)
 
 
 @dataclass
-class Listener:
-    id: str
-    lb_id: str
-    protocol: str
-    port: int
-    group_id: str
-    certificates: list[str]
-    description: str
-    tags: dict[str, str]
+class Listener(Resource):
+    lb_id: str = ""
+    port: int = 0
+    group_id: str = ""
     status: str = "Provisioning"
 
 
 @dataclass
-class LoadBalancer:
-    id: str
-    name: str
-    vpc_id: str
-    address_type: str
-    edition: str
-    pay_type: str
-    zones: list[tuple[str, str]]
-    tags: dict[str, str]
-    deletion_protection: bool
+class LoadBalancer(Resource):
+    zones: list[tuple[str, str]] = field(default_factory=list)
     status: str = "Provisioning"
-    created: str = field(default_factory=iso_now)
     plane: BalancerPlane | None = None
-    plane_error: str = ""
     plane_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
 class Alb:
-    """ALB state and actions. `lock` is the emulator's own (actions already run under it, except
-    ALB_UNLOCKED); `spawn`/`sleep_until` are its worker helpers; `instance` finds an ECS instance."""
+    """ALB state and actions. `lock` is the emulator's own (actions already run under it, except ALB_UNLOCKED);
+    `spawn`/`sleep_until` are its worker helpers; `instance` finds an ECS instance (status, private_ip, vpc_id)."""
 
     def __init__(self, lock: threading.RLock, spawn: Callable[..., None], sleep_until: Callable[[float], bool],
-                 vpc_id: str, vswitches: Mapping[str, str], instance: Callable[[str], Machine | None],
-                 region: str) -> None:
+                 vpc_id: str, vswitches: Mapping[str, str], instance: Callable[[str], Any], region: str) -> None:
         self._lock, self._spawn, self._sleep_until = lock, spawn, sleep_until
         self._vpc_id, self._vswitches, self._instance, self.region = vpc_id, vswitches, instance, region
-        self.provision_seconds = 0.5     # Provisioning -> Active
-        self.job_seconds = 0.2           # Adding -> Available; how long a server group stays Configuring
-        self.health_scale = 1.0          # multiplies HealthCheckInterval/Timeout for the plane
-        self.drain_scale = 1.0           # multiplies ConnectionDrainTimeout
-        self.data_plane = True           # False: no haproxy (control-plane-only tests)
+        # Provisioning -> Active; Adding -> Available and a server group's Configuring; see the module docstring.
+        self.provision_seconds, self.job_seconds, self.health_scale, self.drain_scale = 0.5, 0.2, 1.0, 1.0
+        self.data_plane = True
         self.plane_errors: list[tuple[str, str]] = []
         self._lbs: dict[str, LoadBalancer] = {}
         self._groups: dict[str, ServerGroup] = {}
@@ -274,101 +221,74 @@ class Alb:
             "CreateServerGroup": self._create_group, "ListServerGroups": self._list_groups,
             "DeleteServerGroup": self._delete_group, "UpdateServerGroupAttribute": self._update_group,
             "AddServersToServerGroup": self._add_servers, "RemoveServersFromServerGroup": self._remove_servers,
-            "UpdateServerGroupServersAttribute": self._update_servers,
             "ListServerGroupServers": self._list_servers, "CreateListener": self._create_listener,
             "ListListeners": self._list_listeners, "GetListenerAttribute": self._get_listener,
             "DeleteListener": self._delete_listener, "GetListenerHealthStatus": self._health_status,
-            "TagResources": self._tag, "UnTagResources": self._untag, "ListTagResources": self._list_tags,
-        }
-
-    # --- for tests and the harness ------------------------------------------------------------
+            "TagResources": self._tag, "ListTagResources": self._list_tags}
 
     def address(self, load_balancer: str, listener_port: int) -> tuple[str, int]:
-        """Where the data plane serves this listener (load balancer by id or DNSName)."""
+        """Where the data plane serves this listener (load balancer by id or DNSName); LookupError if nowhere."""
         with self._lock:
-            lb = next((b for b in self._lbs.values()
-                       if load_balancer in (b.id, self._dns(b))), None)
-            if lb is None:
-                raise LookupError(f"no load balancer {load_balancer}")
-            listener = next((li for li in self._listeners.values()
-                             if li.lb_id == lb.id and li.port == listener_port), None)
-            if listener is None:
-                raise LookupError(f"{lb.id} has no listener on port {listener_port}")
-            if lb.plane is None:
-                raise LookupError(f"{lb.id} has no data plane ({lb.status}) {lb.plane_error}".rstrip())
+            lb = next((b for b in self._lbs.values() if load_balancer in (b.id, self._dns(b))), None)
+            li = next((li for li in self._listeners.values() if lb and (li.lb_id, li.port) == (lb.id, listener_port)),
+                      None)
+            if lb is None or li is None or lb.plane is None:
+                raise LookupError(f"no data plane for {load_balancer}:{listener_port} "
+                                  f"({lb.status + ' ' + dict(self.plane_errors).get(lb.id, '') if lb else '-'})")
             plane = lb.plane
-        return plane.address(listener.id)
+        return plane.address(li.id)
 
     def close(self) -> None:
         with self._lock:
-            planes = [lb.plane for lb in self._lbs.values() if lb.plane is not None]
-            for lb in self._lbs.values():
-                lb.plane = None
+            planes, self._lbs = [lb.plane for lb in self._lbs.values()], {}
         for plane in planes:
             self._close_plane(plane)
-
-    # --- lookups ----------------------------------------------------------------------------
 
     def _dns(self, lb: LoadBalancer) -> str:
         return f"{lb.id}.{self.region}.alb.aliyuncs.com"
 
-    def _lb(self, lb_id: str) -> LoadBalancer:
-        lb = self._lbs.get(lb_id)
-        if lb is None:
-            raise not_found("LoadBalancer", lb_id)
-        return lb
+    def _get(self, table: Mapping[str, Any], kind: str, params: Mapping[str, str], name: str) -> Any:
+        resource_id = required(params, name)
+        if resource_id not in table:
+            raise not_found(kind, resource_id)
+        return table[resource_id]
 
-    def _group(self, group_id: str) -> ServerGroup:
-        group = self._groups.get(group_id)
-        if group is None:
-            raise not_found("ServerGroup", group_id)
-        return group
+    def _vpc(self, params: Mapping[str, str]) -> str:
+        return self._get({self._vpc_id: self._vpc_id}, "Vpc", params, "VpcId")
 
-    def _listener(self, listener_id: str) -> Listener:
-        listener = self._listeners.get(listener_id)
-        if listener is None:
-            raise not_found("Listener", listener_id)
-        return listener
+    def _group(self, params: Mapping[str, str]) -> ServerGroup:
+        return self._get(self._groups, "ServerGroup", params, "ServerGroupId")
 
     def _lbs_of(self, group_id: str) -> set[str]:
         return {li.lb_id for li in self._listeners.values() if li.group_id == group_id}
 
     def _claim(self, group: ServerGroup) -> None:
         """A server group takes one change at a time: Configuring for job_seconds, else Conflict.Lock."""
-        now = time.monotonic()
-        if now < group.busy_until:
-            raise ApiError(400, "Conflict.Lock", f"The Lock [{group.id}] is conflict.")
+        if (now := time.monotonic()) < group.busy_until:
+            raise bad("Conflict.Lock", f"The Lock [{group.id}] is conflict.")
         group.busy_until = now + self.job_seconds
 
-    # --- the data plane ---------------------------------------------------------------------
+    def _failed(self, what: str, exc: BaseException) -> None:
+        with self._lock:
+            self.plane_errors.append((what, f"{type(exc).__name__}: {exc}"[:500]))
 
     def _provision(self, lb: LoadBalancer, ready_at: float) -> None:
+        """Provisioning for provision_seconds, then Active with its data plane (none without haproxy)."""
         if not self._sleep_until(ready_at):
             return
-        plane, error = None, ""
-        if self.data_plane:
-            try:
-                from .balancer_plane import BalancerPlane
-                plane = BalancerPlane(lb.id)
-            except Exception as exc:  # no haproxy, or it did not start: the API still works
-                error = f"{type(exc).__name__}: {exc}"[:500]
-        with self._lock:
-            alive = self._lbs.get(lb.id) is lb
-            if alive:
-                lb.status, lb.plane, lb.plane_error = "Active", plane, error
-            if error:
-                self.plane_errors.append((lb.id, error))
-        if plane is not None and not alive:
-            self._close_plane(plane)
-        elif alive:
-            self._sync(lb.id)
-
-    def _close_plane(self, plane: BalancerPlane) -> None:
         try:
-            plane.close()
-        except Exception as exc:  # reported, the API already forgot the balancer
-            with self._lock:
-                self.plane_errors.append(("close", f"{type(exc).__name__}: {exc}"[:500]))
+            lb.plane = BalancerPlane(lb.id) if self.data_plane else None
+        except Exception as exc:  # no haproxy: the API works, balancer_address() says why there is no plane
+            self._failed(lb.id, exc)
+        lb.status = "Active"
+        self._sync(lb)                            # closes the plane if the balancer was deleted meanwhile
+
+    def _close_plane(self, plane: BalancerPlane | None) -> None:
+        try:
+            if plane is not None:
+                plane.close()
+        except Exception as exc:  # reported; the API already forgot the balancer
+            self._failed("close", exc)
 
     def _ip(self, server: Server) -> str:
         inst = self._instance(server.server_id)
@@ -376,362 +296,256 @@ class Alb:
             server.ip = inst.private_ip          # a restarted instance may come back on another address
         return server.ip
 
-    def _desired(self, lb: LoadBalancer) -> list[Any]:
-        from .balancer_plane import HealthCheck, Target
-        from .balancer_plane import Listener as PlaneListener
+    def _desired(self, lb: LoadBalancer) -> list[PlaneListener]:
         wanted = []
         for li in sorted(self._listeners.values(), key=lambda item: item.port):
-            if li.lb_id != lb.id:
-                continue
-            group = self._groups[li.group_id]
-            h = group.health
-            interval = max(0.05, h.interval * self.health_scale)
-            timeout = min(h.timeout * self.health_scale, interval)
-            check = HealthCheck(path=h.path, interval_s=interval, timeout_s=timeout, healthy_threshold=h.healthy,
-                                unhealthy_threshold=h.unhealthy, codes=plane_codes(h.codes),
-                                scheme=h.protocol.lower(), enabled=h.enabled)
-            targets = tuple(Target(self._ip(s), s.port, s.weight, s.draining) for s in group.servers.values()
-                            if s.status == "Available" or s.draining)
-            wanted.append(PlaneListener(li.id, li.port, group.protocol.lower(), targets, check))
+            if li.lb_id == lb.id:
+                group = self._groups[li.group_id]
+                targets = tuple(Target(ip, s.port, s.weight, s.draining) for s in group.servers.values()
+                                if (s.status == "Available" or s.draining) and (ip := self._ip(s)))
+                wanted.append(PlaneListener(li.id, li.port, group.view["Protocol"].lower(), targets,
+                                            plane_health(group.health, self.health_scale)))
         return wanted
 
-    def _sync(self, lb_id: str) -> None:
-        """Converge the balancer's plane to its state (newest state wins: taken under plane_lock)."""
-        with self._lock:
-            lb = self._lbs.get(lb_id)
-        if lb is None:
-            return
+    def _sync(self, lb: LoadBalancer) -> None:
+        """Converge the balancer's plane to its state (read and applied under plane_lock: the newest wins)."""
         with lb.plane_lock:
             with self._lock:
-                if self._lbs.get(lb_id) is not lb or lb.status != "Active":
-                    return
-                plane = lb.plane
-                desired = self._desired(lb) if plane is not None else []
-            if plane is not None:
-                try:
+                plane, desired, gone = lb.plane, self._desired(lb), self._lbs.get(lb.id) is not lb
+            try:
+                if gone:                          # deleted while provisioning
+                    lb.plane = None
+                    return self._close_plane(plane)
+                if plane is not None:
                     plane.apply(desired)
-                except Exception as exc:  # reported; listeners stay Provisioning
-                    with self._lock:
-                        self.plane_errors.append((lb_id, f"apply: {type(exc).__name__}: {exc}"[:500]))
-                    return
-            with self._lock:
-                for li in self._listeners.values():
-                    if li.lb_id == lb_id and li.status == "Provisioning":
-                        li.status = "Running"
+            except Exception as exc:  # reported; its listeners stay Provisioning
+                self._failed(lb.id, exc)
+                return
+        with self._lock:
+            for li in self._listeners.values():
+                if li.lb_id == lb.id and li.status == "Provisioning":
+                    li.status = "Running"
 
     def _resync(self, lb_ids: Iterable[str]) -> None:
         for lb_id in set(lb_ids):
-            self._spawn(self._sync, lb_id)
-
-    # --- load balancers ---------------------------------------------------------------------
+            self._spawn(self._sync, self._lbs[lb_id])
 
     def _create_lb(self, params: dict[str, str]) -> dict[str, Any]:
-        vpc_id = required(params, "VpcId")
-        if vpc_id != self._vpc_id:
-            raise not_found("Vpc", vpc_id)
-        address_type = _choice(params, "AddressType", ("Internet", "Intranet"))
-        edition = _choice(params, "LoadBalancerEdition", EDITIONS, "Standard")
-        pay_type = _choice(params, "LoadBalancerBillingConfig.PayType", ("PostPay",), "PostPay")
-        name = params.get("LoadBalancerName", "")
-        if name and not re.fullmatch(r"[A-Za-z\u4e00-\u9fa5][\w.\-\u4e00-\u9fa5]{1,127}", name):
+        view = {"VpcId": self._vpc(params), "AddressType": _choice(params, "AddressType", ("Internet", "Intranet")),
+                "LoadBalancerEdition": _choice(params, "LoadBalancerEdition",
+                                               ("Basic", "Standard", "StandardWithWaf"), "Standard"),
+                "LoadBalancerBillingConfig": {"PayType": _choice(
+                    params, "LoadBalancerBillingConfig.PayType", ("PostPay",), "PostPay")},
+                "LoadBalancerName": params.get("LoadBalancerName", ""), "CreateTime": iso_now(),
+                "DeletionProtectionConfig": {"Enabled": as_bool(params, "DeletionProtectionEnabled")}}
+        if view["LoadBalancerName"] and not re.fullmatch(r"[^\W\d_][\w.-]{1,127}", view["LoadBalancerName"]):
             raise illegal("LoadBalancerName", "2..128 characters, starting with a letter.")
         zones = []
         for mapping in indexed(params, "ZoneMappings"):
-            zone, vswitch = mapping.get("ZoneId", ""), mapping.get("VSwitchId", "")
-            if not zone or not vswitch:
-                raise missing("ZoneMappings.N.ZoneId" if not zone else "ZoneMappings.N.VSwitchId")
+            zone, vswitch = required(mapping, "ZoneId"), required(mapping, "VSwitchId")
             if vswitch not in self._vswitches:
                 raise not_found("VSwitch", vswitch)
             if self._vswitches[vswitch] != zone:
-                raise ApiError(400, "Mismatch.ZoneIdAndVSwitchId", f"The {zone} and {vswitch} are mismatched.")
+                raise bad("Mismatch.ZoneIdAndVSwitchId", f"The {zone} and {vswitch} are mismatched.")
             zones.append((zone, vswitch))
         if len({zone for zone, _ in zones}) < 2:
             raise illegal("ZoneMappings", "At least two zones.")
-        tags = parse_tags(params)
-        if as_bool(params, "DryRun"):
-            raise ApiError(400, "DryRunOperation", "Request validation has been passed with DryRun flag set.")
-        lb = LoadBalancer(_new_id("alb-"), name, vpc_id, address_type, edition, pay_type, zones, tags,
-                          as_bool(params, "DeletionProtectionEnabled"))
+        lb = LoadBalancer(_new_id("alb-"), view, parse_tags(params), zones)
         self._lbs[lb.id] = lb
         self._spawn(self._provision, lb, time.monotonic() + self.provision_seconds)
-        return {"LoadBalancerId": lb.id, **_job()}
+        return _job(LoadBalancerId=lb.id)
 
     def _lb_view(self, lb: LoadBalancer, full: bool) -> dict[str, Any]:
-        view: dict[str, Any] = {
-            "LoadBalancerId": lb.id, "LoadBalancerName": lb.name, "LoadBalancerStatus": lb.status,
-            "LoadBalancerBussinessStatus": "Normal", "LoadBalancerEdition": lb.edition, "AddressType": lb.address_type,
-            "AddressAllocatedMode": "Dynamic", "AddressIpVersion": "IPv4", "DNSName": self._dns(lb), "VpcId": lb.vpc_id,
-            "CreateTime": lb.created, "ResourceGroupId": "rg-emulated", "Tags": _tag_view(lb.tags),
-            "LoadBalancerBillingConfig": {"PayType": lb.pay_type},
-            "DeletionProtectionConfig": {"Enabled": lb.deletion_protection},
-            "ModificationProtectionConfig": {"Status": "NonProtection"}, "LoadBalancerOperationLocks": []}
+        view = {"LoadBalancerId": lb.id, **lb.view, **LB_FIXED, "LoadBalancerStatus": lb.status,
+                "DNSName": self._dns(lb), "Tags": _tag_view(lb.tags)}
         if full:
-            view["RegionId"] = self.region
-            view["ZoneMappings"] = [
+            view["RegionId"], view["ZoneMappings"] = self.region, [
                 {"ZoneId": zone, "VSwitchId": vswitch, "Status": "Active",
                  "LoadBalancerAddresses": [{"Address": f"172.{16 + n}.0.{1 + sum(map(ord, lb.id)) % 250}"}]}
                 for n, (zone, vswitch) in enumerate(lb.zones)]
         return view
 
     def _get_lb(self, params: dict[str, str]) -> dict[str, Any]:
-        return self._lb_view(self._lb(required(params, "LoadBalancerId")), full=True)
+        return self._lb_view(self._get(self._lbs, "LoadBalancer", params, "LoadBalancerId"), full=True)
 
     def _list_lbs(self, params: dict[str, str]) -> dict[str, Any]:
         ids, names = repeated(params, "LoadBalancerIds"), repeated(params, "LoadBalancerNames")
-        found = [lb for lb in self._lbs.values()
-                 if (not ids or lb.id in ids) and (not names or lb.name in names) and tags_match(lb.tags, params)
-                 and params.get("LoadBalancerStatus", lb.status) == lb.status
-                 and params.get("AddressType", lb.address_type) == lb.address_type
-                 and params.get("DNSName", self._dns(lb)) == self._dns(lb)]
-        return _paged([self._lb_view(lb, full=False) for lb in found], params, "LoadBalancers")
+        views = [self._lb_view(lb, full=False) for lb in self._lbs.values()
+                 if (not ids or lb.id in ids) and tags_match(lb.tags, params)]
+        found = [v for v in views if (not names or v["LoadBalancerName"] in names)
+                 and all(params.get(k, v[k]) == v[k] for k in ("LoadBalancerStatus", "AddressType", "DNSName"))]
+        return _paged(found, params, "LoadBalancers")
 
     def _delete_lb(self, params: dict[str, str]) -> dict[str, Any]:
-        lb = self._lb(required(params, "LoadBalancerId"))
-        if lb.deletion_protection:
-            raise ApiError(400, "OperationDenied.DeletionProtectionEnabled",
-                           "The operation is not allowed because of DeletionProtectionEnabled.")
+        lb: LoadBalancer = self._get(self._lbs, "LoadBalancer", params, "LoadBalancerId")
+        if lb.view["DeletionProtectionConfig"]["Enabled"]:
+            raise bad("OperationDenied.DeletionProtectionEnabled", "The operation is not allowed: DeletionProtection.")
         if lb.status != "Active":
-            raise incorrect_status("LoadBalancer", lb.id, lb.status)
+            raise bad("IncorrectStatus.LoadBalancer", f"The status of LoadBalancer [{lb.id}] is incorrect.")
         del self._lbs[lb.id]
-        for li in [li for li in self._listeners.values() if li.lb_id == lb.id]:
-            del self._listeners[li.id]
-        if lb.plane is not None:
-            self._spawn(self._close_plane, lb.plane)
-            lb.plane = None
+        self._listeners = {key: li for key, li in self._listeners.items() if li.lb_id != lb.id}
+        self._spawn(self._close_plane, lb.plane)
+        lb.plane = None
         return _job()
 
-    # --- server groups ----------------------------------------------------------------------
-
-    def _drain_config(self, params: Mapping[str, str], enabled: bool, timeout: int) -> tuple[bool, int]:
-        enabled = as_bool(params, "ConnectionDrainConfig.ConnectionDrainEnabled", enabled)
-        return enabled, as_int(params, "ConnectionDrainConfig.ConnectionDrainTimeout", timeout, 0, 900)
-
     def _create_group(self, params: dict[str, str]) -> dict[str, Any]:
-        name = required(params, "ServerGroupName")
-        _choice(params, "ServerGroupType", ("Instance",), "Instance")
-        vpc_id = required(params, "VpcId")
-        if vpc_id != self._vpc_id:
-            raise not_found("Vpc", vpc_id)
-        protocol = _choice(params, "Protocol", ("HTTP", "HTTPS"), "HTTP")
-        health = HealthConfig(protocol=protocol)
-        health.update(params)
-        drain, drain_timeout = self._drain_config(params, False, 300)
-        group = ServerGroup(_new_id("sgp-"), name, vpc_id, protocol, health, drain, drain_timeout, parse_tags(params))
+        view = {"ServerGroupName": required(params, "ServerGroupName"), "VpcId": self._vpc(params),
+                "ServerGroupType": _choice(params, "ServerGroupType", ("Instance",), "Instance"),
+                "Protocol": _choice(params, "Protocol", ("HTTP", "HTTPS"), "HTTP"), "CreateTime": iso_now()}
+        health = health_config(params, {**HEALTH_DEFAULTS, "HealthCheckProtocol": view["Protocol"]})
+        group = ServerGroup(_new_id("sgp-"), view, parse_tags(params), health, drain_config(params, (False, 300)))
         self._groups[group.id] = group
-        return {"ServerGroupId": group.id, **_job()}
+        return _job(ServerGroupId=group.id)
 
     def _group_view(self, group: ServerGroup) -> dict[str, Any]:
-        return {"ServerGroupId": group.id, "ServerGroupName": group.name, "ServerGroupType": "Instance",
+        return {"ServerGroupId": group.id, **group.view, **GROUP_FIXED, "Tags": _tag_view(group.tags),
                 "ServerGroupStatus": "Configuring" if time.monotonic() < group.busy_until else "Available",
-                "Protocol": group.protocol, "VpcId": group.vpc_id, "Scheduler": "Wrr", "ResourceGroupId": "rg-emulated",
-                "HealthCheckConfig": group.health.view(), "Tags": _tag_view(group.tags),
-                "ConnectionDrainConfig": {"ConnectionDrainEnabled": group.drain_enabled,
-                                          "ConnectionDrainTimeout": group.drain_timeout},
-                "StickySessionConfig": {"StickySessionEnabled": False}, "ServerCount": len(group.servers),
-                "RelatedLoadBalancerIds": sorted(self._lbs_of(group.id)), "CreateTime": group.created}
+                "HealthCheckConfig": group.health, "ServerCount": len(group.servers),
+                "ConnectionDrainConfig": dict(zip(("ConnectionDrainEnabled", "ConnectionDrainTimeout"), group.drain,
+                                                  strict=True)),
+                "RelatedLoadBalancerIds": sorted(self._lbs_of(group.id))}
 
     def _list_groups(self, params: dict[str, str]) -> dict[str, Any]:
         ids, names = repeated(params, "ServerGroupIds"), repeated(params, "ServerGroupNames")
-        found = [g for g in self._groups.values()
-                 if (not ids or g.id in ids) and (not names or g.name in names) and tags_match(g.tags, params)
-                 and params.get("VpcId", g.vpc_id) == g.vpc_id]
-        return _paged([self._group_view(g) for g in found], params, "ServerGroups")
+        found = [self._group_view(g) for g in self._groups.values()
+                 if (not ids or g.id in ids) and (not names or g.view["ServerGroupName"] in names)
+                 and tags_match(g.tags, params) and params.get("VpcId", g.view["VpcId"]) == g.view["VpcId"]]
+        return _paged(found, params, "ServerGroups")
 
     def _delete_group(self, params: dict[str, str]) -> dict[str, Any]:
-        group = self._group(required(params, "ServerGroupId"))
-        users = sorted(li.id for li in self._listeners.values() if li.group_id == group.id)
-        if users:
-            raise ApiError(400, "ResourceInUse.ServerGroup",
-                           f"The specified resource ServerGroup [{group.id}] is in use by {', '.join(users)}.")
+        group = self._group(params)
+        if users := sorted(li.id for li in self._listeners.values() if li.group_id == group.id):
+            raise bad("ResourceInUse.ServerGroup", f"The resource ServerGroup [{group.id}] is in use: {users}.")
         del self._groups[group.id]
         return _job()
 
     def _update_group(self, params: dict[str, str]) -> dict[str, Any]:
-        group = self._group(required(params, "ServerGroupId"))
-        health = HealthConfig(**vars(group.health))
-        health.update(params)                     # validate everything before changing anything
-        drain = self._drain_config(params, group.drain_enabled, group.drain_timeout)
+        group = self._group(params)
+        health, drain = health_config(params, group.health), drain_config(params, group.drain)  # checked first
         self._claim(group)
-        group.health, (group.drain_enabled, group.drain_timeout) = health, drain
-        group.name = params.get("ServerGroupName") or group.name
+        group.health, group.drain = health, drain
+        group.view["ServerGroupName"] = params.get("ServerGroupName") or group.view["ServerGroupName"]
         self._resync(self._lbs_of(group.id))
         return _job()
 
-    def _servers_param(self, params: Mapping[str, str], adding: bool) -> list[dict[str, str]]:
+    @staticmethod
+    def _servers_param(params: Mapping[str, str]) -> list[dict[str, str]]:
         servers = indexed(params, "Servers")
-        if not servers:
-            raise missing("Servers")
-        if len(servers) > 200:
-            raise illegal("Servers", "At most 200 servers per call.")
+        if not 1 <= len(servers) <= 200:
+            raise missing("Servers") if not servers else illegal("Servers", "At most 200 servers per call.")
         for server in servers:
-            if not server.get("ServerId"):
-                raise missing("Servers.N.ServerId")
+            required(server, "ServerId")
             if (server.get("ServerType") or "Ecs") != "Ecs":
                 raise illegal("Servers.N.ServerType", "The emulator serves Ecs servers.")
-            port = server.get("Port", "")
-            if not port.isdigit() or not 1 <= int(port) <= 65535:
-                raise illegal("Servers.N.Port", "1..65535.")
-            weight = server.get("Weight", "")
-            if adding and weight and (not weight.isdigit() or int(weight) > 100):
-                raise illegal("Servers.N.Weight", "0..100.")
+            port, weight = server.get("Port", ""), server.get("Weight") or "0"
+            if not (port.isdigit() and 1 <= int(port) <= 65535 and weight.isdigit() and int(weight) <= 100):
+                raise illegal("Servers.N", "Port 1..65535, Weight 0..100.")
         return servers
 
+    def _find_servers(self, group: ServerGroup, servers: list[dict[str, str]]) -> list[Server]:
+        keys = [(server["ServerId"], int(server["Port"])) for server in servers]
+        if missed := [f"{key[0]}:{key[1]}" for key in keys if key not in group.servers]:
+            raise not_found("BackendServer", missed[0])
+        return [group.servers[key] for key in keys]
+
     def _add_servers(self, params: dict[str, str]) -> dict[str, Any]:
-        group = self._group(required(params, "ServerGroupId"))
-        servers = self._servers_param(params, adding=True)
+        group, servers = self._group(params), self._servers_param(params)
         for server in servers:
             inst = self._instance(server["ServerId"])
             if inst is None:
                 raise not_found("Instance", server["ServerId"])
-            if inst.vpc_id != group.vpc_id:
-                raise ApiError(400, "Mismatch.VpcId", f"The {server['ServerId']} and {group.id} are mismatched.")
+            if inst.vpc_id != group.view["VpcId"]:
+                raise bad("Mismatch.VpcId", f"The {server['ServerId']} and {group.id} are mismatched.")
             if (server["ServerId"], int(server["Port"])) in group.servers:
-                raise ApiError(400, "ResourceAlreadyExist.BackendServer",
-                               f"The specified resource BackendServer [{server['ServerId']}:{server['Port']}] "
-                               "already exists.")
+                raise bad("ResourceAlreadyExist.BackendServer", f"The BackendServer [{server['ServerId']}:"
+                          f"{server['Port']}] already exists.")
         self._claim(group)
-        added = []
-        for server in servers:
-            inst = self._instance(server["ServerId"])
-            key = (server["ServerId"], int(server["Port"]))
-            group.servers[key] = Server(key[0], key[1], int(server.get("Weight") or 100),
-                                        server.get("Description", ""), inst.private_ip if inst else "")
-            added.append(key)
-        self._spawn(self._added, group.id, added, time.monotonic() + self.job_seconds)
-        return {"ServerGroupId": group.id, **_job()}
-
-    def _added(self, group_id: str, keys: list[tuple[str, int]], done_at: float) -> None:
-        if not self._sleep_until(done_at):
-            return
-        with self._lock:
-            group = self._groups.get(group_id)
-            if group is None:
-                return
-            for key in keys:
-                server = group.servers.get(key)
-                if server is not None and server.status == "Adding":
-                    server.status = "Available"
-            users = self._lbs_of(group_id)
-        for lb_id in users:
-            self._sync(lb_id)
-
-    def _find_servers(self, group: ServerGroup, servers: list[dict[str, str]]) -> list[Server]:
-        found = []
         for server in servers:
             key = (server["ServerId"], int(server["Port"]))
-            if key not in group.servers:
-                raise not_found("BackendServer", f"{key[0]}:{key[1]}")
-            found.append(group.servers[key])
-        return found
+            added = group.servers[key] = Server(key[0], key[1], int(server.get("Weight") or 100),
+                                                server.get("Description", ""), self._instance(key[0]).private_ip)
+            self._spawn(self._settle, group, added, 0, time.monotonic() + self.job_seconds)
+        return _job(ServerGroupId=group.id)
 
     def _remove_servers(self, params: dict[str, str]) -> dict[str, Any]:
-        group = self._group(required(params, "ServerGroupId"))
-        found = self._find_servers(group, self._servers_param(params, adding=False))
+        found = self._find_servers(group := self._group(params), self._servers_param(params))
         self._claim(group)
-        drain = group.drain_enabled and group.drain_timeout > 0
-        done_at = time.monotonic() + (group.drain_timeout * self.drain_scale if drain else self.job_seconds)
+        drain = group.drain[0] and group.drain[1] > 0
+        done_at = time.monotonic() + (group.drain[1] * self.drain_scale if drain else self.job_seconds)
         for server in found:
             server.status, server.draining = "Removing", drain and server.status == "Available"
             server.generation += 1
-            self._spawn(self._removed, group.id, server, server.generation, done_at)
+            self._spawn(self._settle, group, server, server.generation, done_at)
         self._resync(self._lbs_of(group.id))
-        return {"ServerGroupId": group.id, **_job()}
+        return _job(ServerGroupId=group.id)
 
-    def _removed(self, group_id: str, server: Server, generation: int, done_at: float) -> None:
+    def _settle(self, group: ServerGroup, server: Server, generation: int, done_at: float) -> None:
+        """The end of a server's job: Adding -> Available, Removing -> gone (after the drain when draining)."""
         if not self._sleep_until(done_at):
             return
         with self._lock:
-            group = self._groups.get(group_id)
             key = (server.server_id, server.port)
-            if group is None or group.servers.get(key) is not server or server.generation != generation:
-                return
-            del group.servers[key]
-            users = self._lbs_of(group_id)
-        for lb_id in users:
-            self._sync(lb_id)
-
-    def _update_servers(self, params: dict[str, str]) -> dict[str, Any]:
-        group = self._group(required(params, "ServerGroupId"))
-        servers = self._servers_param(params, adding=True)
-        found = self._find_servers(group, servers)
-        self._claim(group)
-        for server, wanted in zip(found, servers, strict=True):
-            server.weight = int(wanted.get("Weight") or server.weight)
-            server.description = wanted.get("Description", server.description)
-        self._resync(self._lbs_of(group.id))
-        return _job()
+            if group.servers.get(key) is not server or server.generation != generation:
+                return                           # removed (or removed again) meanwhile
+            if server.status == "Removing":
+                del group.servers[key]
+            server.status = "Available"
+            users = [self._lbs[i] for i in self._lbs_of(group.id)] if self._groups.get(group.id) is group else []
+        for lb in users:
+            self._sync(lb)
 
     def _list_servers(self, params: dict[str, str]) -> dict[str, Any]:
-        group_id = params.get("ServerGroupId", "")
-        groups = [self._group(group_id)] if group_id else list(self._groups.values())
+        groups = [self._group(params)] if params.get("ServerGroupId") else list(self._groups.values())
         ids = repeated(params, "ServerIds")
         found = [{"ServerGroupId": g.id, "ServerId": s.server_id, "ServerIp": self._ip(s), "ServerType": "Ecs",
                   "Port": s.port, "Weight": s.weight, "Description": s.description, "Status": s.status}
                  for g in groups for s in g.servers.values() if not ids or s.server_id in ids]
         return _paged(found, params, "Servers")
 
-    # --- listeners --------------------------------------------------------------------------
-
     def _create_listener(self, params: dict[str, str]) -> dict[str, Any]:
-        lb = self._lb(required(params, "LoadBalancerId"))
+        lb: LoadBalancer = self._get(self._lbs, "LoadBalancer", params, "LoadBalancerId")
         protocol = _choice(params, "ListenerProtocol", ("HTTP", "HTTPS"))
-        port = as_int(params, "ListenerPort", 0, 1, 65535)
-        if not port:
-            raise missing("ListenerPort")
-        actions: dict[int, dict[str, Any]] = {}
-        for key, value in params.items():
-            match = _ACTION_KEY.match(key)
-            if match:
-                action = actions.setdefault(int(match[1]), {"groups": {}})
-                if match[3] is None:
-                    action["type"] = value
-                else:
-                    action["groups"][int(match[3])] = value
-        if not actions:
-            raise missing("DefaultActions")
-        if len(actions) != 1 or next(iter(actions.values())).get("type") != "ForwardGroup":
-            raise illegal("DefaultActions", "One action of Type ForwardGroup.")
-        groups = list(next(iter(actions.values()))["groups"].values())
-        if len(groups) != 1:
-            raise illegal("DefaultActions.N.ForwardGroupConfig.ServerGroupTuples", "Exactly one server group.")
-        group = self._group(groups[0])
-        certificates = [c.get("CertificateId", "") for c in indexed(params, "Certificates") if c.get("CertificateId")]
+        port = as_int(params, "ListenerPort", 0, 1, 65535) or int(required(params, "ListenerPort"))
+        _choice(params, "DefaultActions.1.Type", ("ForwardGroup",))
+        if any(key.startswith(("DefaultActions.2.", FORWARD.replace(".1.ServerGroupId", ".2."))) for key in params):
+            raise illegal("DefaultActions", "One ForwardGroup action to one server group.")
+        group: ServerGroup = self._get(self._groups, "ServerGroup", params, FORWARD)
+        certificates = [{"CertificateId": required(c, "CertificateId")} for c in indexed(params, "Certificates")]
         if protocol == "HTTPS" and not certificates:
             raise missing("Certificates")
         if lb.status != "Active":
-            raise incorrect_status("LoadBalancer", lb.id, lb.status)
-        if group.vpc_id != lb.vpc_id:
-            raise ApiError(400, "Mismatch.VpcId", f"The {group.id} and {lb.id} are mismatched.")
+            raise bad("IncorrectStatus.LoadBalancer", f"The status of LoadBalancer [{lb.id}] is incorrect.")
+        if group.view["VpcId"] != lb.view["VpcId"]:
+            raise bad("Mismatch.VpcId", f"The {group.id} and {lb.id} are mismatched.")
         if any(li.lb_id == lb.id and li.port == port for li in self._listeners.values()):
-            raise ApiError(400, "ResourceAlreadyExist.Listener",
-                           f"The specified resource Listener [{lb.id}:{port}] already exists.")
-        listener = Listener(_new_id("lsn-"), lb.id, protocol, port, group.id, certificates,
-                            params.get("ListenerDescription", ""), parse_tags(params))
+            raise bad("ResourceAlreadyExist.Listener", f"The resource Listener [{lb.id}:{port}] already exists.")
+        view = {"ListenerProtocol": protocol, "ListenerDescription": params.get("ListenerDescription", ""),
+                "Http2Enabled": protocol == "HTTPS", "Certificates": certificates}
+        listener = Listener(_new_id("lsn-"), view, parse_tags(params), lb.id, port, group.id)
         self._listeners[listener.id] = listener
         self._resync([lb.id])
-        return {"ListenerId": listener.id, **_job()}
+        return _job(ListenerId=listener.id)
 
-    def _listener_view(self, li: Listener) -> dict[str, Any]:
-        return {"ListenerId": li.id, "LoadBalancerId": li.lb_id, "ListenerProtocol": li.protocol,
-                "ListenerPort": li.port, "ListenerStatus": li.status, "ListenerDescription": li.description,
-                "IdleTimeout": 15, "RequestTimeout": 60, "GzipEnabled": True, "Http2Enabled": li.protocol == "HTTPS",
+    @staticmethod
+    def _listener_view(li: Listener, full: bool = False) -> dict[str, Any]:
+        view = {"ListenerId": li.id, "LoadBalancerId": li.lb_id, "ListenerPort": li.port, **li.view,
+                **LISTENER_FIXED, "ListenerStatus": li.status, "Tags": _tag_view(li.tags),
                 "DefaultActions": [{"Type": "ForwardGroup",
-                                    "ForwardGroupConfig": {"ServerGroupTuples": [{"ServerGroupId": li.group_id}]}}],
-                "Tags": _tag_view(li.tags)}
+                                    "ForwardGroupConfig": {"ServerGroupTuples": [{"ServerGroupId": li.group_id}]}}]}
+        return view if full else {k: v for k, v in view.items() if k != "Certificates"}
 
     def _list_listeners(self, params: dict[str, str]) -> dict[str, Any]:
         ids, lbs = repeated(params, "ListenerIds"), repeated(params, "LoadBalancerIds")
-        found = [li for li in self._listeners.values()
+        found = [self._listener_view(li) for li in self._listeners.values()
                  if (not ids or li.id in ids) and (not lbs or li.lb_id in lbs) and tags_match(li.tags, params)
-                 and params.get("ListenerProtocol", li.protocol) == li.protocol]
-        return _paged([self._listener_view(li) for li in found], params, "Listeners")
+                 and params.get("ListenerProtocol", li.view["ListenerProtocol"]) == li.view["ListenerProtocol"]]
+        return _paged(found, params, "Listeners")
 
     def _get_listener(self, params: dict[str, str]) -> dict[str, Any]:
-        li = self._listener(required(params, "ListenerId"))
-        return {**self._listener_view(li), "Certificates": [{"CertificateId": c} for c in li.certificates]}
+        return self._listener_view(self._get(self._listeners, "Listener", params, "ListenerId"), full=True)
 
     def _delete_listener(self, params: dict[str, str]) -> dict[str, Any]:
-        li = self._listener(required(params, "ListenerId"))
+        li: Listener = self._get(self._listeners, "Listener", params, "ListenerId")
         del self._listeners[li.id]
         self._resync([li.lb_id])
         return _job()
@@ -739,71 +553,40 @@ class Alb:
     def _health_status(self, params: dict[str, str]) -> dict[str, Any]:
         """Unlocked (ALB_UNLOCKED): the state is read under the lock, haproxy is asked outside it."""
         with self._lock:
-            li = self._listener(required(params, "ListenerId"))
-            lb, group = self._lbs.get(li.lb_id), self._groups[li.group_id]
+            li: Listener = self._get(self._listeners, "Listener", params, "ListenerId")
+            lb, group = self._lbs[li.lb_id], self._groups[li.group_id]
             servers = [(s, s.ip, self._ip(s)) for s in group.servers.values() if s.status == "Available"]
-            plane = lb.plane if lb is not None else None
-            health = group.health
-        if any(old != new for _, old, new in servers) and lb is not None:
-            self._spawn(self._sync, lb.id)        # an instance came back on another address
-        states: dict[tuple[str, int], str] = {}
-        if plane is not None and lb is not None:
-            with lb.plane_lock:
-                states = plane.health().get(li.id, {})
+            plane, enabled, codes = lb.plane, group.health["HealthCheckEnabled"], group.health["HealthCheckCodes"]
+        if any(old != new for _, old, new in servers):
+            self._spawn(self._sync, lb)           # an instance came back on another address
+        states = plane.health().get(li.id, {}) if plane is not None else {}
+        reason = {"ReasonCode": "RESPONSE_MISMATCH", "ExpectedResponse": ",".join(codes), "ActualResponse": ""}
         abnormal = []
-        for server, _, ip in servers:
-            if not health.enabled:
-                status: str | None = "Unavailable"
-            elif server.weight == 0:
-                status = "Unused"
-            else:   # healthy (and draining) servers are normal: not listed
-                status = {"initial": "Initial", "unhealthy": "Unhealthy", "unused": "Unused"}.get(
-                    states.get((ip, server.port), "initial"))
-            if status is None:
-                continue
-            reason = {"ReasonCode": "RESPONSE_MISMATCH", "ExpectedResponse": ",".join(health.codes),
-                      "ActualResponse": ""} if status == "Unhealthy" else {}
-            abnormal.append({"ServerId": server.server_id, "ServerIp": ip, "Port": server.port, "Status": status,
-                             "Reason": reason})
-        info = {"ServerGroupId": group.id, "ActionType": "ForwardGroup",
-                "HealthCheckEnabled": "on" if health.enabled else "off", "NonNormalServers": abnormal}
-        return {"ListenerHealthStatus": [{"ListenerId": li.id, "ListenerPort": li.port,
-                                          "ListenerProtocol": li.protocol, "ServerGroupInfos": [info]}],
+        for server, _, ip in servers:             # healthy servers are normal: not listed
+            status = "Unavailable" if not enabled else "Unused" if server.weight == 0 else {
+                "initial": "Initial", "unhealthy": "Unhealthy"}.get(states.get((ip, server.port), "initial"))
+            abnormal += [{"ServerId": server.server_id, "ServerIp": ip, "Port": server.port, "Status": status,
+                          "Reason": reason if status == "Unhealthy" else {}}] if status else []
+        info = {"ServerGroupId": group.id, "ActionType": "ForwardGroup", "HealthCheckEnabled": "on" if enabled
+                else "off", "NonNormalServers": abnormal}
+        return {"ListenerHealthStatus": [{"ListenerId": li.id, "ListenerPort": li.port, "ServerGroupInfos": [info],
+                                          "ListenerProtocol": li.view["ListenerProtocol"]}],
                 "RuleHealthStatus": [], "NextToken": ""}
 
-    # --- tags -------------------------------------------------------------------------------
-
-    def _resources(self, params: Mapping[str, str], ids_required: bool) -> tuple[str, list[Any]]:
-        kind = _choice(params, "ResourceType", RESOURCE_TYPES)
-        table: Mapping[str, Any] = {"loadbalancer": self._lbs, "servergroup": self._groups,
-                                    "listener": self._listeners}[kind]
-        ids = repeated(params, "ResourceId")
+    def _resources(self, params: Mapping[str, str], ids_required: bool) -> tuple[str, list[Resource]]:
+        kind, ids = _choice(params, "ResourceType", tuple(KINDS)), repeated(params, "ResourceId")
+        table: Mapping[str, Resource] = {"loadbalancer": self._lbs, "servergroup": self._groups,
+                                         "listener": self._listeners}[kind]
         if ids_required and not ids:
             raise missing("ResourceId")
-        name = {"loadbalancer": "LoadBalancer", "servergroup": "ServerGroup", "listener": "Listener"}[kind]
-        for resource_id in ids:
-            if resource_id not in table:
-                raise not_found(name, resource_id)
-        return kind, [table[i] for i in ids] if ids else list(table.values())
+        return kind, [self._get(table, KINDS[kind], {"Id": i}, "Id") for i in ids] if ids else list(table.values())
 
     def _tag(self, params: dict[str, str]) -> dict[str, Any]:
         _, resources = self._resources(params, ids_required=True)
-        tags = parse_tags(params)
-        if not tags:
-            raise missing("Tag")
-        for resource in resources:
-            if len({**resource.tags, **tags}) > 20:
-                raise illegal("Tag", "At most 20 tags per resource.")
+        if not (tags := parse_tags(params)) or any(len({**resource.tags, **tags}) > 20 for resource in resources):
+            raise illegal("Tag", "1..20 tags per resource.")
         for resource in resources:
             resource.tags.update(tags)
-        return {}
-
-    def _untag(self, params: dict[str, str]) -> dict[str, Any]:
-        _, resources = self._resources(params, ids_required=True)
-        keys, everything = repeated(params, "TagKey"), as_bool(params, "All")
-        for resource in resources:
-            for key in list(resource.tags) if everything else keys:
-                resource.tags.pop(key, None)
         return {}
 
     def _list_tags(self, params: dict[str, str]) -> dict[str, Any]:
