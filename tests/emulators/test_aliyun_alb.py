@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import threading
 import time
 import urllib.error
@@ -26,7 +27,9 @@ from aliyunsdkcore.client import AcsClient
 from aliyunsdkcore.request import CommonRequest
 
 from emulators.aliyun_ecs import EcsEmulator
+from emulators.balancer_plane import HAPROXY
 from emulators.hosts_api import CommandResult
+from support import missing
 
 AK, SECRET = "test-ak", "test-secret"
 ALB, ECS = "2020-06-16", "2014-05-26"
@@ -370,6 +373,8 @@ def serving(emu: EcsEmulator, hosts: LoopbackMachines, count: int,
             **group: Any) -> tuple[AcsClient, str, str, str, list[str]]:
     """An Active balancer with an HTTP :80 listener forwarding to `count` healthy instances (checks every 0.5 s:
     shorter ones time out now and then on a busy 2-core machine, and a flapping server fails the assertions)."""
+    if shutil.which(HAPROXY) is None:
+        missing("haproxy not installed (apt: haproxy; scripts/setup.sh installs it)")
     emu.alb.data_plane, emu.alb.health_scale = True, 0.5
     client = sdk(emu)
     lb_id, group_id, ids = create_lb(emu), create_group(emu, client, **group), launch(emu, count)
