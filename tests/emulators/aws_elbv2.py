@@ -342,7 +342,7 @@ class Elbv2Balancers:
         if root is None:
             return reply
         group_arn = request.params.get("TargetGroupArn", "")
-        asked = bool(listed(request.params, "Targets"))
+        asked = {t.get("Id", ""): t.get("Port", "") for t in listed(request.params, "Targets")}
         now = time.monotonic()
         with self._lock:
             self._drains = [d for d in self._drains if d.until > now]
@@ -353,6 +353,9 @@ class Elbv2Balancers:
                 for m in members(path(root, "DescribeTargetHealthResult"), "TargetHealthDescriptions")]
         if not asked:
             rows += [(d.id, d.port, "unused") for key, d in drains.items() if key not in {r[:2] for r in rows}]
+        port_of = {d.id: d.port for d in drains.values()}      # a draining target asked for by id alone
+        rows = [(i, port_of[i], st) if st != "healthy" and i in port_of and asked.get(i) == "" else (i, p, st)
+                for i, p, st in rows]
         health = self._plane_health(group) if group is not None else None
 
         def build(result: ET.Element) -> None:

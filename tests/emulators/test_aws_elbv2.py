@@ -23,9 +23,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
 from emulators.aws_ec2 import Ec2Emulator
-from emulators.test_aws_emulator import client, error_of, gpu_ami, launch, state, until
+from emulators.test_aws_emulator import client, error_of, gpu_ami, launch, state
+from emulators.test_aws_emulator import until as poll
 from emulators.test_aws_imds import LoopbackHosts
 
 TIME_SCALE = 0.1
@@ -129,6 +131,11 @@ def backends() -> Iterator[Callable[[str], Backend]]:
 
 
 # --- helpers -----------------------------------------------------------------------------------------
+
+def until(what: str, check: Callable[[], Any], timeout: float = 10.0) -> Any:
+    """Poll every 0.1 s (a fifth of the scaled health check interval) until check() is true."""
+    return poll(what, check, timeout, every=0.1)
+
 
 def network(emulator: Ec2Emulator) -> tuple[str, list[str]]:
     """A VPC and two subnets in two zones (an ALB needs two)."""
@@ -235,6 +242,10 @@ def test_target_health_says_unused_initial_and_timeout_as_aws_does(emulator, bac
     assert (timed_out["Reason"], timed_out["Description"]) == ("Target.Timeout", "Request timed out")
     assert set(spread(emulator.balancer_address(balancer["LoadBalancerArn"], 8080), 6)) == {"127.0.0.21"}
 
+    elb.modify_target_group(TargetGroupArn=group, Matcher={"HttpCode": "202,204"})    # the plane follows moto
+    until("the new matcher fails it", lambda: states(elb, group)["127.0.0.21"] == "unhealthy")
+    assert health(elb, group)["127.0.0.21"]["Description"] == "Health checks failed with these codes: [200]"
+
 
 def test_deregistering_drains_the_in_flight_request_then_forgets_the_target(emulator, backends):
     elb, balancer, group = service(emulator, "drain")
@@ -255,6 +266,7 @@ def test_deregistering_drains_the_in_flight_request_then_forgets_the_target(emul
     draining = health(elb, group)["127.0.0.31"]
     assert draining == {"State": "draining", "Reason": "Target.DeregistrationInProgress", "Port": old.port,
                         "Description": "Target deregistration is in progress", "HealthCheckPort": str(old.port)}
+    assert health(elb, group, Targets=[{"Id": "127.0.0.31"}])["127.0.0.31"]["State"] == "draining"
     assert set(spread(address, 8)) == {"127.0.0.32"}, "no new request goes to a draining target"
     elb.deregister_targets(TargetGroupArn=group, Targets=[{"Id": "127.0.0.31", "Port": old.port}])  # a retry
 
@@ -318,8 +330,10 @@ def test_deleting_the_balancer_stops_its_haproxy(emulator):
 def test_throttling_answers_throttling_and_botos_retry_gets_through(emulator):
     elb = client(emulator, "elbv2")
     emulator.fail_next("DescribeLoadBalancers", "Throttling", 400, times=2)
-    code, status, message = error_of(elb.describe_load_balancers)
-    assert (code, status, message) == ("Throttling", 400, "Rate exceeded")
+    with pytest.raises(ClientError) as caught:
+        elb.describe_load_balancers()
+    assert caught.value.response["Error"] == {"Type": "Sender", "Code": "Throttling", "Message": "Rate exceeded"}
+    assert caught.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
     assert client(emulator, "elbv2", attempts=3).describe_load_balancers()["LoadBalancers"] == []
 
 
