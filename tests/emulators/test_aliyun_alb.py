@@ -135,8 +135,8 @@ def hosts() -> LoopbackMachines:
 
 @pytest.fixture
 def emu(hosts: LoopbackMachines) -> Iterator[EcsEmulator]:
-    """Short transitions; health checks and drains at a fifth of the configured seconds; no haproxy
-    unless a test turns data_plane on."""
+    """Short transitions; drains at a fifth of the configured seconds; no haproxy unless a test turns
+    data_plane on (serving() does, with health checks at half the configured seconds)."""
     with EcsEmulator(hosts, boot_seconds=0.05, start_seconds=0.05, stop_seconds=0.05) as emulator:
         alb = emulator.alb
         alb.provision_seconds, alb.job_seconds, alb.health_scale, alb.drain_scale = 0.1, 0.1, 0.2, 0.2
