@@ -48,9 +48,9 @@ draining target after its own delay), cross-zone behaviour, access logs, ALB's o
 is haproxy's page), health-check Host headers or methods other than `GET path HTTP/1.0`. A listener
 with no healthy, non-draining target answers 503 (haproxy "no server available"), as ALB does.
 HealthCheck.enabled False means the targets are not checked and always get traffic; health() then says
-"unused" (turning checks on again starts them healthy, checked at once). "initial" is a target that is
-down and whose checks have not failed (new, or passing on its way up); "unhealthy" is one whose last
-check failed, or that fell from up and is not back yet.
+"unused" (turning checks on again starts them healthy, checked at once). "initial" is a target that was
+never up since it was added and whose checks pass or have failed for less than `unhealthy_threshold`
+intervals; "unhealthy" is one failing for longer, or that fell from up and is not back yet.
 """
 
 from __future__ import annotations
@@ -229,10 +229,11 @@ DEFAULTS = ["defaults", "    mode http", "    timeout connect 2s", "    timeout 
             "    timeout http-keep-alive 60s", "    timeout http-request 10s", "    option http-server-close"]
 
 
-def render_front(lst: Listener, bind: str, port: int, traffic: Path) -> str:
+def render_front(lst: Listener, bind: str, port: int, traffic: Path, sock: Path) -> str:
     """The listener's stable haproxy: the public port, relaying each request to the back haproxy."""
     return "\n".join([
-        "global", "    nbthread 1", "    hard-stop-after 5s", *DEFAULTS, "    retries 3",
+        "global", f"    stats socket {sock} mode 600 level user", "    nbthread 1", "    hard-stop-after 5s",
+        *DEFAULTS, "    retries 3",
         f"frontend fe_{lst.name}", f"    bind {bind}:{port}", "    option forwardfor",
         "    http-request set-header X-Forwarded-Proto http",
         f"    http-request set-header X-Forwarded-Port {lst.port}",
@@ -306,7 +307,8 @@ class _Proxy:
     def start(self) -> None:
         """Both haproxy processes, the back one without targets."""
         self.start_back()
-        self.front = self.spawn("front", render_front(self.listener, self.bind, self.port, self.traffic))
+        front = render_front(self.listener, self.bind, self.port, self.traffic, self.sockets / "front.sock")
+        self.front = self.spawn("front", front)
         until(self.serving, READY_TIMEOUT_S, f"listener {self.listener.name} to serve {self.bind}:{self.port}")
 
     def start_back(self, servers: Sequence[_Server] = (), state_file: Path | None = None) -> None:
@@ -333,8 +335,11 @@ class _Proxy:
             return False
 
     def serving(self) -> bool:
+        """The front answers on its CLI (so it bound its port: haproxy exits when a bind fails) and the port."""
         self.alive(self.front)
         try:
+            if "Pid: " not in cli(self.sockets / "front.sock", "show info"):
+                return False
             with socket.create_connection((self.bind, self.port), timeout=1):
                 return True
         except OSError:
@@ -423,7 +428,7 @@ class _Proxy:
         out: dict[tuple[str, int], str] = {}
         for key, server in self.servers.items():
             row = by_name.get(server.name)
-            out[key] = _state(row, admin.get(server.name, 0), self.listener.health.enabled) if row else "unused"
+            out[key] = _state(row, admin.get(server.name, 0), self.listener.health) if row else "unused"
         return out
 
 
@@ -438,19 +443,20 @@ def _table(text: str, sep: str) -> list[dict[str, str]]:
     return [dict(zip(columns, row.split(sep), strict=False)) for row in rows]
 
 
-def _state(row: dict[str, str], admin: int, checked: bool) -> str:
-    """Map haproxy's view of one server to the cloud's five words."""
-    if admin & ADMIN_MAINT:
+def _state(row: dict[str, str], admin: int, hc: HealthCheck) -> str:
+    """Map haproxy's view of one server (a `show stat` row, its admin state) to the cloud's five words.
+    A server added down (chkdown 1: the forced `health down`) that was never up is "initial" while its
+    checks pass, or fail for less than `unhealthy_threshold` intervals (haproxy's lastchg, whole seconds)."""
+    if admin & ADMIN_MAINT or not hc.enabled:
         return "unused"
     if admin & ADMIN_DRAIN:
         return "draining"
-    if not checked:
-        return "unused"
     if row.get("status", "").startswith("UP"):
         return "healthy"
-    last = row.get("check_status", "").lstrip("* ")
-    failed = last not in ("", "INI", *GOOD_CHECKS)
-    return "unhealthy" if failed or int(row.get("chkfail") or 0) else "initial"
+    failed = row.get("check_status", "").lstrip("* ") not in ("", "INI", *GOOD_CHECKS)
+    never_up = int(row.get("chkdown") or 0) <= 1
+    failing_long = int(row.get("lastchg") or 0) >= hc.unhealthy_threshold * hc.interval_s
+    return "initial" if never_up and not (failed and failing_long) else "unhealthy"
 
 
 def _reap(process: subprocess.Popen[bytes], sig: signal.Signals | None = None) -> None:
@@ -519,12 +525,13 @@ class BalancerPlane:
             sockets = folder if short else Path(tempfile.mkdtemp(prefix=f"plane-{lst.name[:20]}-"))
             proxy = _Proxy(Listener(lst.name, lst.port, lst.backend_scheme, (), lst.health), self.bind,
                            free_port(self.bind), folder, sockets)
+            (folder / "haproxy.log").unlink(missing_ok=True)
             try:
                 proxy.start()
                 return proxy
             except PlaneError as exc:
                 proxy.stop()
-                if "bind" not in str(exc).lower():
+                if f":{proxy.port}" not in str(exc):       # "cannot bind socket ... [127.0.0.1:PORT]"
                     raise
         raise PlaneError(f"no free port for listener {lst.name} on {self.bind}")
 

@@ -19,6 +19,7 @@ import gc
 import http.client
 import os
 import shutil
+import socket
 import ssl
 import threading
 import time
@@ -156,6 +157,7 @@ def test_traffic_reaches_only_healthy_targets_round_robin(plane: BalancerPlane, 
     a, b, sick = backends("a"), backends("b"), backends("sick")
     sick.health_status = 500
     plane.apply([Listener("web", 80, targets=(a.target, b.target, sick.target), health=FAST)])
+    assert set(plane.health()["web"].values()) == {"initial"}, "no target is healthy or unhealthy before its checks"
     all_healthy(plane, "web", a, b)
     until("sick unhealthy", lambda: state_of(plane, "web", sick) == "unhealthy")
     answers = Counter(get(plane.address("web"))[1] for _ in range(20))
@@ -409,3 +411,17 @@ def test_health_check_matchers_and_bad_input() -> None:
             with pytest.raises(PlaneError):
                 plane.apply(listeners)
         assert plane.pids() == []
+
+
+def test_a_port_taken_meanwhile_is_skipped(plane: BalancerPlane, monkeypatch: pytest.MonkeyPatch) -> None:
+    import emulators.balancer_plane as module
+
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        ports, free_port = iter([taken]), module.free_port
+        monkeypatch.setattr(module, "free_port", lambda bind: next(ports, None) or free_port(bind))
+        plane.apply([Listener("web", 80, health=FAST)])
+        assert plane.address("web")[1] != taken
+        assert get(plane.address("web"))[0] == 503
