@@ -655,6 +655,7 @@ class Ec2Emulator:
     def _terminate_instances(self, request: WireRequest) -> WireResponse:
         answer = self._forward(request)
         if answer.ok:
+            self.elbv2.instances_terminated(request.region, repeated(request.params, "InstanceId"))
             self._transition(answer, ("pending", "running", "stopping", "stopped"), ("terminated", "shutting-down"),
                              self._destroy, 0.0)
         return answer

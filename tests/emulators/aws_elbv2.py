@@ -1,51 +1,49 @@
 """Elastic Load Balancing v2 (Application Load Balancers) in the AWS double: moto's API state, a real data plane.
 
 Why: ngcx puts a service's replicas behind an ALB (issue 21); what it must get right is what a user notices
-on AWS: traffic reaches only healthy targets, a deregistered target finishes its in-flight requests
-(draining) before it is gone, creates can be retried. aws_ec2.Ec2Emulator routes every request signed for
+on AWS: traffic reaches only healthy targets, a deregistered target finishes its in-flight requests before
+it is gone, creates can be retried. aws_ec2.Ec2Emulator routes every request signed for
 `elasticloadbalancing` here; each call goes to moto, and this module adds around it what moto lacks.
 
 What moto 5 does (moto/elbv2/models.py): it keeps balancers, listeners (and rules), target groups and their
-attributes, registered targets and tags, validates names, ports, protocols and actions, and refuses to
-delete a group a listener uses. But CreateLoadBalancer with a name in use makes a *second* balancer (its
-ARN has a random id, so the duplicate check never hits); CreateTargetGroup with a name in use always
-answers DuplicateTargetGroupName; DescribeTargetHealth says `healthy` for every registered target (nothing
-is checked) with HealthCheckPort `traffic-port`; DeregisterTargets forgets a target at once (the
-deregistration delay is stored, never used); nothing serves traffic.
+attributes, registered targets and tags, validates names, ports, protocols and actions, refuses to delete a
+group a listener uses. But CreateLoadBalancer with a name in use makes a *second* balancer (the duplicate
+check compares ARNs with random ids); CreateTargetGroup with a name in use always answers
+DuplicateTargetGroupName; DescribeTargetHealth says `healthy` for every registered target, HealthCheckPort
+`traffic-port`; DeregisterTargets forgets a target at once (the delay attribute is stored, never used); a
+terminated instance stays registered; nothing serves traffic.
 
 What this module adds:
-- A data plane: one balancer_plane.BalancerPlane (real haproxy) per balancer. After every successful
-  non-Describe call, the region's state is read back from moto (DescribeLoadBalancers / Listeners /
-  TargetGroups, moto's own DescribeTargetHealth for the registered targets) and each plane converges to it:
-  a plane listener per listener, its targets those of the groups its default action forwards to
-  (ForwardConfig weights kept), checked as the first such group says. Read back, not tracked, so every call
-  that changes listeners, groups or targets (Modify*, Delete*, ...) is followed without parsing each one;
-  the harness keeps only what moto forgets (draining targets). A target's host is the IP itself for type
-  `ip`; for `instance`, the address of the instance's machine as Ec2Emulator knows it (a DockerHosts
-  container's bridge IP), looked at again every tick, so a restarted instance's new address is followed.
-- DescribeTargetHealth from the plane's health checks, in AWS's shapes: `initial` (Elb.RegistrationInProgress
-  / Elb.InitialHealthChecking), `healthy`, `unhealthy` (Target.ResponseCodeMismatch "Health checks failed
-  with these codes: [503]", Target.Timeout, else Target.FailedHealthChecks: the plane only says unhealthy,
-  so one probe of the health route tells why), `draining` (Target.DeregistrationInProgress), `unused`
-  (Target.NotRegistered; Target.NotInUse when no listener forwards to the group; Target.InvalidState for an
-  instance without a running machine), `unavailable` (Target.HealthCheckDisabled); HealthCheckPort resolved.
+- A data plane: a balancer_plane.BalancerPlane (real haproxy) per balancer. After every successful
+  non-Describe call the region's state is read back from moto (Describe LoadBalancers / Listeners /
+  TargetGroups, moto's DescribeTargetHealth for the registered targets) and each plane converges to it: a
+  plane listener per listener, with the targets of the groups its default action forwards to (ForwardConfig
+  weights kept), checked as the first such group says. Read back, not tracked, so any call that changes
+  listeners, groups or targets (Modify*, Delete*, ...) is followed without parsing each one; the harness
+  keeps only what moto forgets (draining targets). A target's host: the IP itself for type `ip`; for
+  `instance`, its machine's address as Ec2Emulator knows it (a DockerHosts bridge IP), looked up every tick.
+- DescribeTargetHealth from the plane's checks, in AWS's shapes: `initial` (Elb.RegistrationInProgress /
+  Elb.InitialHealthChecking), `healthy`, `unhealthy` (Target.ResponseCodeMismatch "Health checks failed with
+  these codes: [503]", Target.Timeout, else Target.FailedHealthChecks: the plane says only "unhealthy", one
+  probe of the health route tells why), `draining` (Target.DeregistrationInProgress), `unused`
+  (Target.NotRegistered; Target.NotInUse: no listener forwards to the group; Target.InvalidState: an instance
+  without a running machine), `unavailable` (Target.HealthCheckDisabled); HealthCheckPort resolved.
 - Deregistration delay: a deregistered target is `draining` (no new requests, in-flight ones complete) for
-  the group's deregistration_delay.timeout_seconds (default 300) times `time_scale`, then gone. Deregistering
-  it again meanwhile succeeds (moto: InvalidTarget).
-- `time_scale` (default 1.0) scales that delay and the health checks' interval and timeout.
+  deregistration_delay.timeout_seconds (default 300) x `time_scale` (which also scales the health checks'
+  interval and timeout), then gone; deregistering it again meanwhile succeeds (moto: InvalidTarget).
+  TerminateInstances deregisters the instance from its groups (Ec2Emulator calls `instances_terminated`).
 - Idempotent creates: CreateLoadBalancer / CreateTargetGroup with a name in use and the same settings answer
   the existing one (same ARN); other settings: 400 DuplicateLoadBalancerName / DuplicateTargetGroupName.
-  "Same" compares the request's parameters (tags and list order aside) with those of the create that made
-  it (ModifyTargetGroup folded in): an omitted parameter and its default spelled out differ.
+  "Same": the request's parameters (tags and list order aside) equal those of the create that made it
+  (ModifyTargetGroup folded in), so an omitted parameter and its default spelled out differ.
 - `balancer_address(dns_name_or_arn, listener_port)`: where the plane serves that listener (tests send the
-  balancer's traffic there); `plane(...)`: the plane itself. DeleteLoadBalancer stops its haproxy.
-Faults (fail_next, hold), SigV4 and role checks are Ec2Emulator's and apply unchanged; errors come in ELB's
-`<ErrorResponse>` shape (aws_wire.error_response); throttling is `Throttling` (400).
+  balancer's traffic there); `plane(...)`: the plane. DeleteLoadBalancer stops its haproxy.
+Faults (fail_next, hold), SigV4 and role checks are Ec2Emulator's; errors come in ELB's `<ErrorResponse>`
+shape (aws_wire.error_response); throttling is `Throttling` (400).
 
-Not emulated: listener rules (only default actions route; fixed-response / redirect listeners get no
-targets), TLS at the balancer (an HTTPS listener is served as plain HTTP: the plane takes no certificate),
-a health check port other than the traffic port, per-group health checks when a listener forwards to
-several groups (the first group's applies), one target id registered with two ports (moto keys targets by
+Not emulated: listener rules (only default actions route), TLS at the balancer (HTTPS listeners serve plain
+HTTP: the plane takes no certificate), a health check port other than the traffic port, per-group checks
+when a listener forwards to several groups, one target id registered with two ports (moto keys targets by
 id), slow start, stickiness, zones (every target gets traffic), NLB/GWLB, `provisioning` (moto: active).
 """
 from __future__ import annotations
@@ -103,7 +101,6 @@ class Group:
     """A target group: its health check and the targets moto has registered (id, port)."""
 
     arn: str
-    name: str
     protocol: str
     target_type: str
     check: HealthCheck                         # as the group says (unscaled)
@@ -114,7 +111,6 @@ class Group:
 @dataclass(frozen=True)
 class ListenerState:
     port: int
-    protocol: str
     forwards: tuple[tuple[str, int], ...]      # (target group ARN, weight)
 
 
@@ -314,19 +310,35 @@ class Elbv2Balancers:
         if group is not None and asked and all((t.get("Id", ""), self._port(group, t)) in draining for t in asked):
             return answer("DeregisterTargets", lambda result: None)
         reply = self._forward(request)
-        if not reply.ok or group is None:
-            return reply
-        attributes = self._moto(request.region, "DescribeTargetGroupAttributes", {"TargetGroupArn": group_arn})
+        if reply.ok and group is not None:
+            self._drain(request.region, group, [(t.get("Id", ""), self._port(group, t)) for t in asked])
+        return reply
+
+    def _drain(self, region: str, group: Group, targets: list[tuple[str, int]]) -> None:
+        """Keep deregistered targets draining (their hosts as they are now) for the group's delay."""
+        attributes = self._moto(region, "DescribeTargetGroupAttributes", {"TargetGroupArn": group.arn})
         result = path(attributes, "DescribeTargetGroupAttributesResult") if attributes is not None else None
         delay = next((float(child_text(m, "Value")) for m in members(result, "Attributes")
                       if child_text(m, "Key") == DEREGISTRATION_DELAY), float(DEFAULT_DELAY_S))
         until = time.monotonic() + delay * self.time_scale
-        for target in asked:
-            host = self._host(group, target.get("Id", ""))
-            if host:
-                with self._lock:
-                    self._drains.append(Drain(group_arn, target.get("Id", ""), self._port(group, target), host, until))
-        return reply
+        drains = [Drain(group.arn, i, port, host, until) for i, port in targets if (host := self._host(group, i))]
+        with self._lock:
+            self._drains += drains
+
+    def instances_terminated(self, region: str, instance_ids: Iterable[str]) -> None:
+        """EC2 deregisters a terminated instance from its target groups (draining first); moto does not.
+        Call before the instance loses its machine (its address is what drains)."""
+        ids = set(instance_ids)
+        with self._lock:
+            hits = [(g, [t for t in g.targets if t[0] in ids]) for g in self._groups.values()
+                    if _region(g.arn) == region and g.target_type == "instance"]
+        for group, targets in [(g, t) for g, t in hits if t]:
+            self._drain(region, group, targets)
+            params = {f"Targets.member.{n}.{key}": value for n, (i, port) in enumerate(targets, start=1)
+                      for key, value in (("Id", i), ("Port", str(port)))} | {"TargetGroupArn": group.arn}
+            self._upstream().query(SERVICE, region, "DeregisterTargets", VERSION, params)
+        if any(t for _, t in hits):
+            self.refresh(region)
 
     @staticmethod
     def _port(group: Group, target: dict[str, str]) -> int:
@@ -415,9 +427,7 @@ class Elbv2Balancers:
             except Exception as exc:  # reported; the targets read as initial
                 self._failed(balancer, "health", exc)
                 states = {}
-            for key, state in states.items():
-                if merged.get(key) != "healthy":
-                    merged[key] = state
+            merged.update({key: state for key, state in states.items() if merged.get(key) != "healthy"})
         return merged
 
     def _probe(self, group: Group, host: str, port: int) -> tuple[str, str, str]:
@@ -430,10 +440,8 @@ class Elbv2Balancers:
         try:
             conn.request("GET", group.check.path, headers={"User-Agent": "ELB-HealthChecker/2.0"})
             status = conn.getresponse().status
-        except TimeoutError:
-            return _REASONS["timeout"]
-        except OSError:
-            return _REASONS["failed"]
+        except OSError as exc:
+            return _REASONS["timeout" if isinstance(exc, TimeoutError) else "failed"]
         finally:
             conn.close()
         if codes_match(group.check.codes, status):
@@ -447,17 +455,12 @@ class Elbv2Balancers:
         with self._refresh_lock:
             groups = {g.arn: g for g in self._read_groups(region)}
             balancers: dict[str, tuple[str, str, tuple[ListenerState, ...]]] = {}
-            marker = ""
-            while True:
-                root = self._moto(region, "DescribeLoadBalancers", {"Marker": marker} if marker else {})
-                result = path(root, "DescribeLoadBalancersResult") if root is not None else None
-                for member in members(result, "LoadBalancers"):
-                    arn = child_text(member, "LoadBalancerArn")
-                    balancers[arn] = (child_text(member, "LoadBalancerName"), child_text(member, "DNSName"),
-                                      self._read_listeners(region, arn))
-                marker = child_text(result, "NextMarker")
-                if not marker:
-                    break
+            root = self._moto(region, "DescribeLoadBalancers", {"PageSize": "400"})     # AWS's largest page
+            for member in members(path(root, "DescribeLoadBalancersResult") if root is not None else None,
+                                  "LoadBalancers"):
+                arn = child_text(member, "LoadBalancerArn")
+                balancers[arn] = (child_text(member, "LoadBalancerName"), child_text(member, "DNSName"),
+                                  self._read_listeners(region, arn))
             closed: list[BalancerPlane] = []
             with self._lock:
                 self._groups = {**{a: g for a, g in self._groups.items() if _region(a) != region}, **groups}
@@ -488,9 +491,8 @@ class Elbv2Balancers:
                 float(text.get("HealthCheckTimeoutSeconds") or 5), int(text.get("HealthyThresholdCount") or 5),
                 int(text.get("UnhealthyThresholdCount") or 2), text["HttpCode"] or "200",
                 (text.get("HealthCheckProtocol") or "HTTP").lower(), text.get("HealthCheckEnabled") != "false")
-            found.append(Group(arn, child_text(m, "TargetGroupName"), child_text(m, "Protocol") or "HTTP",
-                               child_text(m, "TargetType") or "instance", check,
-                               child_text(m, "HealthCheckPort") or "traffic-port", targets))
+            found.append(Group(arn, text.get("Protocol") or "HTTP", text.get("TargetType") or "instance", check,
+                               text.get("HealthCheckPort") or "traffic-port", targets))
         return found
 
     def _read_listeners(self, region: str, balancer_arn: str) -> tuple[ListenerState, ...]:
@@ -504,7 +506,7 @@ class Elbv2Balancers:
                     forwards += [(child_text(g, "TargetGroupArn"), int(child_text(g, "Weight") or 1)) for g in weighted]
                 elif child_text(action, "TargetGroupArn"):
                     forwards.append((child_text(action, "TargetGroupArn"), 1))
-            found.append(ListenerState(int(child_text(m, "Port") or 0), child_text(m, "Protocol"), tuple(forwards)))
+            found.append(ListenerState(int(child_text(m, "Port") or 0), tuple(forwards)))
         return tuple(sorted(found, key=lambda x: x.port))
 
     def _host(self, group: Group, target_id: str) -> str:

@@ -221,6 +221,9 @@ def test_traffic_reaches_only_healthy_instances_and_a_failing_one_drops_out(emul
     assert set(spread(address)) == {"127.0.0.12"}
     assert third.served == 0
 
+    ec2.terminate_instances(InstanceIds=[b])        # EC2 deregisters it: draining, then gone
+    assert health(elb, group)[b]["Reason"] == "Target.DeregistrationInProgress"
+
 
 def test_target_health_says_unused_initial_and_timeout_as_aws_does(emulator, backends):
     elb, balancer, group = service(emulator, "shapes", listen=False)
