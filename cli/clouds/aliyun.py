@@ -9,8 +9,8 @@ become CapacityError for the failover in aliyun.py; a wrong key or secret is one
 
 Credentials the standard way: ALIBABA_CLOUD_ACCESS_KEY_ID / ALIBABA_CLOUD_ACCESS_KEY_SECRET, else
 the `aliyun` CLI's ~/.aliyun/config.json (profile $ALIBABA_CLOUD_PROFILE or its `current`).
-NGCX_ALIYUN_ECS_ENDPOINT=HOST:PORT points ECS, ACR and RAM calls at another server (tests: the emulator
-in tests/emulators); plain http is used only for loopback, every other endpoint is https.
+NGCX_ALIYUN_ECS_ENDPOINT=HOST:PORT points ECS, ACR, RAM and ALB calls at another server (tests: the
+emulator in tests/emulators); plain http is used only for loopback, every other endpoint is https.
 The SDKs are an extra (`pip install 'ngcx[aliyun]'`), imported on first use.
 """
 
@@ -137,32 +137,24 @@ class Api:
 
     def cr(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
         """Container Registry (cr 2018-12-01) RPC, e.g. GetAuthorizationToken."""
-        def build() -> Any:
-            from aliyunsdkcore.request import CommonRequest
-
-            request = CommonRequest(domain=f"cr.{self.region}.aliyuncs.com", version="2018-12-01",
-                                    action_name=action, product="cr")
-            request.set_method("POST")
-            for key, value in params.items():
-                request.add_query_param(key, _param(value))
-            return request
-        return self._call(action, build, retry=True)
+        return self._call(action, lambda: _rpc(f"cr.{self.region}.aliyuncs.com", "2018-12-01", "cr", action, params),
+                          retry=True)
 
     def ram(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
         """RAM (2015-05-01, global) RPC: the hosts' pull roles. Retried: a repeated create answers
         EntityAlreadyExists, which the caller treats as done."""
+        return self._call(action, lambda: _rpc("ram.aliyuncs.com", "2015-05-01", "Ram", action, params), retry=True)
+
+    def alb(self, action: str, params: dict[str, Any] | None = None, *, token: str | None = None,
+            write: bool = False) -> dict[str, Any]:
+        """ALB (2020-06-16) RPC: services' load balancers (deploy/aliyun_alb.py). Dotted parameters
+        (`Tag.1.Key`, `ZoneMappings.1.ZoneId`) as the API names them; writes retried only with a token."""
         def build() -> Any:
-            from aliyunsdkcore.request import CommonRequest
+            return _rpc(f"alb.{self.region}.aliyuncs.com", "2020-06-16", "Alb", action,
+                        {**(params or {}), "ClientToken": token})
+        return self._call(action, build, retry=not write or token is not None, service="alb")
 
-            request = CommonRequest(domain="ram.aliyuncs.com", version="2015-05-01", action_name=action,
-                                    product="Ram")
-            request.set_method("POST")
-            for key, value in params.items():
-                request.add_query_param(key, _param(value))
-            return request
-        return self._call(action, build, retry=True)
-
-    def _call(self, action: str, build: Any, retry: bool) -> dict[str, Any]:
+    def _call(self, action: str, build: Any, retry: bool, service: str = "") -> dict[str, Any]:
         from aliyunsdkcore.acs_exception.exceptions import ClientException, ServerException
 
         deadline = time.monotonic() + self.deadline_s
@@ -174,7 +166,7 @@ class Api:
                 return json.loads(self._client.do_action_with_exception(request))
             except ServerException as exc:
                 code, status = exc.get_error_code(), exc.get_http_status()
-                failure = self._server_failure(action, code, status, exc.get_error_msg())
+                failure = self._server_failure(action, code, status, exc.get_error_msg(), service)
             except ClientException as exc:
                 code, status = exc.get_error_code(), 0
                 failure = UserError(f"Alibaba Cloud {action}: {exc.get_error_code()}: "
@@ -195,7 +187,7 @@ class Api:
         else:
             request.set_protocol_type("https")
 
-    def _server_failure(self, action: str, code: str, status: int, message: str) -> Exception:
+    def _server_failure(self, action: str, code: str, status: int, message: str, service: str = "") -> Exception:
         if code in CAPACITY_CODES:
             return CapacityError(code, action)
         if code in AUTH_CODES:
@@ -204,7 +196,7 @@ class Api:
                              hint="check the key pair in the Alibaba Cloud console (RAM > AccessKey)")
         if code == "Forbidden.RAM" or code.startswith("NoPermission"):
             return UserError(f"Alibaba Cloud {action}: the RAM user of {self.creds.access_key_id} may not call it "
-                             f"({code})", hint=f"grant it {_permission(action)}; deploys also need "
+                             f"({code})", hint=f"grant it {_permission(action, service)}; deploys also need "
                              "cr:GetAuthorizationToken, ram:CreateRole/CreatePolicy/AttachPolicyToRole/"
                              "ListPoliciesForRole and ram:PassRole")
         clean = _scrub(message or "", self.creds).split(" server string to sign is")[0]
@@ -219,8 +211,10 @@ class AliyunError(UserError):
         super().__init__(message)
 
 
-def _permission(action: str) -> str:
+def _permission(action: str, service: str = "") -> str:
     """The RAM action a call needs, named as policies name it."""
+    if service:
+        return f"{service}:{action}"
     ram = ("Role", "Polic")
     return f"ram:{action}" if any(word in action for word in ram) and "Instance" not in action else f"ecs:{action}"
 
@@ -234,6 +228,18 @@ def _typed_request(action: str) -> Any:
         raise UserError("the Alibaba Cloud ECS SDK (aliyun-python-sdk-ecs) is not installed or lacks "
                         f"{action}", hint=EXTRA_HINT) from None
     return getattr(module, f"{action}Request")()
+
+
+def _rpc(domain: str, version: str, product: str, action: str, params: dict[str, Any]) -> Any:
+    """A POSTed CommonRequest (the products ngcx calls without a typed SDK); None values are left out."""
+    from aliyunsdkcore.request import CommonRequest
+
+    request = CommonRequest(domain=domain, version=version, action_name=action, product=product)
+    request.set_method("POST")
+    for key, value in params.items():
+        if value is not None:
+            request.add_query_param(key, _param(value))
+    return request
 
 
 def _param(value: Any) -> str:
