@@ -36,6 +36,10 @@ RETRY_CODES = {"Throttling", "Throttling.User", "Throttling.Api", "ServiceUnavai
 AUTH_CODES = {"InvalidAccessKeyId.NotFound", "InvalidAccessKeyId.Inactive", "InvalidAccessKeySecret",
               "SignatureDoesNotMatch", "IncompleteSignature"}
 BASE_BACKOFF_S, MAX_BACKOFF_S = 0.5, 20.0
+DEPLOY_NEEDS = ("; deploys also need cr:GetAuthorizationToken, ram:CreateRole/CreatePolicy/AttachPolicyToRole/"
+                "ListPoliciesForRole and ram:PassRole")
+ALB_NEEDS = ("; services also need alb:Create*/Get*/List*/Delete*, alb:AddServersToServerGroup, "
+             "alb:RemoveServersFromServerGroup and alb:GetListenerHealthStatus")
 
 
 @dataclass(frozen=True)
@@ -195,10 +199,9 @@ class Api:
             return UserError(f"Alibaba Cloud rejected the {what} ({code}) from {self.creds.source}",
                              hint="check the key pair in the Alibaba Cloud console (RAM > AccessKey)")
         if code == "Forbidden.RAM" or code.startswith("NoPermission"):
+            also = ALB_NEEDS if service == "alb" else DEPLOY_NEEDS
             return UserError(f"Alibaba Cloud {action}: the RAM user of {self.creds.access_key_id} may not call it "
-                             f"({code})", hint=f"grant it {_permission(action, service)}; deploys also need "
-                             "cr:GetAuthorizationToken, ram:CreateRole/CreatePolicy/AttachPolicyToRole/"
-                             "ListPoliciesForRole and ram:PassRole")
+                             f"({code})", hint=f"grant it {_permission(action, service)}{also}")
         clean = _scrub(message or "", self.creds).split(" server string to sign is")[0]
         return AliyunError(code, status, f"Alibaba Cloud {action} failed: {code} (HTTP {status}): {clean[:240]}")
 

@@ -15,17 +15,18 @@ What one service gets, each named spec.name and carrying spec.tags (ngcx:owner, 
 Settings of a group or listener found again are kept as they are (ensure creates what is missing).
 
 Idempotency: everything is looked up by tags and name before it is created; a create carries a ClientToken
-made of spec.name and a digest of its parameters, so a retry after a lost answer or a killed ngcx gets the
-first answer instead of a second balancer. A token whose first answer names something deleted since (a
-service deleted, then made again) moves on to the next token of a fixed sequence.
+that is a digest of its parameters (spec.name and the tags among them), so a retry after a lost answer or
+a killed ngcx gets the first answer instead of a second balancer. A token whose first answer names
+something deleted since (a service deleted, then made again) makes way for the next of a fixed sequence.
 
 Waits, each bounded: ACTIVE_S for a new balancer's Provisioning -> Active (about a minute on the cloud),
 RUNNING_S for a new listener's Provisioning -> Running, BUSY_S while ALB answers Conflict.Lock or
 IncorrectStatus.* (it takes one change at a time per group and balancer), ResourceInUse on delete (a
 listener's deletion still running) and a server's Removing before it is added again. `deregister` returns
 once the removal started: the drain is the cloud's.
-Not done here: letting the balancer's vSwitch addresses through the hosts' security group, and checking
-that ALB sells the chosen zones (ALB DescribeZones); a wrong zone fails in CreateLoadBalancer's error.
+The hosts' security group (prepare_network's) admits the balancer's vSwitch CIDRs on spec.target_port: ALB
+reaches servers from addresses in its own vSwitches. Not done here: checking that ALB sells the chosen zones
+(ALB DescribeZones); a zone it does not fails in CreateLoadBalancer's error.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class Alb:
         lb_id = self._find("ListLoadBalancers", "LoadBalancers", "LoadBalancerNames", spec) or self._create(
             "CreateLoadBalancer", self._lb_params(spec, vpc), "LoadBalancerId", self._lb_exists)
         dns = self._wait(f"ALB {lb_id} to become Active", lambda: self._lb_ready(lb_id), ACTIVE_S)
+        self._admit(lb_id, vpc, spec.target_port)
         group_id = self._find("ListServerGroups", "ServerGroups", "ServerGroupNames", spec, VpcId=vpc) or self._create(
             "CreateServerGroup", _group_params(spec, vpc), "ServerGroupId", self._group_exists)
         listener_id = self._listener(lb_id, group_id, spec)
@@ -152,6 +154,17 @@ class Alb:
         if not found:
             raise UserError(f"vSwitch {switch} of the ngcx network is gone from {self.ecs.region}")
         return str(found[0]["VpcId"])
+
+    def _admit(self, lb_id: str, vpc: str, port: int) -> None:
+        """The hosts' security group lets the balancer in on `port`: ALB talks to servers from addresses of its
+        vSwitches, so each one's CIDR (re-authorizing a rule ECS already has is a no-op)."""
+        zones = self.api.alb("GetLoadBalancerAttribute", {"LoadBalancerId": lb_id}).get("ZoneMappings") or []
+        mine = {z.get("VSwitchId") for z in zones}
+        switches = self.api.ecs("DescribeVSwitches", {"VpcId": vpc, "PageSize": 50}).get("VSwitches", {})
+        for cidr in sorted({s["CidrBlock"] for s in switches.get("VSwitch", []) if s.get("VSwitchId") in mine}):
+            self.api.ecs("AuthorizeSecurityGroup", {
+                "SecurityGroupId": self.ecs.security_group, "IpProtocol": "tcp", "PortRange": f"{port}/{port}",
+                "SourceCidrIp": cidr, "Description": "ngcx service balancer (ALB)"}, token=_nonce(), write=True)
 
     def _lb_params(self, spec: BalancerSpec, vpc: str) -> dict[str, Any]:
         switches = self.ecs.vswitches or {}

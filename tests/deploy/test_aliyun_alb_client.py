@@ -26,6 +26,7 @@ from emulators.balancer_plane import HAPROXY
 from emulators.test_aliyun_alb import LoopbackMachines, get
 
 from ngcx.clouds.aliyun import AliyunError
+from ngcx.core.errors import UserError
 from ngcx.deploy.balancer import BalancerRef, BalancerSpec
 from support import missing
 
@@ -132,6 +133,9 @@ def test_ensure_twice_makes_one_balancer_group_and_listener(alb: Any, emu: EcsEm
     listener = alb.api.alb("GetListenerAttribute", {"ListenerId": ref.listener_id})
     assert (listener["ListenerProtocol"], listener["ListenerPort"]) == ("HTTP", 80)   # no certificate: HTTP on 80
     assert emu.performed("CreateLoadBalancer") == emu.performed("CreateListener") == 1
+    rules = alb.api.ecs("DescribeSecurityGroupAttribute", {"SecurityGroupId": alb.ecs.security_group})
+    admitted = [r["SourceCidrIp"] for r in rules["Permissions"]["Permission"] if r["PortRange"] == "8000/8000"]
+    assert admitted == ["10.0.0.0/8", "172.16.0.0/20", "172.17.0.0/20"]     # allow_from, then the ALB's vSwitches
 
 
 def test_a_certificate_makes_an_https_listener_on_the_spec_port(alb: Any) -> None:
@@ -154,6 +158,18 @@ def test_a_lost_answer_or_a_killed_ngcx_leaves_one_balancer(alb: Any, emu: EcsEm
     lbs, groups, listeners = everything(alb)
     assert sorted(lbs) == sorted([ref.balancer_id, second.balancer_id]) and len(groups) == len(listeners) == 2
     assert emu.performed("CreateLoadBalancer") == emu.performed("CreateServerGroup") == 2
+
+
+def test_throttling_is_waited_out_and_a_missing_permission_names_the_alb_action(alb: Any, emu: EcsEmulator) -> None:
+    emu.fail_next("ListLoadBalancers", "Throttling.User", 400)
+    emu.fail_next("CreateLoadBalancer", "Throttling", 400)
+    ref = alb.ensure(SPEC)
+    assert everything(alb)[0] == [ref.balancer_id] and emu.performed("CreateLoadBalancer") == 1
+    emu.fail_next("DeleteListener", "Forbidden.RAM", 403)
+    with pytest.raises(UserError) as denied:
+        alb.delete(ref)
+    assert "may not call it (Forbidden.RAM)" in str(denied.value) and "alb:DeleteListener" in denied.value.hint
+    assert SECRET not in str(denied.value) + denied.value.hint
 
 
 # --- traffic, health and draining ----------------------------------------------------------------------
