@@ -50,6 +50,7 @@ CREATE_TRIES = 3                   # CreateListener after a 5xx: looked for firs
 PAGE_SIZE = 400                    # elbv2's largest page
 TAG_BATCH = 20                     # DescribeTags takes at most 20 ARNs
 DELAY_KEY = "deregistration_delay.timeout_seconds"
+sleep = time.sleep                 # the waits' pause (tests replace it)
 ACTIVE = ("active", "active_impaired")      # active_impaired serves traffic; it only cannot scale for now
 # AWS's target states -> balancer.HEALTH_STATES; `unavailable` (health checks disabled, which ngcx never
 # does) counts as unhealthy: nothing vouches for the target.
@@ -201,31 +202,35 @@ class Elb:
         return str(answer["TargetGroups"][0]["TargetGroupArn"])
 
     def _listener(self, balancer: str, group: str, spec: BalancerSpec) -> str:
-        """The listener on the service's port, made or set to forward to the group with the spec's protocol.
-
-        CreateListener is not sent again blindly after a 5xx (AWS answers a repeat with the same settings
-        with the same listener, but the double, as moto, makes a second one): the port is looked up first."""
-        from ..clouds.aws import AwsError
-
+        """The listener on the service's port, made, or set to forward to the group with the spec's protocol."""
         protocol, port = listener_of(spec)
         settings: dict[str, Any] = {"Protocol": protocol, "DefaultActions": [
             {"Type": "forward", "TargetGroupArn": group}]}
         if protocol == "HTTPS":
             settings.update(Certificates=[{"CertificateArn": spec.certificate_id}], SslPolicy=SSL_POLICY)
-        for attempt in range(CREATE_TRIES):
-            found = self._listener_on(balancer, port)
-            if found is not None:
-                break
-            try:
-                return str(self.api.call("elbv2", "create_listener", idempotent=False, LoadBalancerArn=balancer,
-                                         Port=port, Tags=_tags(spec.tags), **settings)["Listeners"][0]["ListenerArn"])
-            except AwsError as exc:   # the answer may be lost with the listener made: look again, then retry
-                if (exc.status < 500 and exc.code != "DuplicateListener") or attempt == CREATE_TRIES - 1:
-                    raise
-        assert found is not None
+        found = self._listener_on(balancer, port) or self._create_listener(balancer, port, settings, spec.tags)
         if not _same_listener(found, settings):
             self._call("modify_listener", ListenerArn=found["ListenerArn"], Port=port, **settings)
         return str(found["ListenerArn"])
+
+    def _create_listener(self, balancer: str, port: int, settings: dict[str, Any], tags: dict[str, str]
+                         ) -> dict[str, Any]:
+        """CreateListener, not resent blindly after a 5xx (AWS answers a repeat with the same settings with the
+        same listener; moto, and so the double, makes a second one): the port is looked at again first."""
+        from ..clouds.aws import AwsError
+
+        attempt = 1
+        while True:
+            try:
+                return dict(self.api.call("elbv2", "create_listener", idempotent=False, LoadBalancerArn=balancer,
+                                          Port=port, Tags=_tags(tags), **settings)["Listeners"][0])
+            except AwsError as exc:
+                found = self._listener_on(balancer, port)
+                if found is not None:
+                    return found
+                if (exc.status < 500 and exc.code != "DuplicateListener") or attempt == CREATE_TRIES:
+                    raise
+                attempt += 1
 
     def _listener_on(self, balancer: str, port: int) -> dict[str, Any] | None:
         listeners = self._pages("describe_listeners", "Listeners", LoadBalancerArn=balancer)
@@ -244,7 +249,7 @@ class Elb:
             if time.monotonic() + pause > deadline:
                 raise UserError(f"AWS load balancer {name} is still {state.get('Code')} after {ACTIVE_WAIT_S:.0f} s",
                                 hint="run the command again: it finds the balancer and waits again")
-            time.sleep(pause)
+            sleep(pause)
             pause = min(10.0, pause * 1.5)
 
     # ------------------------------------------------------------ targets
@@ -392,5 +397,5 @@ def _poll(done: Callable[[], bool], bound_s: float, failure: str | None = None) 
             if failure:
                 raise UserError(f"{failure} after {bound_s:.0f} s", hint="run the command again to finish")
             return
-        time.sleep(pause)
+        sleep(pause)
         pause = min(5.0, pause * 1.5)

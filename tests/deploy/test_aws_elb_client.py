@@ -272,6 +272,32 @@ def test_lost_answers_and_throttling_are_retried_into_one_of_each(elb, emulator)
     assert elb.ensure(spec("ngcx-svc-lost")) == ref, "a later run (after a killed one) finds all three"
 
 
+def test_an_ensure_killed_half_way_is_finished_by_the_next_one_without_duplicates(elb, emulator):
+    emulator.fail_next("CreateTargetGroup", "ValidationError", 400)       # stands for ngcx dying after the balancer
+    with pytest.raises(UserError):
+        elb.ensure(spec("ngcx-svc-half"))
+    assert len(elbv2(elb, "describe_load_balancers")["LoadBalancers"]) == 1
+    assert elbv2(elb, "describe_target_groups")["TargetGroups"] == []
+    ref = elb.ensure(spec("ngcx-svc-half"))
+    assert [b["LoadBalancerArn"] for b in elbv2(elb, "describe_load_balancers")["LoadBalancers"]] == [ref.balancer_id]
+    assert len(elbv2(elb, "describe_target_groups")["TargetGroups"]) == 1
+    assert len(elbv2(elb, "describe_listeners", LoadBalancerArn=ref.balancer_id)["Listeners"]) == 1
+
+
+def test_ensure_waits_until_the_balancer_is_active_and_no_longer_than_its_bound(monkeypatch):
+    from types import SimpleNamespace
+
+    answers = iter(["provisioning", "provisioning", "active", "provisioning"])
+    api = SimpleNamespace(call=lambda *_, **__: {"LoadBalancers": [{"State": {"Code": next(answers)}, "DNSName": "d"}]})
+    pauses: list[float] = []
+    monkeypatch.setattr(aws_elb, "sleep", pauses.append)
+    elb = aws_elb.Elb(SimpleNamespace(api=api, region="us-east-1"))
+    assert elb._wait_active("ngcx-svc-1", "arn") == "d" and len(pauses) == 2
+    monkeypatch.setattr(aws_elb, "ACTIVE_WAIT_S", 0.5)
+    with pytest.raises(UserError, match="still provisioning after"):
+        elb._wait_active("ngcx-svc-1", "arn")
+
+
 def test_a_name_held_by_another_owner_is_refused_in_one_line_without_the_secret(elb):
     elb.ensure(BalancerSpec(name="ngcx-svc-taken", zones=("us-east-1b",), tags={"ngcx:owner": "someone-else"}))
     with pytest.raises(UserError) as refused:
