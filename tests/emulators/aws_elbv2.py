@@ -35,7 +35,9 @@ What this module adds:
 - Idempotent creates: CreateLoadBalancer / CreateTargetGroup with a name in use and the same settings answer
   the existing one (same ARN); other settings: 400 DuplicateLoadBalancerName / DuplicateTargetGroupName.
   "Same": the request's parameters (tags and list order aside) equal those of the create that made it
-  (ModifyTargetGroup folded in), so an omitted parameter and its default spelled out differ.
+  (ModifyTargetGroup folded in), so an omitted parameter and its default spelled out differ. CreateListener
+  on a port the balancer listens on already: the same settings answer that listener, others 400
+  DuplicateListener (moto made a second listener on the port).
 - `balancer_address(dns_name_or_arn, listener_port)`: where the plane serves that listener (tests send the
   balancer's traffic there); `plane(...)`: the plane. DeleteLoadBalancer stops its haproxy.
 Faults (fail_next, hold), SigV4 and role checks are Ec2Emulator's; errors come in ELB's `<ErrorResponse>`
@@ -208,6 +210,7 @@ class Elbv2Balancers:
         self._special: dict[str, Callable[[WireRequest], WireResponse]] = {
             "CreateLoadBalancer": lambda r: self._create(r, "LoadBalancers", "LoadBalancer", "A load balancer"),
             "CreateTargetGroup": lambda r: self._create(r, "TargetGroups", "TargetGroup", "A target group"),
+            "CreateListener": self._create_listener,
             "ModifyTargetGroup": self._modify_group,
             "DeregisterTargets": self._deregister,
             "DescribeTargetHealth": self._describe_health,
@@ -272,17 +275,35 @@ class Elbv2Balancers:
     def _create(self, request: WireRequest, kind: str, noun: str, what: str) -> WireResponse:
         """Same name + same settings: the existing one (AWS's idempotency); other settings: Duplicate...Name."""
         name = request.params.get("Name", "")
+        return self._create_once(request, kind, noun, {"Names.member.1": name} if name else None, lambda _m: True,
+                                 name, (f"Duplicate{noun}Name", f"{what} with the same name '{name}' exists, "
+                                        "but with different settings"))
+
+    def _create_listener(self, request: WireRequest) -> WireResponse:
+        """A listener per port (moto made a second one on a taken port): the same settings get the existing
+        listener, others DuplicateListener, as AWS answers."""
+        arn, port = request.params.get("LoadBalancerArn", ""), request.params.get("Port", "")
+        return self._create_once(request, "Listeners", "Listener", {"LoadBalancerArn": arn} if arn else None,
+                                 lambda m: child_text(m, "Port") == port,
+                                 f"{arn}:{port}", ("DuplicateListener", "A listener already exists on this port "
+                                                                        "for this load balancer"))
+
+    def _create_once(self, request: WireRequest, kind: str, noun: str, describe: dict[str, str] | None,
+                     match: Callable[[ET.Element], bool], name: str, duplicate: tuple[str, str]) -> WireResponse:
         key, wanted = (request.region, kind, name), settings(request.params)
         with self._create_lock:
-            existing = self._moto(request.region, f"Describe{kind}", {"Names.member.1": name}) if name else None
-            if existing is not None and members(path(existing, f"Describe{kind}Result"), kind):
+            existing = self._moto(request.region, f"Describe{kind}", describe) if describe else None
+            result = path(existing, f"Describe{kind}Result") if existing is not None else None
+            same = [m for m in members(result, kind) if match(m)]
+            if existing is not None and result is not None and same:
                 if self._created.get(key, wanted) != wanted:
-                    raise AwsError(400, f"Duplicate{noun}Name",
-                                   f"{what} with the same name '{name}' exists, but with different settings")
-                result = path(existing, f"Describe{kind}Result")
-                assert result is not None
+                    raise AwsError(400, *duplicate)
+                found = child(result, kind)
+                assert found is not None
                 for element in [c for c in result if local(c.tag) != kind]:
                     result.remove(element)            # NextMarker
+                for member in [m for m in found if m not in same]:
+                    found.remove(member)              # the balancer's listeners on other ports
                 existing.tag, result.tag = f"{{{NS}}}Create{noun}Response", f"{{{NS}}}Create{noun}Result"
                 return WireResponse(200, (("Content-Type", "text/xml"),), xml_bytes(existing))
             reply = self._forward(request)

@@ -300,6 +300,19 @@ def test_the_same_create_twice_answers_the_same_arn_and_other_settings_are_refus
     assert error_of(lambda: elb.create_target_group(Name="api-tg", Protocol="HTTP", Port=9000, VpcId=vpc,
                                                     **CHECK))[:2] == ("DuplicateTargetGroupName", 400)
 
+    forward = [{"Type": "forward", "TargetGroupArn": group["TargetGroupArn"]}]
+    listener = elb.create_listener(LoadBalancerArn=first["LoadBalancerArn"], Protocol="HTTP", Port=80,
+                                   DefaultActions=forward)["Listeners"][0]["ListenerArn"]
+    other = elb.create_listener(LoadBalancerArn=first["LoadBalancerArn"], Protocol="HTTP", Port=8080,
+                                DefaultActions=forward)["Listeners"][0]["ListenerArn"]
+    again = elb.create_listener(LoadBalancerArn=first["LoadBalancerArn"], Protocol="HTTP", Port=80,
+                                DefaultActions=forward)["Listeners"]
+    assert [x["ListenerArn"] for x in again] == [listener] != [other]
+    assert error_of(lambda: elb.create_listener(LoadBalancerArn=first["LoadBalancerArn"], Protocol="HTTPS", Port=80,
+                                                DefaultActions=forward))[:2] == ("DuplicateListener", 400)
+    listed = elb.describe_listeners(LoadBalancerArn=first["LoadBalancerArn"])["Listeners"]
+    assert sorted(x["Port"] for x in listed) == [80, 8080]
+
 
 def running(pid: int) -> bool:
     try:
