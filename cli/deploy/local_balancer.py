@@ -27,8 +27,10 @@ cloud keeps that timer here, so every later call on the balancer sweeps: a drain
 connection left, or past its deadline (its sessions are then shut), is deleted and its container leaves
 the network. haproxy.cfg is rewritten after each change with the registered, non-draining servers by
 container name, so a restarted container (engine restart) comes back with them, checked at once.
-ensure with other check settings replaces the container (same port, same servers).
+ensure with other check settings replaces the container (same port, same servers); an existing one
+keeps the image it was made with. A replica restarted with a new IP is registered again (the server moves).
 
+Calls on one balancer take a lock on its folder (several ngcx at once keep state.json whole).
 Waits, each bounded: the image build (BUILD_TIMEOUT_S), haproxy answering on its socket after a start
 (READY_S), one socket command (COMMAND_TIMEOUT_S). register and deregister return at once, as a cloud's
 do: health() says when a replica is in and when a drained one is gone.
@@ -68,6 +70,7 @@ READY_S = 20.0
 COMMAND_TIMEOUT_S = 5.0
 WEIGHT = 100
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,60}")
+HEALTH_PATH_RE = re.compile(r"/[A-Za-z0-9._~/?&=%+:@!$,;*-]*")
 PROXY_VARS = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
 ADMIN_MAINT = 0x01 | 0x02 | 0x04 | 0x20  # `show servers state` srv_admin_state bits
 ADMIN_DRAIN = 0x08 | 0x10
@@ -89,6 +92,12 @@ def folder_of(network: str) -> Path:
 
 
 def checks_of(spec: BalancerSpec) -> dict[str, Any]:
+    """The spec's check and drain settings, checked: they are written into haproxy.cfg."""
+    if not HEALTH_PATH_RE.fullmatch(spec.health_path):
+        raise UserError(f"health path {spec.health_path!r} is not a plain URL path",
+                        hint="start it with / and use no spaces or quotes")
+    if min(spec.health_interval_s, spec.healthy_threshold, spec.unhealthy_threshold) < 1 or spec.drain_s < 0:
+        raise UserError(f"balancer {spec.name}: the check interval and thresholds must be >= 1, the drain >= 0")
     return {"path": spec.health_path, "interval_s": spec.health_interval_s, "rise": spec.healthy_threshold,
             "fall": spec.unhealthy_threshold, "drain_s": spec.drain_s}
 
@@ -123,7 +132,8 @@ class _Admin:
         self.state.setdefault("drains", {})
 
     def run(self, command: str) -> str:
-        """One command on haproxy's admin socket (through /proc/self/fd when the path is too long)."""
+        """One command on haproxy's admin socket, reached as /proc/self/fd/N/admin.sock: a state dir's
+        path may be longer than the 107 bytes an AF_UNIX address holds."""
         fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY)
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
@@ -289,6 +299,8 @@ class LocalBalancer:
 
     # --- the contract ----------------------------------------------------------------------------
     def ensure(self, spec: BalancerSpec) -> BalancerRef:
+        """Find the balancer by name (this owner's), else make the image, network and container; returns
+        once haproxy answers on its socket. A stopped one is started."""
         network, checks = network_name(spec.name), checks_of(spec)
         container = self._find(f"{network}-lb")
         port = spec.port
@@ -308,6 +320,8 @@ class LocalBalancer:
         return self._ref(container)
 
     def register(self, ref: BalancerRef, instance_id: str, port: int) -> None:
+        """Serve the container `instance_id` (name or id) at its IP on the service network and `port`, once its
+        checks pass; idempotent (a draining one is taken back)."""
         with self._admin(ref) as admin:
             replica = self._replica(instance_id)
             ip = self._attach(replica, ref.group_id)
@@ -318,6 +332,7 @@ class LocalBalancer:
             admin.save()
 
     def deregister(self, ref: BalancerRef, instance_id: str, port: int) -> None:
+        """Start draining; a later call deletes the server and disconnects the container (module docstring)."""
         with self._admin(ref) as admin:
             name = next((n for n, s in admin.state["servers"].items() if s["port"] == port and _names(s, instance_id)),
                         None)
@@ -329,6 +344,7 @@ class LocalBalancer:
             admin.save()
 
     def health(self, ref: BalancerRef) -> dict[str, str]:
+        """Container name -> one of balancer.HEALTH_STATES, from haproxy's `show stat` / `show servers state`."""
         with self._admin(ref) as admin:
             rows, out = admin.rows(), {}
             for name, server in admin.state["servers"].items():
@@ -340,6 +356,7 @@ class LocalBalancer:
     def delete(self, ref: BalancerRef) -> None:
         from docker.errors import APIError, NotFound
 
+        """The container, the network (replicas disconnected first) and the folder; what is gone is done."""
         container = self._find(ref.balancer_id)
         if container is not None:
             container.remove(force=True)
@@ -355,6 +372,7 @@ class LocalBalancer:
         shutil.rmtree(folder_of(ref.group_id), ignore_errors=True)
 
     def tagged(self, tags: dict[str, str]) -> list[BalancerRef]:
+        """Every balancer container on this engine carrying these labels (gc), stopped ones too."""
         wanted = [LABEL_BALANCER, *(f"{k}={v}" for k, v in tags.items())]
         return [self._ref(c) for c in self.client.containers.list(all=True, filters={"label": wanted})]
 

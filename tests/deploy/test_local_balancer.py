@@ -322,3 +322,11 @@ def test_a_missing_base_image_is_one_line_saying_how_to_make_it():
         LocalBalancer(Engine()).image()
     assert "ngcx/base:bookworm" in err.value.line() and "ngcx base bootstrap" in err.value.line()
     assert "\n" not in err.value.line()
+
+
+def test_settings_that_would_change_the_haproxy_config_are_refused(state):
+    for bad in ("/ready\n    stats enable", "/a b", "ready"):
+        with pytest.raises(UserError, match="health path"):
+            LocalBalancer(object()).ensure(BalancerSpec(name="ngcx-svc-bad", zones=(), health_path=bad))
+    with pytest.raises(UserError, match="cannot name a Docker network"):
+        LocalBalancer(object()).ensure(BalancerSpec(name="bad name", zones=()))
