@@ -499,6 +499,8 @@ class LocalBalancer:
             container.start()
         checks = json.loads(container.labels[LABEL_CHECKS])
         folder = folder_of(ref.group_id)
+        if not (folder / "haproxy.cfg").exists():
+            raise UserError(f"balancer {ref.balancer_id}'s folder {folder} is gone", hint="ensure it again")
         with open(folder / "lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             admin = _Admin(ref.group_id, checks)

@@ -263,6 +263,36 @@ def test_deregister_lets_the_request_in_flight_finish_then_the_server_goes(lb, r
     assert len(admin.rows()) == 1
 
 
+def test_a_draining_replica_comes_back_and_a_drain_past_its_time_shuts_its_sessions(lb, spec, fresh):
+    ref = lb.ensure(BalancerSpec(**{**spec.__dict__, "drain_s": 2}))
+    try:
+        cut, stays = fresh[0], fresh[1]
+        for replica in (cut, stays):
+            lb.register(ref, replica.name, REPLICA_PORT)
+        healthy(lb, ref, cut.name, stays.name)
+        admin = _Admin(ref.group_id, {})
+        results: list[tuple[int, str]] = []
+        slow = [threading.Thread(target=lambda: results.append(Client(ref.dns_name).get("/slow?s=5")))
+                for _ in range(2)]
+        for n, thread in enumerate(slow, 1):       # round robin: one slow request on each replica
+            thread.start()
+            until(lambda n=n: sum(int(r.get("scur") or 0) for r in admin.rows().values()) >= n, 5, f"{n} in flight")
+        lb.deregister(ref, stays.name, REPLICA_PORT)
+        assert lb.health(ref)[stays.name] == "draining"      # its request holds it
+        lb.register(ref, stays.name, REPLICA_PORT)           # taken back before its drain time passed
+        assert lb.health(ref) == {cut.name: "healthy", stays.name: "healthy"}
+        started = time.monotonic()
+        lb.deregister(ref, cut.name, REPLICA_PORT)
+        until(lambda: cut.name not in lb.health(ref), 4, "the server deleted once its drain time passed")
+        assert time.monotonic() - started < 4.5             # before its slow request would have ended
+        for thread in slow:
+            thread.join(15)
+        print(f"drain past its time: {results}")
+        assert len(results) == 2 and (200, stays.name) in results and (200, cut.name) not in results
+    finally:
+        lb.delete(ref)
+
+
 def test_registering_and_deregistering_under_load_fails_no_request(lb, ref, fresh):
     a, b, c = fresh[0], fresh[1], fresh[2]
     lb.register(ref, a.name, REPLICA_PORT)
