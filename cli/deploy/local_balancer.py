@@ -71,6 +71,9 @@ COMMAND_TIMEOUT_S = 5.0
 WEIGHT = 100
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,60}")
 HEALTH_PATH_RE = re.compile(r"/[A-Za-z0-9._~/?&=%+:@!$,;*-]*")
+# haproxy runs as the container's root with only what its admin socket needs in the caller's 0700
+# folder: write there (DAC_OVERRIDE), give the socket to the caller (CHOWN), then chmod it (FOWNER).
+SOCKET_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER"]
 PROXY_VARS = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
 ADMIN_MAINT = 0x01 | 0x02 | 0x04 | 0x20  # `show servers state` srv_admin_state bits
 ADMIN_DRAIN = 0x08 | 0x10
@@ -471,8 +474,8 @@ class LocalBalancer:
                     image, name=name, detach=True, network=network, labels=labels,
                     ports={f"{FRONT_PORT}/tcp": ("127.0.0.1", host_port)},
                     volumes={str(folder): {"bind": FOLDER_IN_CONTAINER, "mode": "rw"}},
-                    restart_policy={"Name": "unless-stopped"}, cap_drop=["ALL"], cap_add=["CHOWN", "DAC_OVERRIDE"],
-                    security_opt=["no-new-privileges"])
+                    restart_policy={"Name": "unless-stopped"}, security_opt=["no-new-privileges"],
+                    cap_drop=["ALL"], cap_add=SOCKET_CAPS)
             except APIError as exc:
                 found = self._find(name)
                 if getattr(exc, "status_code", None) == 409 and found is not None:
