@@ -340,6 +340,31 @@ def test_a_restarted_balancer_or_new_checks_keep_the_replicas_and_the_port(lb, r
     until(lambda: Client(ref.dns_name).get() == (200, replica.name), 15, "traffic with the new checks")
 
 
+def test_registering_a_replica_again_after_its_address_changed_moves_the_server(lb, ref, fresh, docker_client):
+    replica = fresh[2]
+    lb.register(ref, replica.name, REPLICA_PORT)
+    healthy(lb, ref, replica.name)
+    network = docker_client.networks.get(ref.group_id)
+
+    def ip() -> str:
+        return docker_client.containers.get(replica.id).attrs["NetworkSettings"]["Networks"][ref.group_id]["IPAddress"]
+
+    before = ip()
+    network.disconnect(replica, force=True)
+    placeholder = docker_client.containers.run(replica.image, ["sleep", "30"], detach=True,
+                                               labels={"ai.ngcx.test": "local-balancer"})
+    try:
+        network.connect(placeholder)           # takes the freed address: the replica comes back at another
+        network.connect(replica)
+        assert ip() != before
+        until(lambda: lb.health(ref)[replica.name] == "unhealthy", 10, "checks of the old address failing")
+        lb.register(ref, replica.name, REPLICA_PORT)
+        healthy(lb, ref, replica.name)
+        assert Client(ref.dns_name).get() == (200, replica.name)
+    finally:
+        placeholder.remove(force=True)
+
+
 def test_a_missing_base_image_is_one_line_saying_how_to_make_it():
     class Images:
         def get(self, ref: str) -> Any:
