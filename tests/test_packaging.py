@@ -26,6 +26,8 @@ def installed(tmp_path_factory) -> Path:
     names = zipfile.ZipFile(wheel).namelist()
     assert "ngcx/_data/registry.yaml" in names
     assert "ngcx/_data/recipes/Dockerfile.j2" in names
+    assert "ngcx/_data/recipes/deploy/role_login.py" in names            # cloud hosts run it to log in
+    assert "ngcx/_data/recipes/deploy/balancer/haproxy.cfg.j2" in names  # --cloud local services' balancer
     assert "ngcx/_data/images/pytorch/image.yaml" in names
     assert any(n.startswith("ngcx/_data/images/cuda/tests/") for n in names)
     assert "ngcx_runtime/cli.py" in names
