@@ -14,7 +14,6 @@ traffic goes to `emulator.balancer_address` (its haproxy). Balancer time runs at
 from __future__ import annotations
 
 import datetime
-import http.client
 import ssl
 import threading
 from collections import Counter
@@ -27,6 +26,7 @@ import pytest
 from emulators.aws_ec2 import Ec2Emulator
 from emulators.test_aws_emulator import until as poll
 from emulators.test_aws_imds import LoopbackHosts
+from emulators.traffic import get, running, spread
 
 from ngcx.core.errors import UserError
 from ngcx.deploy import aws_elb
@@ -174,29 +174,10 @@ def until(what: str, check: Callable[[], Any], timeout: float = 10.0) -> Any:
     return poll(what, check, timeout, every=0.1)
 
 
-def get(address: tuple[str, int], path: str = "/", timeout: float = 10) -> tuple[int, str]:
-    conn = http.client.HTTPConnection(*address, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        reply = conn.getresponse()
-        return reply.status, reply.read().decode()
-    finally:
-        conn.close()
 
 
-def spread(address: tuple[str, int], count: int = 12) -> Counter[str]:
-    seen: Counter[str] = Counter()
-    for _ in range(count):
-        status, body = get(address)
-        seen[body if status == 200 else f"<{status}>"] += 1
-    return seen
 
 
-def running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def elbv2(elb: aws_elb.Elb, operation: str, **params: Any) -> dict[str, Any]:
@@ -325,7 +306,7 @@ def test_traffic_reaches_only_healthy_replicas(elb, emulator, replicas):
     assert set(elb.health(ref).values()) <= {"initial", "unhealthy"}
     until("one healthy, one unhealthy", lambda: elb.health(ref) == {good: "healthy", bad: "unhealthy"})
     address = emulator.balancer_address(ref.dns_name, 80)
-    assert spread(address) == Counter({"127.0.0.41": 12}), "the failing replica gets nothing"
+    assert spread(address, 12) == Counter({"127.0.0.41": 12}), "the failing replica gets nothing"
     assert failing.served == 0
 
     up.health = 500

@@ -15,8 +15,6 @@ import json
 import shutil
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -29,6 +27,7 @@ from aliyunsdkcore.request import CommonRequest
 from emulators.aliyun_ecs import EcsEmulator
 from emulators.balancer_plane import HAPROXY
 from emulators.hosts_api import CommandResult
+from emulators.traffic import get
 from support import missing
 
 AK, SECRET = "test-ak", "test-secret"
@@ -236,13 +235,6 @@ def abnormal(client: AcsClient, listener_id: str) -> dict[str, dict[str, Any]]:
     return {s["ServerId"]: s for s in answer[0]["ServerGroupInfos"][0]["NonNormalServers"]}
 
 
-def get(address: tuple[str, int], path: str = "/") -> tuple[int, str]:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(f"http://{address[0]}:{address[1]}{path}", timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
 
 
 # --- control plane -----------------------------------------------------------------------------

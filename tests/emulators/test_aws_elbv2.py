@@ -14,10 +14,8 @@ interval takes 0.5 s).
 
 from __future__ import annotations
 
-import http.client
 import socket
 import threading
-from collections import Counter
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -29,6 +27,7 @@ from emulators.aws_ec2 import Ec2Emulator
 from emulators.test_aws_emulator import client, error_of, gpu_ami, launch, state
 from emulators.test_aws_emulator import until as poll
 from emulators.test_aws_imds import LoopbackHosts
+from emulators.traffic import get, running, spread
 
 TIME_SCALE = 0.1
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy")
@@ -172,23 +171,8 @@ def states(elb, group: str) -> dict[str, str]:
     return {target: h["State"] for target, h in health(elb, group).items()}
 
 
-def get(address: tuple[str, int], path: str = "/", timeout: float = 10) -> tuple[int, str]:
-    conn = http.client.HTTPConnection(*address, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        reply = conn.getresponse()
-        return reply.status, reply.read().decode()
-    finally:
-        conn.close()
 
 
-def spread(address: tuple[str, int], count: int = 24) -> Counter[str]:
-    """Who answered `count` requests through the balancer (non-200 answers count as "<status>")."""
-    seen: Counter[str] = Counter()
-    for _ in range(count):
-        status, body = get(address)
-        seen[body if status == 200 else f"<{status}>"] += 1
-    return seen
 
 
 # --- the data plane ------------------------------------------------------------------------------------
@@ -314,12 +298,6 @@ def test_the_same_create_twice_answers_the_same_arn_and_other_settings_are_refus
     assert sorted(x["Port"] for x in listed) == [80, 8080]
 
 
-def running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_deleting_the_balancer_stops_its_haproxy(emulator):

@@ -1,0 +1,39 @@
+"""Test traffic through an emulated balancer's data plane: one request, who answered a batch, a live process.
+
+Shared by the emulators' own tests and the product's balancer tests (tests/deploy), which send their
+requests to the address the emulator's `balancer_address()` names. http.client never asks a proxy.
+"""
+
+from __future__ import annotations
+
+import http.client
+from collections import Counter
+from pathlib import Path
+
+
+def get(address: tuple[str, int], path: str = "/", timeout: float = 10) -> tuple[int, str]:
+    """(status, body) of one GET on a fresh connection."""
+    conn = http.client.HTTPConnection(*address, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        reply = conn.getresponse()
+        return reply.status, reply.read().decode()
+    finally:
+        conn.close()
+
+
+def spread(address: tuple[str, int], count: int = 24) -> Counter[str]:
+    """Who answered `count` requests through the balancer (non-200 answers count as "<status>")."""
+    seen: Counter[str] = Counter()
+    for _ in range(count):
+        status, body = get(address)
+        seen[body if status == 200 else f"<{status}>"] += 1
+    return seen
+
+
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie (a stopped haproxy must be gone, not merely exited)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
