@@ -13,20 +13,18 @@ traffic goes to `emulator.balancer_address` (its haproxy). Balancer time runs at
 
 from __future__ import annotations
 
-import datetime
 import ssl
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
 from emulators.aws_ec2 import Ec2Emulator
 from emulators.test_aws_emulator import until as poll
 from emulators.test_aws_imds import LoopbackHosts
-from emulators.traffic import get, running, spread
+from emulators.traffic import get, running, spread, tls_server_context
 
 from ngcx.core.errors import UserError
 from ngcx.deploy import aws_elb
@@ -84,24 +82,6 @@ class _Handler(BaseHTTPRequestHandler):
         """Silent."""
 
 
-def self_signed(folder: Path) -> ssl.SSLContext:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ngcx-host")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1)).sign(key, hashes.SHA256()))
-    (folder / "host.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (folder / "host.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                        serialization.NoEncryption()))
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(folder / "host.pem", folder / "host.key")
-    return context
 
 
 # --- fixtures ------------------------------------------------------------------------------------------
@@ -111,7 +91,7 @@ def double(tmp_path_factory) -> Iterator[tuple[Ec2Emulator, LoopbackHosts, ssl.S
     hosts = LoopbackHosts()
     with Ec2Emulator(hosts, access_keys={KEY: SECRET}, boot_seconds=0.05, start_seconds=0.05) as emulator:
         emulator.elbv2.time_scale = TIME_SCALE
-        yield emulator, hosts, self_signed(tmp_path_factory.mktemp("tls"))
+        yield emulator, hosts, tls_server_context(tmp_path_factory.mktemp("tls"))
 
 
 @pytest.fixture
@@ -226,11 +206,11 @@ def test_ensure_twice_makes_one_balancer_group_and_listener_tagged_and_open_to_t
 def test_an_https_listener_serves_the_acm_certificate(elb, emulator, tmp_path):
     import boto3
 
-    self_signed(tmp_path)
+    tls_server_context(tmp_path)
     acm = boto3.client("acm", endpoint_url=emulator.endpoint, region_name="us-east-1", aws_access_key_id=KEY,
                        aws_secret_access_key=SECRET)
-    certificate = acm.import_certificate(Certificate=(tmp_path / "host.pem").read_bytes(),
-                                         PrivateKey=(tmp_path / "host.key").read_bytes())["CertificateArn"]
+    certificate = acm.import_certificate(Certificate=(tmp_path / "cert.pem").read_bytes(),
+                                         PrivateKey=(tmp_path / "key.pem").read_bytes())["CertificateArn"]
     ref = elb.ensure(spec("ngcx-svc-tls", certificate_id=certificate))
     [listener] = elbv2(elb, "describe_listeners", LoadBalancerArn=ref.balancer_id)["Listeners"]
     assert (listener["Protocol"], listener["Port"], listener["Certificates"][0]["CertificateArn"]) == (

@@ -14,7 +14,6 @@ every 0.2 s, so a state change takes about half a second.
 
 from __future__ import annotations
 
-import datetime
 import gc
 import http.client
 import os
@@ -34,6 +33,7 @@ from typing import Any
 import pytest
 
 from emulators.balancer_plane import HAPROXY, BalancerPlane, HealthCheck, Listener, PlaneError, Target, status_regex
+from emulators.traffic import tls_server_context
 from support import missing
 
 FAST = HealthCheck(interval_s=0.2, timeout_s=0.5)
@@ -337,29 +337,10 @@ def test_address_is_stable_and_keepalive_connections_survive_every_change(plane:
     assert conn.sock.getsockname() == local, "the idle keep-alive connection survived the new health check"
 
 
-def self_signed(folder: Path) -> ssl.SSLContext:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "emulated-host")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1)).sign(key, hashes.SHA256()))
-    (folder / "host.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (folder / "host.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                                        serialization.PrivateFormat.PKCS8,
-                                                        serialization.NoEncryption()))
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(folder / "host.pem", folder / "host.key")
-    return context
 
 
 def test_https_targets_are_checked_and_served_over_tls(plane: BalancerPlane, backends, tmp_path: Path) -> None:
-    secure = backends("secure", self_signed(tmp_path))
+    secure = backends("secure", tls_server_context(tmp_path))
     hc = HealthCheck(interval_s=0.2, timeout_s=0.5, scheme="https", codes="200-399")
     plane.apply([Listener("tls", 443, backend_scheme="https", targets=(secure.target,), health=hc)])
     all_healthy(plane, "tls", secure)

@@ -7,6 +7,8 @@ requests to the address the emulator's `balancer_address()` names. http.client n
 from __future__ import annotations
 
 import http.client
+import importlib.util
+import ssl
 from collections import Counter
 from pathlib import Path
 
@@ -37,3 +39,16 @@ def running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
     except OSError:
         return False
+
+
+def tls_server_context(folder: Path) -> ssl.SSLContext:
+    """A server context with a fresh self-signed certificate in `folder` (cert.pem, key.pem), made by
+    tests/runtime/certs.py, loaded by path: tests/runtime is not a package the other test folders import."""
+    spec = importlib.util.spec_from_file_location("ngcx_test_certs", Path(__file__).parents[1] / "runtime" / "certs.py")
+    assert spec is not None and spec.loader is not None
+    certs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(certs)
+    cert, key, _fingerprint = certs.self_signed(folder)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    return context
