@@ -71,6 +71,16 @@ def deploy_cmd(
         "--no-auth", help="No endpoint key: anyone who reaches the port may call every API (on a cloud, only with "
                           "an --allow-from narrower than 0.0.0.0/0).")] = False,
     registry_login: RegistryLoginOpt = RegistryLogin.role,
+    replicas: Annotated[int | None, typer.Option(
+        "--replicas", min=1, max=64, help="A service: N replicas behind a load balancer (the cloud's own; locally "
+                                          "haproxy); the URL printed is the balancer's.")] = None,
+    service: Annotated[str | None, typer.Option(
+        "--service", help="Roll this service (s1, …) to the image: new replicas first, then the old ones drain.")]
+    = None,
+    drain: Annotated[int, typer.Option("--drain", min=0, max=3600,
+                                       help="Service: seconds a leaving replica keeps its in-flight requests.")] = 30,
+    health_interval: Annotated[int, typer.Option(
+        "--health-interval", min=1, max=300, help="Service: seconds between the balancer's health checks.")] = 5,
     project_file: ProjectFileOpt = None,
     variant: VariantOpt = None,
     catalog_file: CatalogOpt = None,
@@ -95,6 +105,10 @@ def deploy_cmd(
         _check_open_endpoint(config.allow_from)
     if dry_run:
         return _dry_run(config)
+    if service is not None or replicas is not None:
+        from .services import deploy_service
+
+        return deploy_service(config, registry, replicas, service, (port, drain, health_interval), as_json)
     if cloud != Cloud.local:
         config.pushes = pushes(image, registry)
         config.pull_ref, config.registry = config.pick_push(lambda _host: True) or (None, None)

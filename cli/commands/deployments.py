@@ -18,7 +18,7 @@ import typer
 from ..core.errors import UserError
 from .options import JsonOpt
 
-IdArg = Annotated[str, typer.Argument(help="Deployment id (see `ngcx deployments ls`).")]
+IdArg = Annotated[str, typer.Argument(help="Deployment id, or a service's s-number (see `ngcx deployments ls`).")]
 
 
 def register(app: typer.Typer) -> None:
@@ -33,14 +33,32 @@ def register(app: typer.Typer) -> None:
     group.command("gc")(gc_cmd)
     group.command("key")(key_cmd)
     group.command("rotate-key")(rotate_key_cmd)
+    from .services import register as register_services
+
+    register_services(group)
     app.add_typer(group, name="deployments")
 
 
-def _record(text: str):
+def _record(text: str, verb: str | None = None):
+    """The deployment; with `verb`, one that is not a service's replica (those change through their service)."""
     from ..deploy import store
 
     warn_interrupted()
-    return store.get(store.parse_id(text))
+    record = store.get(store.parse_id(text))
+    if verb and record.service_id is not None:
+        raise UserError(f"deployment {record.id} is a replica of service s{record.service_id}: {verb} the service",
+                        hint=f"`ngcx deployments {verb} s{record.service_id}`, or `ngcx deployments scale "
+                             f"s{record.service_id} N`")
+    return record
+
+
+def _is_service(text: str) -> bool:
+    from ..deploy import store
+
+    if store.is_service_ref(text):
+        warn_interrupted()
+        return True
+    return False
 
 
 def warn_interrupted() -> None:
@@ -57,17 +75,25 @@ def ls_cmd(all_: Annotated[bool, typer.Option("--all", help="Include destroyed a
 
     warn_interrupted()
     records = store.records(include_gone=all_)
-    if as_json:
+    if as_json:   # deployments only (services: `ngcx deployments show sN --json`), as before services existed
         return emit_json([r.as_json() for r in records])
-    table(None, ("id", "cloud", "status", "image", "where", "endpoint", "age"),
-          [(r.id, r.cloud, r.status, r.image, " ".join(x for x in (r.instance_id, r.instance_type, r.zone) if x)
-            or (r.container or "")[:12], r.endpoint or "", _age(r.created_at)) for r in records])
+    rows = [(s.ref, s.cloud, s.status, s.config.get("image", ""), f"{s.replicas} replica(s) · {s.name}",
+             s.endpoint or "", _age(s.created_at)) for s in store.services(include_gone=all_)]
+    rows += [(r.id, r.cloud, r.status, r.image, " ".join(x for x in (
+        f"s{r.service_id}" if r.service_id else None, r.instance_id, r.instance_type, r.zone) if x)
+        or (r.container or "")[:12], r.endpoint or "", _age(r.created_at)) for r in records]
+    table(None, ("id", "cloud", "status", "image", "where", "endpoint", "age"), rows)
 
 
 def show_cmd(deployment: IdArg, as_json: JsonOpt = False) -> None:
-    """Everything the record holds, with the per-phase seconds of its deploy."""
+    """Everything the record holds, with the per-phase seconds of its deploy (a service: its replicas too)."""
     from ..core.output import emit_json
     from ..deploy.common import format_phases
+
+    if _is_service(deployment):
+        from .services import show
+
+        return show(deployment, as_json)
 
     record = _record(deployment)
     if as_json:
@@ -101,6 +127,10 @@ def logs_cmd(deployment: IdArg,
     """The served container's last log lines (through the engine, or Cloud Assistant on ECS)."""
     from ..deploy import target
 
+    if _is_service(deployment):
+        from .services import logs
+
+        return logs(deployment, tail)
     record = _record(deployment)
     _live(record, "show logs of")
     print(target(record.cloud).logs(record, tail), end="")
@@ -111,7 +141,11 @@ def stop_cmd(deployment: IdArg) -> None:
     from ..deploy.common import READY, STARTING
     from ..deploy.flow import stop
 
-    record = _record(deployment)
+    if _is_service(deployment):
+        from .services import stop as stop_service
+
+        return stop_service(deployment)
+    record = _record(deployment, "stop")
     if record.status not in (READY, STARTING):
         raise UserError(f"deployment {record.id} is {record.status}, not running", hint="nothing to stop")
     stop(record)
@@ -125,7 +159,11 @@ def start_cmd(deployment: IdArg,
     from ..deploy.common import STOPPED, format_phases
     from ..deploy.flow import start
 
-    record = _record(deployment)
+    if _is_service(deployment):
+        from .services import start as start_service
+
+        return start_service(deployment)
+    record = _record(deployment, "start")
     if record.status != STOPPED:
         raise UserError(f"deployment {record.id} is {record.status}, not stopped", hint="nothing to start")
     record = start(record, ready_timeout)
@@ -139,7 +177,11 @@ def destroy_cmd(deployment: IdArg,
     from ..deploy import store, target
     from ..deploy.common import DESTROYED
 
-    record = _record(deployment)
+    if _is_service(deployment):
+        from .services import destroy
+
+        return destroy(deployment, yes)
+    record = _record(deployment, "destroy")
     if record.status == DESTROYED:
         raise UserError(f"deployment {record.id} is already destroyed")
     what = f"instance {record.instance_id}" if record.instance_id else f"container {(record.container or '?')[:12]}"
@@ -159,6 +201,10 @@ def key_cmd(deployment: IdArg) -> None:
     """Print the deployment's endpoint key (for `curl -H "Authorization: Bearer $(ngcx deployments key ID)"`)."""
     from ..deploy.security import key_of
 
+    if _is_service(deployment):
+        from .services import key
+
+        return key(deployment)
     print(key_of(_record(deployment)))
 
 
@@ -196,6 +242,7 @@ def gc_cmd(yes: Annotated[bool, typer.Option("--yes", "-y", help="Delete without
                 continue  # no credentials for this cloud: nothing of ours can be there
             raise
         found += [dict(item, cloud=cloud) for item in items]
+        found += [dict(item, cloud=cloud) for item in _orphan_balancers(cloud)]
     if as_json:
         return emit_json(found)
     if not found:
@@ -205,9 +252,26 @@ def gc_cmd(yes: Annotated[bool, typer.Option("--yes", "-y", help="Delete without
         print(f"{item['cloud']:7} {item['id']:24} {item.get('status', '')} {item.get('type', item.get('name', ''))}")
     if not yes and not typer.confirm(f"delete these {len(found)}?"):
         raise typer.Exit(1)
+    from ..deploy.service import delete_orphan_balancer
+
     for item in found:
-        target(item["cloud"]).delete_orphan(item)
+        if item.get("status") == "balancer":
+            delete_orphan_balancer(item["cloud"], item)
+        else:
+            target(item["cloud"]).delete_orphan(item)
     print(f"ngcx: deleted {len(found)}", file=sys.stderr)
+
+
+def _orphan_balancers(cloud: str) -> list[dict[str, str]]:
+    """Balancers with this store's tags that no live service owns; a cloud without credentials has none of ours."""
+    from ..deploy.service import orphan_balancers
+
+    try:
+        return orphan_balancers(cloud)
+    except UserError as exc:
+        if cloud != "local" and "credentials" in exc.message:
+            return []
+        raise
 
 
 def _live(record, verb: str) -> None:

@@ -72,6 +72,9 @@ class DeployConfig:
     tls: bool = False                # HTTPS with the host's own key pair (clouds' default)
     key_hashes: tuple[str, ...] = ()  # SHA-256 of the accepted keys: set by flow.deploy once the key exists
     registry_login: str = "role"     # cloud hosts' ACR/ECR login: their instance role, or a token (roles.py)
+    service_id: int | None = None    # a service's replica (service.py): never swapped or reused as a lone deploy's
+    replica: int = 0                 # the replica's index in its service: its zone and (locally) its GPU
+    version: str | None = None       # what a service rolls between: the image's digest or local image id
 
     def pick_push(self, owns: Any) -> tuple[str, str] | None:
         """(REPO@DIGEST, registry host) of the newest push to a registry `owns(host)` claims (the cloud's own,
@@ -86,7 +89,7 @@ class DeployConfig:
         """What makes two hosts interchangeable (stored as JSON; no secrets in it)."""
         return {k: v for k, v in asdict(self).items() if k in (
             "cloud", "region", "zone", "gpu", "gpu_mode", "workload", "max_price", "spot", "allow_from", "auth",
-            "tls", "registry_login")}
+            "tls", "registry_login", "version", "replica")}
 
 
 @dataclass
@@ -113,6 +116,7 @@ class DeployRecord:
     pid: int | None = None
     spec: dict[str, Any] = field(default_factory=dict)
     phases: dict[str, float] = field(default_factory=dict)
+    service_id: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The `--json` shape of `ngcx deployments ls|show` (keys only get added, never renamed)."""
@@ -127,7 +131,53 @@ class DeployRecord:
                    instance_id=row.get("instance_id"), client_token=row.get("client_token"),
                    host=row.get("host"), container=row.get("container"), endpoint=row.get("endpoint"),
                    model=row.get("model"), detail=row.get("detail"), path=row.get("path"), pid=row.get("pid"),
-                   spec=json.loads(row.get("spec") or "{}"), phases=json.loads(row.get("phases") or "{}"))
+                   spec=json.loads(row.get("spec") or "{}"), phases=json.loads(row.get("phases") or "{}"),
+                   service_id=row.get("service_id"))
+
+
+# Service statuses (service.py). A service is `creating`, `updating`, `scaling` or `reconciling` while an
+# ngcx (its pid) works on it; a kill -9 leaves one of those with a dead pid, which `reconcile` finishes.
+SVC_CREATING, SVC_UPDATING, SVC_SCALING, SVC_RECONCILING = "creating", "updating", "scaling", "reconciling"
+SVC_BUSY = (SVC_CREATING, SVC_UPDATING, SVC_SCALING, SVC_RECONCILING)
+SVC_LIVE = (*SVC_BUSY, READY, STOPPED, FAILED)   # may own a balancer or replicas (failed: until destroy or gc)
+
+
+@dataclass
+class ServiceRecord:
+    """One service as the state store keeps it (a row of the `services` table); its replicas are deployments
+    rows carrying its id. `config` is the DeployConfig its replicas are made from (no key, no secret);
+    `previous` the one before the last update (`ngcx deployments rollback`)."""
+
+    id: int
+    cloud: str
+    name: str
+    status: str
+    replicas: int
+    created_at: float
+    updated_at: float
+    region: str | None = None
+    endpoint: str | None = None
+    balancer: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    previous: dict[str, Any] = field(default_factory=dict)
+    detail: str | None = None
+    pid: int | None = None
+
+    @property
+    def ref(self) -> str:
+        return f"s{self.id}"
+
+    def as_json(self) -> dict[str, Any]:
+        return dict(asdict(self), ref=self.ref, image=self.config.get("image"), version=self.config.get("version"))
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> ServiceRecord:
+        row = dict(row)
+        return cls(id=row["id"], cloud=row["target"], name=row["name"], status=row["status"],
+                   replicas=row["replicas"], created_at=row["created_at"], updated_at=row["updated_at"],
+                   region=row.get("region"), endpoint=row.get("endpoint"), detail=row.get("detail"),
+                   pid=row.get("pid"),
+                   **{k: json.loads(row.get(k) or "{}") for k in ("balancer", "config", "previous")})
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,14 @@ POLL_S = 0.1          # readiness poll interval: a local deploy's whole budget i
 FAILURE_CHECK_S = 2.0  # default: how often a target is asked whether the container died (a cloud API call)
 
 
-def deploy(config: DeployConfig) -> DeployRecord:
+def deploy(config: DeployConfig, service_key: str | None = None) -> DeployRecord:
     """Reads first (credentials, image, offers), then intent, then the target's write calls.
 
     The endpoint's key is made once the record exists (keys.py: a 0600 file named by the record's id)
-    and before any host hears of it; the host gets its hash. Ready means /v2/health/ready answers AND
-    the endpoint takes the key and refuses a call without it (access.check), over TLS pinned to the
-    certificate the host made (security.pin)."""
+    and before any host hears of it; the host gets its hash. A service's replica (service.py) takes its
+    service's key instead (`service_key`: one key opens the balancer's URL whichever replica answers).
+    Ready means /v2/health/ready answers AND the endpoint takes the key and refuses a call without it
+    (access.check), over TLS pinned to the certificate the host made (security.pin)."""
     from dataclasses import replace
 
     from . import keys, security
@@ -36,7 +37,7 @@ def deploy(config: DeployConfig) -> DeployRecord:
     plan = module.prepare(config)
     security.prune()
     record = store.create_intent(config)
-    key = keys.create(record.id) if config.auth else None
+    key = service_key or (keys.create(record.id) if config.auth else None)
     if key:
         config = replace(config, key_hashes=(keys.digest(key),))
     try:
@@ -94,15 +95,15 @@ def choices_across(config: DeployConfig, clouds: list[str]) -> list[Any]:
 
 def _fail(module: ModuleType, record: DeployRecord, plan: Any, exc: BaseException) -> None:
     """Tear down what this deploy created and keep the reason in its record."""
-    why = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else _reason(exc)
+    why = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else reason(exc)
     try:
         detail = module.cleanup_failed(record, plan) or ""
     except Exception as cleanup_exc:  # the record must still say what happened
-        detail = f"cleanup failed: {_reason(cleanup_exc)}; run `ngcx deployments gc`"
+        detail = f"cleanup failed: {reason(cleanup_exc)}; run `ngcx deployments gc`"
     store.update(record.id, status=FAILED, pid=None, detail=f"{why}{'; ' + detail if detail else ''}")
 
 
-def _reason(exc: BaseException) -> str:
+def reason(exc: BaseException) -> str:
     return exc.line() if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
 
 

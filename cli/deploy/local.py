@@ -65,15 +65,14 @@ def prepare(config: DeployConfig) -> Plan:
 
 def run(config: DeployConfig, record: DeployRecord, plan: Plan) -> DeployRecord:
     """Swap out a previous deployment of the same image (keeping its port), start the container."""
-    from docker.types import DeviceRequest
-
     from ..project.serving import free_port, plan_cache_dir
     from . import keys
 
-    port = config.port or _swap_previous(plan.client, config.image, record.id) or free_port()
+    lone = config.service_id is None       # a service's replicas are rolled by service.py, never swapped here
+    port = config.port or (lone and _swap_previous(plan.client, config.image, record.id)) or free_port()
     kwargs: dict[str, Any] = {}
     if plan.gpu:
-        kwargs["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+        kwargs["device_requests"] = [_gpus(config)]
     volumes = {str(plan_cache_dir()): {"bind": PLAN_CACHE_IN_IMAGE, "mode": "rw"}}
     environment = dict(config.env)
     if config.key_hashes:   # the container reads only the keys' hashes, from a folder (a rewrite is seen)
@@ -83,7 +82,7 @@ def run(config: DeployConfig, record: DeployRecord, plan: Plan) -> DeployRecord:
     t0 = time.monotonic()
     try:
         container = plan.client.containers.run(
-            config.image, config.cmd or None, detach=True, name=f"ngcx-deploy-{store.owner_id()[:8]}-{record.id}",
+            config.image, config.cmd or None, detach=True, name=container_name(record.id),
             ports={f"{SERVE_PORT}/tcp": ("127.0.0.1", port)}, environment=environment, volumes=volumes,
             labels={LABEL_DEPLOYMENT: str(record.id), LABEL_OWNER: store.owner_id()}, **kwargs)
     except Exception as exc:
@@ -94,6 +93,46 @@ def run(config: DeployConfig, record: DeployRecord, plan: Plan) -> DeployRecord:
     return store.update(record.id, status=STARTING, container=container.id, host="127.0.0.1",
                         endpoint=f"http://127.0.0.1:{port}", path=PATH_LOCAL, phases=phases,
                         detail=None if plan.gpu else f"CPU only: {plan.why_no_gpu or 'GPU use turned off'}")
+
+
+def _gpus(config: DeployConfig) -> Any:
+    """Every GPU for a lone deploy; one GPU per replica of a service, round-robin, where the host has several."""
+    from docker.types import DeviceRequest
+
+    from ..workstation.host import host_gpus
+
+    gpus = host_gpus()[1] if config.service_id is not None else []
+    if len(gpus) > 1:
+        return DeviceRequest(device_ids=[str(config.replica % len(gpus))], capabilities=[["gpu"]])
+    return DeviceRequest(count=-1, capabilities=[["gpu"]])
+
+
+def balancer() -> Any:
+    """A service's balancer here: haproxy in a container on the service's own network (local_balancer.py)."""
+    from .local_balancer import LocalBalancer
+
+    return LocalBalancer()
+
+
+def member(record: DeployRecord) -> tuple[str, int]:
+    """What the balancer registers for a replica: its container's name (the balancer's health() keys by it; it is
+    reached at its address on the service network) and port."""
+    return (container_name(record.id) if record.container else ""), SERVE_PORT
+
+
+def service_spec(name: str, zones: tuple[str, ...], tags: dict[str, str], options: Any,
+                 config: DeployConfig) -> Any:
+    """Plain HTTP on 127.0.0.1, as a local deploy serves (local_balancer.py's docstring)."""
+    from .balancer import BalancerSpec
+
+    return BalancerSpec(name=name, zones=zones, tags=tags, port=options.port or 0, protocol="HTTP",
+                        target_port=SERVE_PORT, target_protocol="HTTP", health_interval_s=options.health_interval_s,
+                        healthy_threshold=options.healthy_threshold, unhealthy_threshold=options.unhealthy_threshold,
+                        drain_s=options.drain_s)
+
+
+def container_name(record_id: int) -> str:
+    return f"ngcx-deploy-{store.owner_id()[:8]}-{record_id}"
 
 
 def install_key_hashes(record: DeployRecord, hashes_text: str) -> None:
@@ -112,7 +151,7 @@ def _swap_previous(client: Any, image: str, new_id: int) -> int | None:
     """Remove the containers of earlier live local deployments of `image`; the port they used."""
     port = None
     for old in store.records(cloud="local"):
-        if old.id == new_id or old.image != image:
+        if old.id == new_id or old.image != image or old.service_id is not None:
             continue
         _remove(client, old.container)
         store.update(old.id, status=REPLACED, pid=None, detail=f"replaced by deployment {new_id}")

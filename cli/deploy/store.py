@@ -17,10 +17,21 @@ from typing import Any
 
 from ..core.errors import UserError
 from ..state import db as state
-from .common import DESTROYED, IN_FLIGHT, INTENT, LIVE, DeployConfig, DeployRecord
+from .common import (
+    DESTROYED,
+    IN_FLIGHT,
+    INTENT,
+    LIVE,
+    SVC_BUSY,
+    SVC_CREATING,
+    SVC_LIVE,
+    DeployConfig,
+    DeployRecord,
+    ServiceRecord,
+)
 
 COLUMNS = {"status", "region", "zone", "instance_type", "instance_id", "client_token", "host", "container",
-           "endpoint", "model", "detail", "path", "pid", "spec", "phases"}
+           "endpoint", "model", "detail", "path", "pid", "spec", "phases", "service_id"}
 
 
 def owner_id() -> str:
@@ -40,9 +51,9 @@ def create_intent(config: DeployConfig) -> DeployRecord:
     with state.connect() as conn:
         cur = conn.execute(
             "INSERT INTO deployments (target, image_ref, region, zone, status, model, spec, phases, pid,"
-            " created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            " created_at, updated_at, service_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             (config.cloud, config.image, config.region, config.zone, INTENT, config.model,
-             json.dumps(config.spec()), "{}", os.getpid(), now, now))
+             json.dumps(config.spec()), "{}", os.getpid(), now, now, config.service_id))
         record_id = int(cur.lastrowid)
     return get(record_id)
 
@@ -76,13 +87,17 @@ def parse_id(text: str) -> int:
     return int(raw)
 
 
-def records(*, cloud: str | None = None, include_gone: bool = False) -> list[DeployRecord]:
-    """Deployments, newest first; without include_gone only those that may own a host or container."""
+def records(*, cloud: str | None = None, include_gone: bool = False, service: int | None = None) -> list[DeployRecord]:
+    """Deployments, newest first; without include_gone only those that may own a host or container;
+    with `service` only that service's replicas."""
     sql, args = "SELECT * FROM deployments", []
     where = []
     if cloud:
         where.append("target = ?")
         args.append(cloud)
+    if service is not None:
+        where.append("service_id = ?")
+        args.append(service)
     if not include_gone:
         where.append(f"status IN ({','.join('?' * len(LIVE))})")
         args.extend(LIVE)
@@ -100,10 +115,10 @@ def owned_instance_ids(cloud: str) -> set[str]:
 
 def interrupted(cloud: str | None = None) -> list[DeployRecord]:
     """In-flight records whose ngcx process is gone: a Ctrl-C or kill -9 left them half-way."""
-    return [r for r in records(cloud=cloud) if r.status in IN_FLIGHT and not _alive(r.pid)]
+    return [r for r in records(cloud=cloud) if r.status in IN_FLIGHT and not alive(r.pid)]
 
 
-def _alive(pid: int | None) -> bool:
+def alive(pid: int | None) -> bool:
     if not pid:
         return False
     if pid == os.getpid():
@@ -122,3 +137,77 @@ def mark_destroyed(record_id: int, detail: str | None = None) -> DeployRecord:
     if detail:
         fields["detail"] = detail
     return update(record_id, **fields)
+
+
+# --- services (service.py) -------------------------------------------------------------------------
+SERVICE_COLUMNS = {"status", "region", "replicas", "endpoint", "balancer", "config", "previous", "detail", "pid"}
+JSON_COLUMNS = ("balancer", "config", "previous")
+
+
+def create_service(cloud: str, region: str | None, replicas: int, config: dict[str, Any]) -> ServiceRecord:
+    """The service's row, before its balancer or any replica exists; its name is ngcx-svc-<id>."""
+    now = time.time()
+    with state.connect() as conn:
+        cur = conn.execute(
+            "INSERT INTO services (target, region, name, status, replicas, config, pid, created_at, updated_at)"
+            " VALUES (?,?,?,?,?,?,?,?,?)",
+            (cloud, region, "", SVC_CREATING, replicas, json.dumps(config), os.getpid(), now, now))
+        service_id = int(cur.lastrowid)
+        conn.execute("UPDATE services SET name = ? WHERE id = ?", (f"ngcx-svc-{service_id}", service_id))
+    return service(service_id)
+
+
+def update_service(service_id: int, **fields: Any) -> ServiceRecord:
+    unknown = set(fields) - SERVICE_COLUMNS
+    if unknown:
+        raise ValueError(f"unknown service fields {sorted(unknown)}")
+    values = {k: json.dumps(v) if k in JSON_COLUMNS else v for k, v in fields.items()}
+    sets = ", ".join(f"{k} = ?" for k in values)
+    with state.connect() as conn:
+        conn.execute(f"UPDATE services SET {sets}, updated_at = ? WHERE id = ?",
+                     (*values.values(), time.time(), service_id))
+    return service(service_id)
+
+
+def service(service_id: int) -> ServiceRecord:
+    with state.connect() as conn:
+        row = conn.execute("SELECT * FROM services WHERE id = ?", (service_id,)).fetchone()
+    if row is None:
+        raise UserError(f"no service s{service_id}", hint="list them with `ngcx deployments ls --all`")
+    return ServiceRecord.from_row(dict(row))
+
+
+def services(*, cloud: str | None = None, include_gone: bool = False) -> list[ServiceRecord]:
+    """Services, newest first; without include_gone only those that may own a balancer or replicas."""
+    sql, args, where = "SELECT * FROM services", [], []
+    if cloud:
+        where.append("target = ?")
+        args.append(cloud)
+    if not include_gone:
+        where.append(f"status IN ({','.join('?' * len(SVC_LIVE))})")
+        args.extend(SVC_LIVE)
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    with state.connect() as conn:
+        rows = conn.execute(sql + " ORDER BY id DESC", args).fetchall()
+    return [ServiceRecord.from_row(dict(row)) for row in rows]
+
+
+def is_service_ref(text: str) -> bool:
+    """'s3' names service 3; a bare number names a deployment."""
+    raw = text.strip()
+    return raw[:1] in ("s", "S") and raw[1:].isdigit()
+
+
+def parse_service_id(text: str) -> int:
+    """'s3', 'S3', '3' or '#3' -> 3 (the commands that act only on services take either)."""
+    raw = text.strip().lstrip("#")
+    raw = raw[1:] if raw[:1] in ("s", "S") else raw
+    if not raw.isdigit():
+        raise UserError(f"{text!r} is not a service id", hint="use the s-number `ngcx deployments ls` shows, e.g. s1")
+    return int(raw)
+
+
+def service_interrupted(record: ServiceRecord) -> bool:
+    """A service an ngcx was working on (creating, updating, …) when it died: `reconcile` finishes it."""
+    return record.status in SVC_BUSY and not alive(record.pid)

@@ -139,12 +139,15 @@ def reusable_hosts(plan: Plan, names: set[str], config: DeployConfig, new_id: in
 
     A running host is reused only by a deploy of the same image (a redeploy swaps its container);
     one serving another model is never taken over. A stopped host is the warm pool: any image may
-    take it (its record becomes `replaced`), keeping the layers the two images share.
+    take it (its record becomes `replaced`), keeping the layers the two images share. A service's
+    replica is never taken (service.py rolls them), and a replica takes only a stopped host: a running
+    one serves someone.
     """
+    lone = config.service_id is None
     olds = [r for r in store.records(cloud=plan.cloud.name) if r.id != new_id and r.instance_id
-            and r.region == plan.cloud.region and r.instance_type in names
+            and r.service_id is None and r.region == plan.cloud.region and r.instance_type in names
             and (config.zone is None or r.zone == config.zone)
-            and (r.status == STOPPED or (r.status == READY and r.image == config.image))]
+            and (r.status == STOPPED or (lone and r.status == READY and r.image == config.image))]
     if not olds:
         return []
     found = plan.cloud.describe([r.instance_id for r in olds])

@@ -82,6 +82,28 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX deployments_by_target ON deployments (target, status);
     CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
     """,
+    # 3: services (issue 21): replicas behind a load balancer. A service row is written before its balancer
+    # or any replica exists; each replica is a deployments row that names its service.
+    """
+    CREATE TABLE services (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        target TEXT NOT NULL,
+        region TEXT,
+        name TEXT NOT NULL,
+        status TEXT NOT NULL,
+        replicas INTEGER NOT NULL,
+        endpoint TEXT,
+        balancer TEXT NOT NULL DEFAULT '{}',
+        config TEXT NOT NULL DEFAULT '{}',
+        previous TEXT NOT NULL DEFAULT '{}',
+        detail TEXT,
+        pid INTEGER,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    ALTER TABLE deployments ADD COLUMN service_id INTEGER;
+    CREATE INDEX deployments_by_service ON deployments (service_id, status);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -1,0 +1,289 @@
+"""`ngcx deploy --cloud local --replicas N`, for real: a service of the example project behind haproxy, then
+its life under constant load — a rolling update, a crashing version rolled back, scale in and out, a killed
+replica replaced by `reconcile`, `rollback`, destroy — with zero failed requests wherever the issue asks.
+
+What a user notices (issue 21): one URL (the balancer's) that answers inferences whichever replica takes
+them; every replica takes some; a new version replaces the old without one failed request; a version that
+crashes is rolled back in one line while the old replicas keep answering; a replica whose container dies is
+replaced by `ngcx deployments reconcile`; destroy leaves no container, network or key behind.
+
+The load: LOAD_CLIENTS threads, each on its own keep-alive connection to the balancer, sending the example's
+inference with the service's key back to back, bounded by LOAD_MAX_S and LOAD_MAX_REQUESTS. A failed request
+is any answer but 200 or a connection error.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from deploy_helpers import ngcx
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+LOAD_CLIENTS = 4
+LOAD_MAX_S = 600.0
+LOAD_MAX_REQUESTS = 200_000
+FAST = ("--drain", "5", "--health-interval", "1")
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch) -> dict[str, str]:
+    env = {"NGCX_STATE_DIR": str(tmp_path / "state")}
+    monkeypatch.setenv("NGCX_STATE_DIR", env["NGCX_STATE_DIR"])
+    return env
+
+
+@pytest.fixture(scope="session")
+def fp16(project) -> Path:
+    """The same project's FP16 build (ngcx.fp16.yaml): the "new version" a rolling update ships."""
+    done = ngcx(project, "build", "-f", "ngcx.fp16.yaml", "--progress", "plain")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    return project
+
+
+def body(project: Path) -> bytes:
+    from ngcx.project.examples import load_examples
+
+    [example] = load_examples(project / "examples.yaml")
+    array = example.inputs["image"]
+    return json.dumps({"inputs": [{"name": "image", "shape": list(array.shape), "datatype": "FP32",
+                                   "data": array.reshape(-1).tolist()}]}).encode()
+
+
+class Load:
+    """Constant inference load on the service URL (module docstring); counts every answer and error."""
+
+    def __init__(self, url: str, key: str, payload: bytes) -> None:
+        parts = urlsplit(url)
+        self.address, self.key, self.payload = (parts.hostname, parts.port), key, payload
+        self.seen: Counter[str] = Counter()
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._client, daemon=True) for _ in range(LOAD_CLIENTS)]
+
+    def __enter__(self) -> Load:
+        self.started = time.monotonic()
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=30)
+        assert not any(t.is_alive() for t in self.threads), "a load client hung"
+
+    def total(self) -> int:
+        return sum(self.seen.values())
+
+    def _client(self) -> None:
+        conn = None
+        while not self.stop.is_set() and time.monotonic() - self.started < LOAD_MAX_S and \
+                self.total() < LOAD_MAX_REQUESTS:
+            conn = conn or http.client.HTTPConnection(*self.address, timeout=30)
+            try:
+                conn.request("POST", "/v2/models/convnet/infer", self.payload,
+                             {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"})
+                reply = conn.getresponse()
+                data = reply.read()
+                outcome = str(reply.status)
+                if reply.status != 200:
+                    self.errors.append(f"{reply.status}: {data[:200]!r}")
+                if reply.getheader("Connection", "").lower() == "close":
+                    conn.close()
+                    conn = None
+            except (OSError, http.client.HTTPException) as exc:
+                outcome = type(exc).__name__
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+                conn.close()
+                conn = None
+            with self.lock:
+                self.seen[outcome] += 1
+
+    def settle(self, at_least: int = 20) -> None:
+        """Until at least `at_least` more requests were answered (the load is flowing)."""
+        goal, deadline = self.total() + at_least, time.monotonic() + 60
+        while self.total() < goal and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert self.total() >= goal, f"the load stalled: {self.seen}"
+
+
+def show(cwd: Path, ref: str, env: dict[str, str]) -> dict:
+    done = ngcx(cwd, "deployments", "show", ref, "--json", env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def served_by(cwd: Path, member: dict, key: str) -> int:
+    """How many inferences the replica itself counted (its /metrics, with the service's key)."""
+    parts = urlsplit(member["endpoint"])
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {key}"})
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("nv_inference_request_success{")))
+
+
+def test_a_local_service_rolls_scales_heals_and_rolls_back_without_a_failed_request(fp16, docker_client, state):
+    project = fp16
+    made = ngcx(project, "deploy", "--cloud", "local", "--replicas", "3", *FAST, env=state)
+    assert made.returncode == 0, made.stderr[-3000:]
+    url = made.stdout.strip().splitlines()[-1]
+    assert url.startswith("http://127.0.0.1:") and "service s1 ready: 3 replica(s)" in made.stderr
+    key = ngcx(project, "deployments", "key", "s1", env=state).stdout.strip()
+    assert key.startswith("ngcx_") and key not in made.stderr + made.stdout      # not a terminal: not shown
+    svc = show(project, "s1", state)
+    assert svc["status"] == "ready" and svc["endpoint"] == url and len(svc["members"]) == 3
+    v1 = svc["version"]
+    assert {m["status"] for m in svc["members"]} == {"ready"} and all(m["service_id"] == 1 for m in svc["members"])
+    listed = ngcx(project, "deployments", "ls", env=state).stdout
+    assert "s1" in listed and "3 replica(s)" in listed
+
+    payload = body(project)
+    with Load(url, key, payload) as load:            # every replica takes a share of the balancer's traffic
+        load.settle(60)
+    assert not load.errors, load.errors[:5]
+    assert all(served_by(project, m, key) > 0 for m in svc["members"]), "a replica got no request"
+    keyless = http.client.HTTPConnection(*urlsplit(url).netloc.split(":"), timeout=10)
+    keyless.request("POST", "/v2/models/convnet/infer", payload)
+    assert keyless.getresponse().status == 401               # the key still guards every replica
+    keyless.close()
+
+    # rolling update to the FP16 build under constant load: zero failed requests
+    with Load(url, key, payload) as load:
+        load.settle()
+        rolled = ngcx(project, "deploy", "-f", "ngcx.fp16.yaml", "--service", "s1", env=state)
+        load.settle()
+    assert rolled.returncode == 0, rolled.stderr[-3000:]
+    assert not load.errors and load.total() > 100, (load.seen, load.errors[:5])
+    print(f"rolling update of 3 replicas under {LOAD_CLIENTS} clients: {load.total()} requests, 0 failed")
+    svc = show(project, "s1", state)
+    v2 = svc["version"]
+    assert v2 != v1 and svc["image"].startswith("ngcx-app/onnx-zero-code-fp16")
+    assert len(svc["members"]) == 3 and {m["spec"]["version"] for m in svc["members"]} == {v2}
+    old = [c for c in docker_client.containers.list(all=True, filters={"label": "ai.ngcx.deployment"})
+           if c.image.id == v1]
+    assert not old, "an old-version replica outlived the update"
+
+    # a version that crashes is rolled back in one line; the FP16 replicas kept answering
+    with Load(url, key, payload) as load:
+        load.settle()
+        crash = ngcx(project, "deploy", "-f", "ngcx.fp16.yaml", "--service", "s1", "--",
+                     "ngcx-runtime", "serve", "/no/such/model", env=state)
+        load.settle()
+    assert crash.returncode != 0 and "rolled back" in crash.stderr, crash.stderr[-2000:]
+    assert len([ln for ln in crash.stderr.splitlines() if ln.startswith("ngcx: error")]) == 1, crash.stderr
+    assert not load.errors and load.total() > 40, (load.seen, load.errors[:5])
+    svc = show(project, "s1", state)
+    assert svc["status"] == "ready" and svc["version"] == v2 and len(svc["members"]) == 3
+    assert "rolled back" in svc["detail"]
+
+    # scale in to 1 under load: the two leaving replicas drain, nothing fails
+    with Load(url, key, payload) as load:
+        load.settle()
+        scaled = ngcx(project, "deployments", "scale", "s1", "1", env=state)
+        load.settle()
+    assert scaled.returncode == 0, scaled.stderr[-2000:]
+    assert not load.errors and load.total() > 40, (load.seen, load.errors[:5])
+    assert len(show(project, "s1", state)["members"]) == 1
+
+    # scale out to 2, kill one replica's container: reconcile replaces it, the balancer stops sending to it
+    assert ngcx(project, "deployments", "scale", "s1", "2", env=state).returncode == 0
+    members = show(project, "s1", state)["members"]
+    victim = members[0]
+    docker_client.containers.get(victim["container"]).kill()
+    fixed = ngcx(project, "deployments", "reconcile", "s1", env=state)
+    assert fixed.returncode == 0, fixed.stderr[-2000:]
+    assert f"replica {victim['id']}'s host is stopped; replacing it" in fixed.stderr
+    svc = show(project, "s1", state)
+    assert len(svc["members"]) == 2 and victim["id"] not in {m["id"] for m in svc["members"]}
+    with Load(url, key, payload) as load:
+        load.settle(40)
+    assert not load.errors, load.errors[:5]
+    again = ngcx(project, "deployments", "reconcile", "s1", env=state)      # nothing left to do
+    assert again.returncode == 0 and "replacing" not in again.stderr, again.stderr
+
+    # rollback: back to the INT8 version, under load, nothing fails
+    with Load(url, key, payload) as load:
+        load.settle()
+        back = ngcx(project, "deployments", "rollback", "s1", env=state)
+        load.settle()
+    assert back.returncode == 0, back.stderr[-2000:]
+    assert not load.errors, (load.seen, load.errors[:5])
+    assert show(project, "s1", state)["version"] == v1
+
+    # a replica is changed through its service only
+    member = show(project, "s1", state)["members"][0]
+    refused = ngcx(project, "deployments", "destroy", str(member["id"]), "--yes", env=state)
+    assert refused.returncode == 2 and "replica of service s1" in refused.stderr
+
+    gone = ngcx(project, "deployments", "destroy", "s1", "--yes", env=state)
+    assert gone.returncode == 0, gone.stderr
+    assert not docker_client.containers.list(all=True, filters={"label": "ngcx:service=1"})    # the balancer
+    last = show(project, "s1", state)
+    assert last["status"] == "destroyed" and not last["members"]
+    assert not any(docker_client.containers.list(all=True, filters={"id": m["container"]}) for m in svc["members"])
+    assert not docker_client.networks.list(names=["ngcx-svc-1"])
+    assert ngcx(project, "deployments", "key", "s1", env=state).returncode == 2
+
+
+def test_a_service_killed_while_it_is_made_is_finished_by_reconcile_and_gc(project, docker_client, state):
+    """kill -9 after the balancer exists and a replica is on its way: the records say what was made; reconcile
+    finishes the service (the count, the balancer, no half-made replica left); a killed create whose row has
+    no balancer yet leaves a balancer that gc deletes."""
+    proc = subprocess.Popen([sys.executable, "-m", "ngcx", "deploy", "--cloud", "local", "--replicas", "2", *FAST],
+                            cwd=project, env={**_env(), **state}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and "balancer" not in _peek_rows(state):
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait(timeout=30)
+    assert proc.returncode == -9                                   # killed mid-way, not finished
+    assert show(project, "s1", state)["status"] == "creating"
+    done = ngcx(project, "deployments", "reconcile", "s1", env=state)
+    assert done.returncode == 0, done.stderr[-2000:]
+    svc = show(project, "s1", state)
+    assert svc["status"] == "ready" and len(svc["members"]) == 2
+    assert {m["status"] for m in svc["members"]} == {"ready"}
+    gc = ngcx(project, "deployments", "gc", "--yes", env=state)
+    assert gc.returncode == 0, gc.stderr
+    assert ngcx(project, "deployments", "destroy", "s1", "--yes", env=state).returncode == 0
+    assert not docker_client.networks.list(names=["ngcx-svc-1"])
+    leftover = [c.name for c in docker_client.containers.list(all=True) if c.name.startswith("ngcx-svc-1")]
+    assert not leftover
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {**os.environ, "NGCX_BASE": "offline"}
+
+
+def _peek_rows(state: dict[str, str]) -> str:
+    """The services row's balancer column, read as any SQLite reader would (no ngcx lock taken)."""
+    import sqlite3
+
+    path = Path(state["NGCX_STATE_DIR"]) / "state.db"
+    if not path.exists():
+        return ""
+    try:
+        with sqlite3.connect(path, timeout=1) as conn:
+            rows = conn.execute("SELECT balancer FROM services").fetchall()
+    except sqlite3.Error:
+        return ""
+    return "".join(r[0] for r in rows if r[0] != "{}" and "balancer_id" in r[0]) and "balancer"
+
