@@ -81,6 +81,9 @@ def deploy_cmd(
                                        help="Service: seconds a leaving replica keeps its in-flight requests.")] = 30,
     health_interval: Annotated[int, typer.Option(
         "--health-interval", min=1, max=300, help="Service: seconds between the balancer's health checks.")] = 5,
+    certificate: Annotated[str | None, typer.Option(
+        "--certificate", help="Service on a cloud: your certificate at the balancer's HTTPS listener (Alibaba Cloud "
+                              "certificate service id, or an ACM ARN).")] = None,
     project_file: ProjectFileOpt = None,
     variant: VariantOpt = None,
     catalog_file: CatalogOpt = None,
@@ -108,7 +111,8 @@ def deploy_cmd(
     if service is not None or replicas is not None:
         from .services import deploy_service
 
-        return deploy_service(config, registry, replicas, service, (port, drain, health_interval), as_json)
+        return deploy_service(config, registry, replicas, service, (port, drain, health_interval, certificate),
+                              as_json)
     if cloud != Cloud.local:
         config.pushes = pushes(image, registry)
         config.pull_ref, config.registry = config.pick_push(lambda _host: True) or (None, None)

@@ -36,7 +36,7 @@ def _service(text: str):
 
 # --- deploy --------------------------------------------------------------------------------------------
 def deploy_service(config: Any, registry: str | None, replicas: int | None, service: str | None,
-                   balancer: tuple[int | None, int, int], as_json: bool) -> None:
+                   balancer: tuple[int | None, int, int, str | None], as_json: bool) -> None:
     """`deploy --replicas N` makes a service; `deploy --service ID` rolls one to this image."""
     from ..deploy import service as services
     from ..deploy.image import pushes
@@ -57,8 +57,8 @@ def deploy_service(config: Any, registry: str | None, replicas: int | None, serv
     if svc is not None:
         svc = services.update(svc, config, say)
     else:
-        port, drain, interval = balancer
-        options = services.Options(port=port, drain_s=drain, health_interval_s=interval)
+        port, drain, interval, certificate = balancer
+        options = services.Options(port=port, drain_s=drain, health_interval_s=interval, certificate_id=certificate)
         config.port = None
         svc = services.create(config, replicas or 1, options, say)
     _print_ready(svc, as_json)
