@@ -92,7 +92,9 @@ def deploy_cmd(
     """Serve an image (or this folder's project) on this workstation or a cloud GPU; prints the URL."""
     from ..deploy.common import DeployConfig
     from ..deploy.image import pushes, resolve
+    from .services import check_flags
 
+    check_flags(cloud.value, replicas, service)
     ref, cmd = _split_command(ref, list(ctx.args))
     image, labels = resolve(ref, project_file, variant, catalog_file)
     if not cmd and "ai.ngcx.project.name" not in labels and labels.get("ai.ngcx.image"):

@@ -41,11 +41,6 @@ def deploy_service(config: Any, registry: str | None, replicas: int | None, serv
     from ..deploy import service as services
     from ..deploy.image import pushes
 
-    if service is not None and replicas is not None:
-        raise UserError("--replicas and --service together", hint="scale with `ngcx deployments scale ID N`")
-    if config.cloud == "any":
-        raise UserError("a service lives on one cloud; --cloud any picks one per deployment",
-                        hint="give --cloud local, aliyun or aws")
     svc = _service(service) if service is not None else None
     cloud = svc.cloud if svc is not None else config.cloud
     if cloud != "local":
@@ -62,6 +57,15 @@ def deploy_service(config: Any, registry: str | None, replicas: int | None, serv
         config.port = None
         svc = services.create(config, replicas or 1, options, say)
     _print_ready(svc, as_json)
+
+
+def check_flags(cloud: str, replicas: int | None, service: str | None) -> None:
+    """Service flags that cannot go together: one line before anything is read or made."""
+    if service is not None and replicas is not None:
+        raise UserError("--replicas and --service together", hint="scale with `ngcx deployments scale ID N`")
+    if (service is not None or replicas is not None) and cloud == "any":
+        raise UserError("a service lives on one cloud; --cloud any picks one per deployment",
+                        hint="give --cloud local, aliyun or aws")
 
 
 def _print_ready(svc: Any, as_json: bool) -> None:

@@ -1,0 +1,82 @@
+"""service: a 3-replica service on this workstation (issue 21), timed as a user runs it.
+
+Figures, each over `repeat` rounds in one state store (one service made per round):
+- `ngcx deploy --cloud local --replicas 3`: from the command to the balancer answering (the command returns
+  only then: service.py `_wait_answering`); the reference is one lone `ngcx deploy --cloud local` of the same
+  project in the same round (what one replica costs), so the ratio says what the other two and the balancer add;
+- a rolling update of the 3 replicas (`ngcx deploy --service s1` of the project's other build, INT8 <-> FP16,
+  alternating): 3 new replicas up and healthy, then 3 old ones drained and removed;
+- a dead replica replaced: its container killed, then `ngcx deployments reconcile` until a new one is healthy
+  and the dead one removed.
+Every service runs with `--health-interval 1 --drain 5` (a verdict after two checks: ~2 s; a drain bounded by
+5 s); what the figures vary with is mostly the replica's own start (model load, warm-up) and this machine's load.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..core import ROOT, Measurement, Stats, SuiteResult, SuiteSkipped, ratio
+
+FAST = ("--drain", "5", "--health-interval", "1")
+
+
+def _timed(root: Path, env: dict[str, str], *args: str) -> tuple[float, str]:
+    from .deploy_phases import ngcx
+
+    t0 = time.monotonic()
+    done = ngcx(root, env, *args)
+    return time.monotonic() - t0, done.stdout.strip()
+
+
+def _round(root: Path, env: dict[str, str], index: int) -> dict[str, float]:
+    import json
+
+    import docker
+
+    from .deploy_phases import ngcx
+
+    lone_s, _ = _timed(root, env, "deploy", "--cloud", "local")
+    lone = json.loads(ngcx(root, env, "deployments", "ls", "--json").stdout)[0]
+    ngcx(root, env, "deployments", "destroy", str(lone["id"]), "--yes")
+    create_s, _ = _timed(root, env, "deploy", "--cloud", "local", "--replicas", "3", *FAST)
+    ref = json.loads(ngcx(root, env, "deployments", "ls", "--all", "--json").stdout)[0]["service_id"]
+    other = ("-f", "ngcx.fp16.yaml") if index % 2 == 0 else ()
+    update_s, _ = _timed(root, env, "deploy", *other, "--service", f"s{ref}")
+    members = json.loads(ngcx(root, env, "deployments", "show", f"s{ref}", "--json").stdout)["members"]
+    docker.from_env().containers.get(members[0]["container"]).kill()
+    replace_s, _ = _timed(root, env, "deployments", "reconcile", f"s{ref}")
+    ngcx(root, env, "deployments", "destroy", f"s{ref}", "--yes")
+    return {"lone": lone_s, "create": create_s, "update": update_s, "replace": replace_s}
+
+
+def run(result: SuiteResult, work: Path, out: Path) -> None:
+    if subprocess.run(["/usr/bin/docker", "info"], capture_output=True).returncode != 0:
+        raise SuiteSkipped("needs the Docker engine (scripts/setup.sh)")
+    sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+    from .deploy_phases import ngcx, project_copy
+
+    root = project_copy(work)
+    ngcx(root, {"NGCX_BASE": "offline"}, "build", "-f", "ngcx.fp16.yaml")
+    env = {"NGCX_STATE_DIR": str(work / "state-service"), "NGCX_BASE": "offline"}
+    rounds = [_round(root, env, i) for i in range(max(result.repeat, 1))]
+    figures = {
+        "lone": ("ngcx deploy --cloud local (one container, the reference)", "ngcx deploy --cloud local"),
+        "create": ("ngcx deploy --replicas 3 -> balancer answering", "ngcx deploy --cloud local --replicas 3 "
+                   + " ".join(FAST)),
+        "update": ("rolling update of 3 replicas", "ngcx deploy [-f ngcx.fp16.yaml] --service sN"),
+        "replace": ("dead replica replaced (docker kill + reconcile)", "ngcx deployments reconcile sN"),
+    }
+    by = {}
+    for key, (name, command) in figures.items():
+        by[key] = Measurement(name=name, tool="ngcx", unit="s", better="lower",
+                              wall=Stats.of([r[key] for r in rounds]), command=command)
+        result.measurements.append(by[key])
+    result.ratios.append(ratio("3-replica service / one deployment", by["create"], by["lone"]))
+    result.extra = {"rounds": rounds}
+    result.notes = ["Local service (haproxy in a container in front of 3 local replicas of examples/onnx-zero-code), "
+                    "health checks every 1 s, drain 5 s. The ratio says what two more replicas (made in parallel) "
+                    "and the balancer add to one deploy."]
