@@ -4,8 +4,8 @@ Figures, each over `repeat` rounds in one state store (one service made per roun
 - `ngcx deploy --cloud local --replicas 3`: from the command to the balancer answering (the command returns
   only then: service.py `_wait_answering`); the reference is one lone `ngcx deploy --cloud local` of the same
   project in the same round (what one replica costs), so the ratio says what the other two and the balancer add;
-- a rolling update of the 3 replicas (`ngcx deploy --service s1` of the project's other build, INT8 <-> FP16,
-  alternating): 3 new replicas up and healthy, then 3 old ones drained and removed;
+- a rolling update of the 3 replicas (`ngcx deploy -f ngcx.fp16.yaml --service sN`: the project's FP16 build
+  replaces its INT8 one): 3 new replicas up and healthy, then 3 old ones drained and removed;
 - a dead replica replaced: its container killed, then `ngcx deployments reconcile` until a new one is healthy
   and the dead one removed.
 Every service runs with `--health-interval 1 --drain 5` (a verdict after two checks: ~2 s; a drain bounded by
@@ -25,6 +25,7 @@ FAST = ("--drain", "5", "--health-interval", "1")
 
 
 def _timed(root: Path, env: dict[str, str], *args: str) -> tuple[float, str]:
+    """Seconds of one ngcx command (it exits 0 or the suite stops with its error)."""
     from .deploy_phases import ngcx
 
     t0 = time.monotonic()
@@ -32,7 +33,8 @@ def _timed(root: Path, env: dict[str, str], *args: str) -> tuple[float, str]:
     return time.monotonic() - t0, done.stdout.strip()
 
 
-def _round(root: Path, env: dict[str, str], index: int) -> dict[str, float]:
+def _round(root: Path, env: dict[str, str]) -> dict[str, float]:
+    """One of each figure, in a fresh service (made INT8, rolled to FP16, repaired, destroyed)."""
     import json
 
     import docker
@@ -44,9 +46,10 @@ def _round(root: Path, env: dict[str, str], index: int) -> dict[str, float]:
     ngcx(root, env, "deployments", "destroy", str(lone["id"]), "--yes")
     create_s, _ = _timed(root, env, "deploy", "--cloud", "local", "--replicas", "3", *FAST)
     ref = json.loads(ngcx(root, env, "deployments", "ls", "--all", "--json").stdout)[0]["service_id"]
-    other = ("-f", "ngcx.fp16.yaml") if index % 2 == 0 else ()
-    update_s, _ = _timed(root, env, "deploy", *other, "--service", f"s{ref}")
+    update_s, _ = _timed(root, env, "deploy", "-f", "ngcx.fp16.yaml", "--service", f"s{ref}")
     members = json.loads(ngcx(root, env, "deployments", "show", f"s{ref}", "--json").stdout)["members"]
+    if len(members) != 3 or any("fp16" not in m["image"] for m in members):
+        raise SystemExit(f"the rolling update did not leave 3 FP16 replicas: {members}")
     docker.from_env().containers.get(members[0]["container"]).kill()
     replace_s, _ = _timed(root, env, "deployments", "reconcile", f"s{ref}")
     ngcx(root, env, "deployments", "destroy", f"s{ref}", "--yes")
@@ -62,12 +65,12 @@ def run(result: SuiteResult, work: Path, out: Path) -> None:
     root = project_copy(work)
     ngcx(root, {"NGCX_BASE": "offline"}, "build", "-f", "ngcx.fp16.yaml")
     env = {"NGCX_STATE_DIR": str(work / "state-service"), "NGCX_BASE": "offline"}
-    rounds = [_round(root, env, i) for i in range(max(result.repeat, 1))]
+    rounds = [_round(root, env) for _ in range(max(result.repeat, 1))]
     figures = {
         "lone": ("ngcx deploy --cloud local (one container, the reference)", "ngcx deploy --cloud local"),
         "create": ("ngcx deploy --replicas 3 -> balancer answering", "ngcx deploy --cloud local --replicas 3 "
                    + " ".join(FAST)),
-        "update": ("rolling update of 3 replicas", "ngcx deploy [-f ngcx.fp16.yaml] --service sN"),
+        "update": ("rolling update of 3 replicas", "ngcx deploy -f ngcx.fp16.yaml --service sN"),
         "replace": ("dead replica replaced (docker kill + reconcile)", "ngcx deployments reconcile sN"),
     }
     by = {}

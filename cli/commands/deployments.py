@@ -216,7 +216,11 @@ def rotate_key_cmd(deployment: IdArg,
     """Replace the endpoint key without downtime: both work until the new one is in place and the grace is over."""
     from ..deploy.security import rotate
 
-    record = _record(deployment)
+    if _is_service(deployment):
+        from .services import rotate_key
+
+        return rotate_key(deployment, grace)
+    record = _record(deployment, "rotate-key")
     rotate(record, grace, lambda line: print(f"ngcx: {line}", file=sys.stderr))
     print(f"ngcx: deployment {record.id} has a new key; the old one no longer opens it "
           f"(`ngcx deployments key {record.id}` prints the new one)", file=sys.stderr)

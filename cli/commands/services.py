@@ -188,3 +188,11 @@ def key(text: str) -> None:
         raise UserError(f"service {svc.ref} has no key here",
                         hint="it was made with --no-auth, is destroyed, or is another machine's")
     print(found)
+
+
+def rotate_key(text: str, grace: float) -> None:
+    from ..deploy import service as services
+
+    svc = services.rotate_key(_service(text), grace, say)
+    say(f"service {svc.ref} has a new key on all {svc.replicas} replica(s); the old one no longer opens it "
+        f"(`ngcx deployments key {svc.ref}` prints the new one)")

@@ -9,7 +9,8 @@ people recognise.
 
 Files, under STATE/keys/ (0700): ID.key (the key), ID.next (a rotation's new key until the host has
 it: an interrupted rotate-key is resumed, not lost), ID.pem (the host's TLS certificate, public),
-ID.auth/keys (a local deploy's hashes file, mounted read-only into its container).
+ID.auth/keys (a local deploy's hashes file, mounted read-only into its container). A service's key is
+s<ID>.key (cli/deploy/service.py): every replica of the service accepts it.
 """
 
 from __future__ import annotations
@@ -60,46 +61,46 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def create(deployment: int) -> str:
+def create(deployment: int | str) -> str:
     """A fresh key for a new deployment, saved before any host hears of its hash."""
     key = new_key()
     _write(folder() / f"{deployment}.key", key + "\n")
     return key
 
 
-def get(deployment: int) -> str | None:
+def get(deployment: int | str) -> str | None:
     return _read(folder() / f"{deployment}.key")
 
 
-def pending(deployment: int) -> str | None:
+def pending(deployment: int | str) -> str | None:
     """The new key of a rotation that has not finished (None when none is in progress)."""
     return _read(folder() / f"{deployment}.next")
 
 
-def begin_rotation(deployment: int) -> str:
+def begin_rotation(deployment: int | str) -> str:
     """The new key of a rotation (an unfinished rotation's, when there is one), saved as ID.next."""
     key = pending(deployment) or new_key()
     _write(folder() / f"{deployment}.next", key + "\n")
     return key
 
 
-def finish_rotation(deployment: int) -> None:
+def finish_rotation(deployment: int | str) -> None:
     """ID.next becomes ID.key: from now on the old key is forgotten here."""
     os.replace(folder() / f"{deployment}.next", folder() / f"{deployment}.key")
 
 
-def save_certificate(deployment: int, pem: str) -> Path:
+def save_certificate(deployment: int | str, pem: str) -> Path:
     path = folder() / f"{deployment}.pem"
     _write(path, pem.strip() + "\n", 0o644)
     return path
 
 
-def certificate_path(deployment: int) -> Path | None:
+def certificate_path(deployment: int | str) -> Path | None:
     path = folder() / f"{deployment}.pem"
     return path if path.is_file() else None
 
 
-def forget(deployment: int) -> None:
+def forget(deployment: int | str) -> None:
     """Delete a deployment's key files (it is destroyed or replaced: the key opens nothing any more)."""
     import shutil
 
@@ -113,16 +114,16 @@ def kept() -> set[int]:
     return {int(p.name.split(".")[0]) for p in folder().iterdir() if p.name.split(".")[0].isdigit()}
 
 
-def hashes_text(deployment: int, keys: list[str]) -> str:
+def hashes_text(deployment: int | str, keys: list[str]) -> str:
     """The --auth-keys-file content for a host: one SHA-256 per accepted key."""
     return digests_text(deployment, [digest(k) for k in keys])
 
 
-def digests_text(deployment: int, digests: list[str] | tuple[str, ...]) -> str:
+def digests_text(deployment: int | str, digests: list[str] | tuple[str, ...]) -> str:
     return f"# ngcx deployment {deployment}: SHA-256 of each accepted key\n" + "".join(d + "\n" for d in digests)
 
 
-def write_local_hashes(deployment: int, text: str) -> Path:
+def write_local_hashes(deployment: int | str, text: str) -> Path:
     """STATE/keys/ID.auth/keys, a local deploy's hashes file (its folder is mounted into the container, so
     a rewrite by rename is seen there; a mounted file would keep the old inode)."""
     folder_ = folder() / f"{deployment}.auth"

@@ -89,24 +89,32 @@ def rotate(record: DeployRecord, grace: float = 0.0, say: Callable[[str], None] 
     if record.status != READY:
         raise UserError(f"deployment {record.id} is {record.status}; keys rotate on a ready deployment",
                         hint=f"start it first: ngcx deployments start {record.id}")
-    old = keys.get(record.id)
+    rotate_key(record.id, f"deployment {record.id}", [record], grace, say)
+
+
+def rotate_key(name: int | str, what: str, records: list[DeployRecord], grace: float,
+               say: Callable[[str], None]) -> None:
+    """rotate()'s steps for the key `name` (keys.py) that every one of `records` accepts: a deployment's own,
+    or a service's (s<ID>), whose replicas all take the new key before it becomes the key."""
+    old = keys.get(name)
     if old is None:
-        raise UserError(f"deployment {record.id} has no key (deployed with --no-auth)",
-                        hint="deploy again without --no-auth to give it one")
-    module = target(record.cloud)
-    new = keys.begin_rotation(record.id)
-    module.install_key_hashes(record, keys.hashes_text(record.id, [old, new]))
+        raise UserError(f"{what} has no key (deployed with --no-auth)", hint="deploy again without --no-auth")
+    new = keys.begin_rotation(name)
+    for record in records:
+        target(record.cloud).install_key_hashes(record, keys.hashes_text(name, [old, new]))
     deadline = time.monotonic() + ROTATION_WAIT_S
-    while _status(record, new) != 200:
-        if time.monotonic() > deadline:
-            raise UserError(f"deployment {record.id} did not accept its new key within {ROTATION_WAIT_S:.0f} s; "
-                            "the old key still works", hint=f"run `ngcx deployments rotate-key {record.id}` again")
-        time.sleep(0.1)
-    keys.finish_rotation(record.id)
+    for record in records:
+        while _status(record, new) != 200:
+            if time.monotonic() > deadline:
+                raise UserError(f"{what} did not accept its new key within {ROTATION_WAIT_S:.0f} s; the old key "
+                                "still works", hint=f"run `ngcx deployments rotate-key {name}` again")
+            time.sleep(0.1)
+    keys.finish_rotation(name)
     if grace > 0:
         say(f"the new key is in place; the old one is accepted for {grace:.0f} s more while clients switch")
         time.sleep(grace)
-    module.install_key_hashes(record, keys.hashes_text(record.id, [new]))
+    for record in records:
+        target(record.cloud).install_key_hashes(record, keys.hashes_text(name, [new]))
 
 
 def key_of(record: DeployRecord) -> str:

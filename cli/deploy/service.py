@@ -480,6 +480,15 @@ def delete_orphan_balancer(cloud: str, item: dict[str, str]) -> None:
 
 
 
+def rotate_key(svc: ServiceRecord, grace: float, say: Say) -> ServiceRecord:
+    """The service's key, replaced on every replica without a failed request (security.rotate_key)."""
+    from .security import rotate_key as rotate
+
+    _require(svc, READY, "rotate the key of")
+    rotate(key_name(svc), f"service {svc.ref}", replicas(svc), grace, say)
+    return svc
+
+
 def health(svc: ServiceRecord) -> dict[int, str]:
     """Replica id -> the balancer's view of it (`show`); empty when the balancer cannot be asked."""
     if not svc.balancer:

@@ -145,15 +145,17 @@ JSON_COLUMNS = ("balancer", "config", "previous")
 
 
 def create_service(cloud: str, region: str | None, replicas: int, config: dict[str, Any]) -> ServiceRecord:
-    """The service's row, before its balancer or any replica exists; its name is ngcx-svc-<id>."""
-    now = time.time()
+    """The service's row, before its balancer or any replica exists. Its name, ngcx-svc-<owner>-<id>, names its
+    balancer: the owner part keeps two state stores on one engine or cloud account from meeting on a name."""
+    now, owner = time.time(), owner_id()
     with state.connect() as conn:
         cur = conn.execute(
             "INSERT INTO services (target, region, name, status, replicas, config, pid, created_at, updated_at)"
             " VALUES (?,?,?,?,?,?,?,?,?)",
             (cloud, region, "", SVC_CREATING, replicas, json.dumps(config), os.getpid(), now, now))
         service_id = int(cur.lastrowid)
-        conn.execute("UPDATE services SET name = ? WHERE id = ?", (f"ngcx-svc-{service_id}", service_id))
+        conn.execute("UPDATE services SET name = ? WHERE id = ?", (f"ngcx-svc-{owner[:8]}-{service_id}",
+                                                                   service_id))
     return service(service_id)
 
 

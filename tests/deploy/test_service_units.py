@@ -34,7 +34,7 @@ def test_a_service_row_keeps_its_config_without_a_key_and_gives_it_back(state):
     row = service.config_row(cfg, service.Options(port=8443, drain_s=7))
     assert "key_hashes" not in row and "service_id" not in row and "f" * 64 not in str(row)
     svc = store.create_service("local", None, 3, row)
-    assert (svc.ref, svc.name, svc.status, svc.replicas) == ("s1", "ngcx-svc-1", "creating", 3)
+    assert (svc.ref, svc.name, svc.status, svc.replicas) == ("s1", f"ngcx-svc-{store.owner_id()[:8]}-1", "creating", 3)
     back, options = service.config_of(store.service(svc.id).config)
     assert back.image == cfg.image and back.cmd == cfg.cmd and back.version == cfg.version
     assert back.pushes == cfg.pushes and back.key_hashes == () and back.service_id is None

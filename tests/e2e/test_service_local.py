@@ -137,6 +137,16 @@ def served_by(cwd: Path, member: dict, key: str) -> int:
                    if line.startswith("nv_inference_request_success{")))
 
 
+def infer_status(url: str, key: str, payload: bytes) -> int:
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        conn.request("POST", "/v2/models/convnet/infer", payload, {"Authorization": f"Bearer {key}"})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
 def test_a_local_service_rolls_scales_heals_and_rolls_back_without_a_failed_request(fp16, docker_client, state):
     project = fp16
     made = ngcx(project, "deploy", "--cloud", "local", "--replicas", "3", *FAST, env=state)
@@ -157,10 +167,7 @@ def test_a_local_service_rolls_scales_heals_and_rolls_back_without_a_failed_requ
         load.settle(60)
     assert not load.errors, load.errors[:5]
     assert all(served_by(project, m, key) > 0 for m in svc["members"]), "a replica got no request"
-    keyless = http.client.HTTPConnection(*urlsplit(url).netloc.split(":"), timeout=10)
-    keyless.request("POST", "/v2/models/convnet/infer", payload)
-    assert keyless.getresponse().status == 401               # the key still guards every replica
-    keyless.close()
+    assert infer_status(url, "ngcx_wrong", payload) == 401         # the key still guards every replica
 
     # rolling update to the FP16 build under constant load: zero failed requests
     with Load(url, key, payload) as load:
@@ -225,6 +232,18 @@ def test_a_local_service_rolls_scales_heals_and_rolls_back_without_a_failed_requ
     assert not load.errors, (load.seen, load.errors[:5])
     assert show(project, "s1", state)["version"] == v1
 
+    # the service's key rotates on every replica; stop empties the balancer, start fills it again
+    assert ngcx(project, "deployments", "rotate-key", "s1", "--grace", "0", env=state).returncode == 0
+    new_key = ngcx(project, "deployments", "key", "s1", env=state).stdout.strip()
+    assert new_key.startswith("ngcx_") and new_key != key
+    assert [infer_status(url, k, payload) for k in (key, new_key)] == [401, 200]
+    assert ngcx(project, "deployments", "stop", "s1", env=state).returncode == 0
+    assert show(project, "s1", state)["status"] == "stopped"
+    assert infer_status(url, new_key, payload) == 503                 # the balancer stays, with no replica
+    started = ngcx(project, "deployments", "start", "s1", env=state)
+    assert started.returncode == 0 and started.stdout.strip() == url, started.stderr[-2000:]
+    assert infer_status(url, new_key, payload) == 200
+
     # a replica is changed through its service only
     member = show(project, "s1", state)["members"][0]
     refused = ngcx(project, "deployments", "destroy", str(member["id"]), "--yes", env=state)
@@ -232,11 +251,11 @@ def test_a_local_service_rolls_scales_heals_and_rolls_back_without_a_failed_requ
 
     gone = ngcx(project, "deployments", "destroy", "s1", "--yes", env=state)
     assert gone.returncode == 0, gone.stderr
-    assert not docker_client.containers.list(all=True, filters={"label": "ngcx:service=1"})    # the balancer
     last = show(project, "s1", state)
+    assert not docker_client.containers.list(all=True, filters={"name": f"{last['name']}-lb"})    # the balancer
     assert last["status"] == "destroyed" and not last["members"]
     assert not any(docker_client.containers.list(all=True, filters={"id": m["container"]}) for m in svc["members"])
-    assert not docker_client.networks.list(names=["ngcx-svc-1"])
+    assert not docker_client.networks.list(names=[last["name"]])
     assert ngcx(project, "deployments", "key", "s1", env=state).returncode == 2
 
 
@@ -262,9 +281,8 @@ def test_a_service_killed_while_it_is_made_is_finished_by_reconcile_and_gc(proje
     gc = ngcx(project, "deployments", "gc", "--yes", env=state)
     assert gc.returncode == 0, gc.stderr
     assert ngcx(project, "deployments", "destroy", "s1", "--yes", env=state).returncode == 0
-    assert not docker_client.networks.list(names=["ngcx-svc-1"])
-    leftover = [c.name for c in docker_client.containers.list(all=True) if c.name.startswith("ngcx-svc-1")]
-    assert not leftover
+    assert not docker_client.networks.list(names=[svc["name"]])
+    assert not [c.name for c in docker_client.containers.list(all=True) if c.name.startswith(svc["name"])]
 
 
 def _env() -> dict[str, str]:
