@@ -178,6 +178,15 @@ def _join(module: ModuleType, balancer: Any, ref: BalancerRef, record: DeployRec
     """Register the replica and wait until the balancer's own checks call it healthy; else it leaves again."""
     instance, port = module.member(record)
     balancer.register(ref, instance, port)
+    try:
+        _wait_healthy(module, balancer, ref, record, timeout)
+    except NotReady:
+        balancer.deregister(ref, instance, port)
+        raise
+
+
+def _wait_healthy(module: ModuleType, balancer: Any, ref: BalancerRef, record: DeployRecord, timeout: float) -> None:
+    instance, _ = module.member(record)
     deadline = time.monotonic() + max(timeout, 60.0)
     state = "?"
     while time.monotonic() < deadline:
@@ -185,7 +194,6 @@ def _join(module: ModuleType, balancer: Any, ref: BalancerRef, record: DeployRec
         if state == "healthy":
             return
         time.sleep(POLL_S)
-    balancer.deregister(ref, instance, port)
     raise NotReady(f"replica {record.id} answers its own checks but the balancer still calls it {state} after "
                    f"{max(timeout, 60.0):.0f} s", hint="check the security group / network between balancer and host")
 
@@ -407,6 +415,10 @@ def reconcile(svc: ServiceRecord, say: Say, unhealthy_after: float = UNHEALTHY_A
             free = [i for i in range(svc.replicas * 2) if i not in used][:missing]
             say(f"service {svc.ref}: bringing up {missing} replica(s)")
             _add(module, svc, balancer, ref, config, free, keys.get(key_name(svc)), say)
+        states = balancer.health(ref)
+        for record in good:    # registered but not yet checked (an interrupted ngcx's): in before any other leaves
+            if states.get(module.member(record)[0]) == "initial":
+                _wait_healthy(module, balancer, ref, record, config.ready_timeout)
         for record in bad:
             _retire(module, svc, balancer, ref, record, f"replaced by service {svc.ref}'s reconcile")
             say(f"service {svc.ref}: replica {record.id} removed")

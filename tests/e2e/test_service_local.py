@@ -18,20 +18,15 @@ import http.client
 import json
 import subprocess
 import sys
-import threading
 import time
-from collections import Counter
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from deploy_helpers import ngcx
+from deploy_helpers import LOAD_CLIENTS, Load, ngcx
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-LOAD_CLIENTS = 4
-LOAD_MAX_S = 600.0
-LOAD_MAX_REQUESTS = 200_000
 FAST = ("--drain", "5", "--health-interval", "1")
 
 
@@ -57,65 +52,6 @@ def body(project: Path) -> bytes:
     array = example.inputs["image"]
     return json.dumps({"inputs": [{"name": "image", "shape": list(array.shape), "datatype": "FP32",
                                    "data": array.reshape(-1).tolist()}]}).encode()
-
-
-class Load:
-    """Constant inference load on the service URL (module docstring); counts every answer and error."""
-
-    def __init__(self, url: str, key: str, payload: bytes) -> None:
-        parts = urlsplit(url)
-        self.address, self.key, self.payload = (parts.hostname, parts.port), key, payload
-        self.seen: Counter[str] = Counter()
-        self.errors: list[str] = []
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._client, daemon=True) for _ in range(LOAD_CLIENTS)]
-
-    def __enter__(self) -> Load:
-        self.started = time.monotonic()
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=30)
-        assert not any(t.is_alive() for t in self.threads), "a load client hung"
-
-    def total(self) -> int:
-        return sum(self.seen.values())
-
-    def _client(self) -> None:
-        conn = None
-        while not self.stop.is_set() and time.monotonic() - self.started < LOAD_MAX_S and \
-                self.total() < LOAD_MAX_REQUESTS:
-            conn = conn or http.client.HTTPConnection(*self.address, timeout=30)
-            try:
-                conn.request("POST", "/v2/models/convnet/infer", self.payload,
-                             {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"})
-                reply = conn.getresponse()
-                data = reply.read()
-                outcome = str(reply.status)
-                if reply.status != 200:
-                    self.errors.append(f"{reply.status}: {data[:200]!r}")
-                if reply.getheader("Connection", "").lower() == "close":
-                    conn.close()
-                    conn = None
-            except (OSError, http.client.HTTPException) as exc:
-                outcome = type(exc).__name__
-                self.errors.append(f"{type(exc).__name__}: {exc}")
-                conn.close()
-                conn = None
-            with self.lock:
-                self.seen[outcome] += 1
-
-    def settle(self, at_least: int = 20) -> None:
-        """Until at least `at_least` more requests were answered (the load is flowing)."""
-        goal, deadline = self.total() + at_least, time.monotonic() + 60
-        while self.total() < goal and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert self.total() >= goal, f"the load stalled: {self.seen}"
 
 
 def show(cwd: Path, ref: str, env: dict[str, str]) -> dict:
@@ -305,3 +241,48 @@ def _peek_rows(state: dict[str, str]) -> str:
         return ""
     return "".join(r[0] for r in rows if r[0] != "{}" and "balancer_id" in r[0]) and "balancer"
 
+
+
+def test_an_update_killed_half_way_is_finished_by_reconcile_without_a_failed_request(fp16, docker_client, state):
+    """kill -9 while the new version's replicas come up: the row already names the new version, so reconcile
+    finishes the update (half-made replicas removed, the old ones drained only once the new ones are in)."""
+    project = fp16
+    made = ngcx(project, "deploy", "--cloud", "local", "--replicas", "2", *FAST, env=state)
+    assert made.returncode == 0, made.stderr[-3000:]
+    url = made.stdout.strip().splitlines()[-1]
+    key = ngcx(project, "deployments", "key", "s1", env=state).stdout.strip()
+    old = {m["id"] for m in show(project, "s1", state)["members"]}
+    with Load(url, key, body(project)) as load:
+        load.settle()
+        proc = subprocess.Popen([sys.executable, "-m", "ngcx", "deploy", "-f", "ngcx.fp16.yaml", "--service", "s1"],
+                                cwd=project, env={**_env(), **state}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and _replica_rows(state) <= len(old):
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait(timeout=30)
+        assert proc.returncode == -9
+        assert show(project, "s1", state)["status"] == "updating"
+        fixed = ngcx(project, "deployments", "reconcile", "s1", env=state)
+        load.settle()
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    assert not load.errors, (load.seen, load.errors[:5])
+    svc = show(project, "s1", state)
+    assert svc["status"] == "ready" and len(svc["members"]) == 2 and "fp16" in svc["image"]
+    assert {m["spec"]["version"] for m in svc["members"]} == {svc["version"]}
+    assert not old & {m["id"] for m in svc["members"]}
+    gc = ngcx(project, "deployments", "gc", "--json", env=state)
+    assert gc.returncode == 0 and json.loads(gc.stdout) == [], gc.stdout
+    assert ngcx(project, "deployments", "destroy", "s1", "--yes", env=state).returncode == 0
+
+
+def _replica_rows(state: dict[str, str]) -> int:
+    """How many replica rows the services have (read as any SQLite reader would)."""
+    import sqlite3
+
+    try:
+        with sqlite3.connect(Path(state["NGCX_STATE_DIR"]) / "state.db", timeout=1) as conn:
+            return int(conn.execute("SELECT COUNT(*) FROM deployments WHERE service_id IS NOT NULL").fetchone()[0])
+    except sqlite3.Error:
+        return 0
