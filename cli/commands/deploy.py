@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -22,6 +23,7 @@ class Cloud(StrEnum):
     aliyun = "aliyun"
     aws = "aws"
     any = "any"       # every cloud with credentials, best candidate first, failing over on capacity
+    kubernetes = "kubernetes"   # manifests written to -o DIR with --dry-run (cli/deploy/kubernetes.py)
 
 
 class Workload(StrEnum):
@@ -84,6 +86,17 @@ def deploy_cmd(
     certificate: Annotated[str | None, typer.Option(
         "--certificate", help="Service on a cloud: your certificate at the balancer's HTTPS listener (Alibaba Cloud "
                               "certificate service id, or an ACM ARN).")] = None,
+    output: Annotated[Path | None, typer.Option(
+        "-o", "--output", help="--cloud kubernetes: the new folder the manifests are written to.")] = None,
+    min_replicas: Annotated[int | None, typer.Option("--min", min=0, help="Autoscaled service: fewest replicas.")]
+    = None,
+    max_replicas: Annotated[int | None, typer.Option("--max", min=1, help="Autoscaled service: most replicas.")]
+    = None,
+    node_labels: Annotated[str | None, typer.Option(
+        "--node-labels", help="--cloud kubernetes: ack or eks, whose GPU node labels select the nodes (default: the "
+                              "one whose offers table has --gpu).")] = None,
+    kserve: Annotated[bool, typer.Option("--kserve", help="--cloud kubernetes: also a KServe InferenceService.")]
+    = False,
     project_file: ProjectFileOpt = None,
     variant: VariantOpt = None,
     catalog_file: CatalogOpt = None,
@@ -95,6 +108,8 @@ def deploy_cmd(
     from .services import check_flags
 
     check_flags(cloud.value, replicas, service)
+    k8s = _kubernetes_options(cloud, dry_run, output, replicas, service, (min_replicas, max_replicas), node_labels,
+                              kserve)
     ref, cmd = _split_command(ref, list(ctx.args))
     image, labels = resolve(ref, project_file, variant, catalog_file)
     if not cmd and "ai.ngcx.project.name" not in labels and labels.get("ai.ngcx.image"):
@@ -106,6 +121,8 @@ def deploy_cmd(
                           workload=workload.value, region=region, zone=zone, max_price=max_price, spot=spot,
                           port=port, allow_from=_cidr(allow_from), ready_timeout=ready_timeout,
                           auth=not no_auth, tls=cloud != Cloud.local, registry_login=registry_login.value)
+    if k8s is not None:
+        return _kubernetes(config, k8s, as_json)
     if no_auth and cloud != Cloud.local:
         _check_open_endpoint(config.allow_from)
     if dry_run:
@@ -136,6 +153,33 @@ def deploy_cmd(
     for line in how_to_call(record, show_key=sys.stderr.isatty()):
         print(f"ngcx: {line}", file=sys.stderr)
     print(record.endpoint)
+
+
+def _kubernetes_options(cloud: Cloud, dry_run: bool, output: Path | None, replicas: int | None, service: str | None,
+                        scale: tuple[int | None, int | None], node_labels: str | None, kserve: bool) -> Any:
+    """--cloud kubernetes's flags, checked before anything is read (None for the other clouds)."""
+    if cloud != Cloud.kubernetes:
+        if scale != (None, None):
+            raise UserError("--min/--max on a cloud is not built yet: scaling groups", hint="use --replicas N")
+        if output is not None or node_labels is not None or kserve:
+            raise UserError("-o, --node-labels and --kserve are for --cloud kubernetes")
+        return None
+    from ..deploy.kubernetes import options_from_flags
+
+    return options_from_flags(dry_run, output, replicas, service, scale, node_labels, kserve)
+
+
+def _kubernetes(config: Any, options: Any, as_json: bool) -> None:
+    from ..deploy.kubernetes import summary, write
+
+    done = write(config, options)
+    if as_json:
+        from ..core.output import emit_json
+
+        return emit_json(done.as_json())
+    for line in summary(done, show_key=sys.stderr.isatty()):
+        print(f"ngcx: {line}", file=sys.stderr)
+    print(done.out)
 
 
 def _check_open_endpoint(allow_from: str) -> None:
