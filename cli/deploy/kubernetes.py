@@ -109,8 +109,9 @@ def summary(done: Written, show_key: bool) -> list[str]:
     if done.key and show_key:
         lines.append(f"key (shown once; ngcx keeps it in its state folder as keys/{done.key_name}.key): {done.key}")
     elif done.key_name:
-        lines.append(f"the endpoint key is ngcx's {done.key_name} (its state folder's keys/{done.key_name}.key); "
-                     "the manifests hold only its SHA-256")
+        lines.append(f"the endpoint key is ngcx's {done.key_name} (its state folder's keys/{done.key_name}.key; "
+                     "delete that file and write the manifests again for a new key); the manifests hold only its "
+                     "SHA-256")
     lines.append(f"apply: kubectl apply -f {done.out}")
     if done.kserve:
         lines.append(f"or with KServe: kubectl apply -f {done.out}/00-secret.yaml -f {done.out}/kserve")
@@ -224,6 +225,7 @@ def endpoint_key(name: str, auth: bool) -> tuple[str | None, str | None, str | N
     return key_name, keys.digest(key), None if existing else key
 
 
+@lru_cache(maxsize=1)
 def _env() -> Any:
     import jinja2
 
@@ -278,11 +280,13 @@ def write(config: DeployConfig, options: Options) -> Written:
     image_ref = pull_ref(config)
     name = service_name(config)
     key_name, digest, key = endpoint_key(name, config.auth)
-    files = render(values(config, options, name, provider, kinds, terms, image_ref, key_name, digest), options.kserve)
     out = options.out.resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp: Path | None = None
     try:
+        files = render(values(config, options, name, provider, kinds, terms, image_ref, key_name, digest),
+                       options.kserve)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         for rel, text in files.items():
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             (tmp / rel).write_text(text)
@@ -291,7 +295,12 @@ def write(config: DeployConfig, options: Options) -> Written:
             out.rmdir()             # empty (check_options): replaced by the finished folder
         os.replace(tmp, out)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if key is not None:         # made now and never shown: a later run makes (and shows) a new one
+            from . import keys
+
+            keys.forget(key_name or "")
         raise
     return Written(out=out, files=tuple(files), name=name, key_name=key_name, key=key, provider=provider,
                    gpus=tuple(kinds), kserve=options.kserve)

@@ -284,6 +284,15 @@ def test_a_kind_in_both_tables_needs_node_labels_and_an_unknown_kind_is_refused(
     assert not (tmp_path / "k8s").exists() and not list(tmp_path.glob(".k8s*"))
 
 
+def test_a_failure_while_writing_leaves_no_folder_and_no_unshown_key(tmp_path, monkeypatch):
+    real = kubernetes.render
+    monkeypatch.setattr(kubernetes, "render", lambda *a: {**real(*a), "02-service.yaml/clash": "x"})
+    with pytest.raises(OSError):
+        _write(tmp_path / "k8s", "A10")
+    assert not (tmp_path / "k8s").exists() and not list(tmp_path.glob(".k8s*"))
+    assert keys.get("k8s-resnet") is None
+
+
 # --------------------------------------------------------------------------------------------- the command line
 
 
