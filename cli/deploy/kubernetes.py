@@ -26,7 +26,10 @@ Decisions (the README's "Kubernetes" section is the short version):
   measure of a GPU server's load: a saturated GPU leaves the CPU idle. /metrics needs the bearer key like every
   route but health, so the scraper needs the key (the README says how).
 - Non-root: the images declare no USER (recipes/*.j2), so the pod runs as 65532 with a read-only root file
-  system; everything the runtime writes goes to volumes (the plan cache, /tmp as HOME).
+  system; everything the runtime writes goes to volumes (the plan cache, /tmp as HOME). Checked by hand, not in CI:
+  the example project image (ngcx-app/onnx-zero-code) under `docker run --user 65532:65532 --read-only --cap-drop ALL
+  --security-opt no-new-privileges` with the pod's volumes and environment built its plan into the cache volume,
+  was ready in 21 s, took the key and refused a keyless call (on a CPU: no GPU was there to try the device nodes).
 - HTTP inside the cluster: TLS ends at the user's Ingress or Gateway (in-cluster Services are plain HTTP); the
   probes are httpGet on the keyless health routes.
 """
