@@ -130,6 +130,7 @@ def deploy_cmd(
     if service is not None or replicas is not None:
         from .services import deploy_service
 
+        warn_interrupted()
         return deploy_service(config, registry, replicas, service, (port, drain, health_interval, certificate),
                               as_json)
     if cloud != Cloud.local:

@@ -62,9 +62,14 @@ def _is_service(text: str) -> bool:
 
 
 def warn_interrupted() -> None:
+    """Interrupted deployments (deploy.py says how), then interrupted services: reconcile finishes those."""
+    from ..deploy.service import interrupted_services
     from .deploy import warn_interrupted as warn
 
     warn()
+    for svc in interrupted_services():
+        print(f"ngcx: warning: service {svc.ref} ({svc.cloud}) was interrupted while {svc.status}; "
+              f"run `ngcx deployments reconcile {svc.ref}` to finish it", file=sys.stderr)
 
 
 def ls_cmd(all_: Annotated[bool, typer.Option("--all", help="Include destroyed and replaced ones.")] = False,

@@ -46,9 +46,6 @@ def deploy_service(config: Any, registry: str | None, replicas: int | None, serv
     if cloud != "local":
         config.pushes = pushes(config.image, registry)
         config.pull_ref, config.registry = config.pick_push(lambda _host: True) or (None, None)
-    from .deploy import warn_interrupted
-
-    warn_interrupted()
     if svc is not None:
         svc = services.update(svc, config, say)
     else:

@@ -33,6 +33,7 @@ IN_FLIGHT = (INTENT, CREATING, BOOTING, STARTING)             # a deploy process
 PATH_RUNNING, PATH_STOPPED, PATH_FRESH, PATH_LOCAL = "running-host", "stopped-host", "fresh-host", "local"
 
 SERVE_PORT = 8000  # the port ngcx-runtime serve listens on inside every image (KServe v2 HTTP)
+LABEL_OWNER = "ai.ngcx.deploy.owner"   # on what the workstation target makes (containers, networks): whose store
 
 
 @dataclass(frozen=True)

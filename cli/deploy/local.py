@@ -19,6 +19,7 @@ from ..core.errors import UserError
 from . import store
 from .common import (
     IN_FLIGHT,
+    LABEL_OWNER,
     PATH_LOCAL,
     REPLACED,
     SERVE_PORT,
@@ -32,7 +33,6 @@ from .common import (
 CAPABILITIES = Capabilities(stop_start_host=False, choose_instance=False, bake=False, list_orphans=True)
 FAILURE_CHECK_S = 0.0   # asking the local engine whether the container died costs nothing
 LABEL_DEPLOYMENT = "ai.ngcx.deployment"
-LABEL_OWNER = "ai.ngcx.deploy.owner"
 PLAN_CACHE_IN_IMAGE = "/var/cache/ngcx/plans"
 AUTH_IN_IMAGE = "/run/ngcx/auth"     # the folder of the key hashes file, mounted read-only
 
@@ -223,9 +223,11 @@ def stop(record: DeployRecord) -> DeployRecord:
 
 
 def terminate(record: DeployRecord) -> DeployRecord:
+    """Remove the container; one whose id never reached the record (an ngcx killed right after `docker run`) is
+    found by its name, which only this record's id makes."""
     from ..core.engine import engine_client
 
-    _remove(engine_client(), record.container)
+    _remove(engine_client(), record.container or container_name(record.id))
     return store.mark_destroyed(record.id)
 
 

@@ -56,7 +56,7 @@ from typing import Any
 from ..core.errors import UserError
 from . import store
 from .balancer import BalancerRef, BalancerSpec
-from .local import LABEL_OWNER
+from .common import LABEL_OWNER
 
 BASE_IMAGE = "ngcx/base:bookworm"
 IMAGE_REPO = "ngcx/balancer"

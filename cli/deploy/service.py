@@ -260,7 +260,9 @@ def _teardown(module: ModuleType, svc: ServiceRecord) -> None:
 
 
 def _terminate(module: ModuleType, record: DeployRecord, why: str) -> None:
-    if record.instance_id or record.container:
+    """The replica's host or container, also one an interrupted ngcx made before its record heard of it (the
+    local target finds it by name; a cloud's by its ClientToken, as gc does)."""
+    if record.instance_id or record.container or record.cloud == "local":
         module.terminate(record)
         store.update(record.id, detail=why)
     else:

@@ -263,7 +263,8 @@ def test_an_update_killed_half_way_is_finished_by_reconcile_without_a_failed_req
         proc.kill()
         proc.wait(timeout=30)
         assert proc.returncode == -9
-        assert show(project, "s1", state)["status"] == "updating"
+        listed = ngcx(project, "deployments", "ls", env=state)
+        assert "service s1 (local) was interrupted while updating" in listed.stderr, listed.stderr
         fixed = ngcx(project, "deployments", "reconcile", "s1", env=state)
         load.settle()
     assert fixed.returncode == 0, fixed.stderr[-3000:]
