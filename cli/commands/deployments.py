@@ -210,6 +210,13 @@ def key_cmd(deployment: IdArg) -> None:
         from .services import key
 
         return key(deployment)
+    if deployment.startswith("k8s-"):            # a --cloud kubernetes service's key (cli/deploy/kubernetes.py)
+        from ..deploy import keys
+
+        found = keys.get(deployment) if "/" not in deployment else None
+        if found is None:
+            raise UserError(f"no key {deployment!r} here", hint="`ngcx deploy --cloud kubernetes` makes it")
+        return print(found)
     print(key_of(_record(deployment)))
 
 

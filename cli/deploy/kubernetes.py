@@ -110,11 +110,11 @@ def summary(done: Written, show_key: bool) -> list[str]:
     lines = [f"wrote {len(done.files)} manifests for {done.name} ({done.provider} node labels, "
              f"{', '.join(done.gpus)}) to {done.out}; no cluster was contacted"]
     if done.key and show_key:
-        lines.append(f"key (shown once; ngcx keeps it in its state folder as keys/{done.key_name}.key): {done.key}")
+        lines.append(f"key (shown once; `ngcx deployments key {done.key_name}` prints it again): {done.key}")
     elif done.key_name:
-        lines.append(f"the endpoint key is ngcx's {done.key_name} (its state folder's keys/{done.key_name}.key; "
-                     "delete that file and write the manifests again for a new key); the manifests hold only its "
-                     "SHA-256")
+        lines.append(f"the endpoint key is ngcx's {done.key_name} (`ngcx deployments key {done.key_name}` prints it; "
+                     f"delete keys/{done.key_name}.key in ngcx's state folder and write the manifests again for a new "
+                     "key); the manifests hold only its SHA-256")
     lines.append(f"apply: kubectl apply -f {done.out}")
     if done.kserve:
         lines.append(f"or with KServe: kubectl apply -f {done.out}/00-secret.yaml -f {done.out}/kserve")

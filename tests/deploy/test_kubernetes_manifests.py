@@ -319,6 +319,9 @@ def test_cli_writes_the_folder_and_shows_no_key_off_a_terminal(monkeypatch, caps
     assert stdout.strip() == str(out) and "no cluster was contacted" in stderr and "kubectl apply -f" in stderr
     assert keys.get("k8s-resnet") not in stderr + stdout
     assert (out / "kserve" / "inferenceservice.yaml").is_file()
+    code, printed, _ = _ngcx(monkeypatch, capsys, "deployments", "key", "k8s-resnet")   # on demand, as others
+    assert code == 0 and printed.strip() == keys.get("k8s-resnet")
+    assert keys.digest(printed.strip()) in (out / "00-secret.yaml").read_text()
 
 
 @pytest.mark.parametrize("args, words", [
