@@ -91,3 +91,17 @@ def test_a_service_command_mistake_is_one_line_with_exit_2(state, args, message)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
     assert len([ln for ln in done.stderr.splitlines() if ln.startswith("ngcx: error")]) == 1
+
+
+def test_each_local_replica_gets_one_gpu_round_robin_where_the_host_has_several(monkeypatch):
+    """The NVML probe answers two GPUs (this machine has none; the choice is what is tested, the engine is not)."""
+    from ngcx.deploy import local
+    from ngcx.workstation import host
+
+    monkeypatch.setattr(host, "host_gpus", lambda: ("580.65", [{"index": 0}, {"index": 1}]))
+    picks = [local._gpus(config(service_id=1, replica=i)).device_ids for i in range(3)]
+    assert picks == [["0"], ["1"], ["0"]]
+    lone = local._gpus(config())
+    assert lone.count == -1 and not lone.device_ids                 # a lone deploy takes every GPU
+    monkeypatch.setattr(host, "host_gpus", lambda: ("580.65", [{"index": 0}]))
+    assert local._gpus(config(service_id=1, replica=1)).count == -1   # one GPU: every replica shares it
