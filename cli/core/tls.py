@@ -4,8 +4,9 @@ Why pinning and not a CA: a cloud host makes its own key pair at first boot (rec
 so no public CA has signed it and its name is an IP address that changes with every new host. ngcx
 learns the certificate through the cloud's command channel (which the cloud authenticates) and then
 accepts exactly that certificate, as `ssh` pins a host key; nothing else (another certificate, a
-proxy re-signing TLS) gets the deployment's key. Standard library only: the CLI does not depend on
-the `cryptography` package.
+proxy re-signing TLS) gets the deployment's key. A service's balancer is the exception: it shows the
+user's own CA-signed certificate, so it is checked the ordinary way (`verified_connection`).
+Standard library only: the CLI does not depend on the `cryptography` package.
 """
 
 from __future__ import annotations
@@ -38,6 +39,14 @@ def _no_ca_context() -> ssl.SSLContext:
     context.verify_mode = ssl.CERT_NONE
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     return context
+
+
+def verified_connection(host: str, port: int, timeout: float) -> http.client.HTTPSConnection:
+    """An HTTPS connection checked the ordinary way: the CA chain (the system's, or SSL_CERT_FILE's) and the
+    name in the URL. For a service's balancer, which shows the user's certificate, not a host's own."""
+    context = ssl.create_default_context()
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
 
 
 class PinnedHTTPSConnection(http.client.HTTPSConnection):

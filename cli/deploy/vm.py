@@ -439,3 +439,47 @@ class Verbs:
         install_key_hashes, certificate)."""
         return (self.run, self.report_phases, self.container_failure, self.cleanup_failed, self.query, self.start,
                 self.stop, self.terminate, self.logs, self.install_key_hashes, self.certificate)
+
+
+# ---------------------------------------------------------------- services (issue 21): what both VM clouds share
+
+def check_service(options: Any, cloud_label: str, certificate_what: tuple[str, str]) -> None:
+    """A cloud service needs the user's certificate (refused before any cloud call): the balancer's listener
+    is HTTPS and terminates TLS with it. TLS passthrough to the hosts' own self-made certificates (issue 20)
+    is not offered: a client could pin only one host's certificate, and the balancer's health checks and
+    draining work on HTTP semantics."""
+    if not getattr(options, "certificate_id", None):
+        what, example = certificate_what
+        raise UserError(f"a service on {cloud_label} needs --certificate (the balancer's HTTPS listener terminates "
+                        f"TLS with your certificate: {what})",
+                        hint=f"ngcx deploy --cloud {cloud_label} --replicas N --certificate {example}")
+
+
+def service_spec(name: str, zones: tuple[str, ...], tags: dict[str, str], options: Any, cloud_label: str,
+                 certificate_what: tuple[str, str]) -> Any:
+    """HTTPS on 443 with the user's certificate; the replicas reached over their own TLS on SERVE_PORT (not
+    verified by the balancer, as the clouds do); checked on the keyless health route."""
+    from .balancer import BalancerSpec
+
+    check_service(options, cloud_label, certificate_what)
+    return BalancerSpec(name=name, zones=zones, tags=tags, port=options.port or 443, protocol="HTTPS",
+                        certificate_id=options.certificate_id, target_port=SERVE_PORT, target_protocol="HTTPS",
+                        health_interval_s=options.health_interval_s, healthy_threshold=options.healthy_threshold,
+                        unhealthy_threshold=options.unhealthy_threshold, drain_s=options.drain_s)
+
+
+def member(record: DeployRecord) -> tuple[str, int]:
+    """What the balancer registers for a replica: its instance on SERVE_PORT ("" before it has one)."""
+    return record.instance_id or "", SERVE_PORT
+
+
+def service_zones_with(cloud: Any, cloud_name: str, config: DeployConfig) -> tuple[str, ...]:
+    """The zones that sell the best-ranked instance type for this image (the replicas are spread over them, and
+    the balancer is enabled in them first); config.zone alone when one is given."""
+    if config.zone:
+        return (config.zone,)
+    candidates = choose(cloud_name, config).candidates
+    if not candidates:
+        return ()
+    cloud.prepare_network(config.allow_from)
+    return tuple(cloud.zones_for(candidates[0].itype.name, None))

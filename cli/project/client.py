@@ -34,30 +34,39 @@ class Client:
     https it is sent only on a connection whose certificate matches `pin` (core/tls.py); an https
     client without a pin may only ask health (a deploy polling a host whose certificate it does not
     know yet), so a key can never reach an unverified peer.
+
+    verify: over https, check the server by the CA chain and its name instead (the default SSL context, which
+    honours SSL_CERT_FILE): a service's balancer, which shows the user's own CA-signed certificate (issue 21),
+    not a host's self-made one. A CA-verified connection may carry the key; an unpinned, unverified one never.
     """
 
-    def __init__(self, url: str, timeout: float = 60.0, *, key: str | None = None, pin: str | None = None) -> None:
+    def __init__(self, url: str, timeout: float = 60.0, *, key: str | None = None, pin: str | None = None,
+                 verify: bool = False) -> None:
         parts = urlsplit(url)
         self.url = url.rstrip("/")
         self.tls = parts.scheme == "https"
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or (443 if self.tls else 80)
         self.timeout = timeout
-        self.key, self.pin = key, pin
+        self.key, self.pin, self.verify = key, pin, verify and pin is None
         self._conn: http.client.HTTPConnection | None = None
 
     def _connect(self) -> http.client.HTTPConnection:
         if not self.tls:
             return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
-        from ..core.tls import PinnedHTTPSConnection
+        from ..core.tls import PinnedHTTPSConnection, verified_connection
 
+        if self.verify:
+            return verified_connection(self.host, self.port, self.timeout)
         return PinnedHTTPSConnection(self.host, self.port, self.pin, self.timeout)
 
     def _auth(self, path: str, headers: dict[str, str]) -> dict[str, str]:
-        """headers plus the bearer key, except on health paths (keyless) and unpinned TLS (never)."""
+        """headers plus the bearer key, except on health paths (keyless) and TLS neither pinned nor CA-verified
+        (never)."""
         if not self.key or path.startswith("/v2/health/") or path.endswith("/ready"):
             return headers
-        if self.tls and self.pin is None:
-            raise ValueError(f"refusing to send the key to {self.url}: its certificate is not pinned")
+        if self.tls and self.pin is None and not self.verify:
+            raise ValueError(f"refusing to send the key to {self.url}: its certificate is not pinned "
+                             "(nor verified by a CA)")
         return {**headers, "Authorization": f"Bearer {self.key}"}
 
     def close(self) -> None:

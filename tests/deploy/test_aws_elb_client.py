@@ -24,7 +24,7 @@ import pytest
 from emulators.aws_ec2 import Ec2Emulator
 from emulators.test_aws_emulator import until as poll
 from emulators.test_aws_imds import LoopbackHosts
-from emulators.traffic import get, running, spread, tls_server_context
+from emulators.traffic import get, get_tls, running, spread, tls_server_context
 
 from ngcx.core.errors import UserError
 from ngcx.deploy import aws_elb
@@ -217,7 +217,9 @@ def test_an_https_listener_serves_the_acm_certificate(elb, emulator, tmp_path):
         "HTTPS", 443, certificate)
     assert listener["SslPolicy"] == aws_elb.SSL_POLICY
     assert aws_elb.service_url(spec("ngcx-svc-tls", certificate_id=certificate), ref) == f"https://{ref.dns_name}"
-    assert get(emulator.balancer_address(ref.dns_name, 443))[0] == 503, "listening; no replica yet"
+    status, _, der = get_tls(emulator.balancer_address(ref.dns_name, 443))
+    assert status == 503, "listening; no replica yet"
+    assert der == ssl.PEM_cert_to_DER_cert((tmp_path / "cert.pem").read_text()), "TLS ends with the ACM certificate"
 
 
 def test_lost_answers_and_throttling_are_retried_into_one_of_each(elb, emulator):

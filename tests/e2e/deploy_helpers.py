@@ -7,16 +7,25 @@ model; its examples.yaml carries the expected logits, so "answers" means "answer
 
 from __future__ import annotations
 
+import http.client
 import os
 import shutil
+import ssl
 import subprocess
 import sys
+import threading
+import time
+from collections import Counter
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "convnet"
+LOAD_CLIENTS = 4
+LOAD_MAX_S = 600.0
+LOAD_MAX_REQUESTS = 200_000
 
 
 def ngcx(cwd: Path, *args: str, env: dict[str, str] | None = None,
@@ -67,3 +76,72 @@ def one_inference(project: Path, url: str, env: dict[str, str] | None = None) ->
     want = example.outputs["logits"]
     np.testing.assert_allclose(got, want.array.reshape(-1), rtol=want.rtol, atol=want.atol)
     return got
+
+
+class Load:
+    """Constant inference load on a service URL: LOAD_CLIENTS threads, each on its own keep-alive connection
+    (https with `context`: the balancer's certificate checked), sending the example's inference with the
+    service's key back to back, bounded by LOAD_MAX_S and LOAD_MAX_REQUESTS; counts every answer and error
+    (a failed request is any answer but 200, or a connection error)."""
+
+    def __init__(self, url: str, key: str, payload: bytes, context: ssl.SSLContext | None = None) -> None:
+        parts = urlsplit(url)
+        self.https, self.context = parts.scheme == "https", context
+        self.address = (parts.hostname, parts.port or (443 if self.https else 80))
+        self.key, self.payload = key, payload
+        self.seen: Counter[str] = Counter()
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._client, daemon=True) for _ in range(LOAD_CLIENTS)]
+
+    def __enter__(self) -> Load:
+        self.started = time.monotonic()
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=30)
+        assert not any(t.is_alive() for t in self.threads), "a load client hung"
+
+    def total(self) -> int:
+        return sum(self.seen.values())
+
+    def _client(self) -> None:
+        conn = None
+        while not self.stop.is_set() and time.monotonic() - self.started < LOAD_MAX_S and \
+                self.total() < LOAD_MAX_REQUESTS:
+            conn = conn or self._connect()
+            try:
+                conn.request("POST", "/v2/models/convnet/infer", self.payload,
+                             {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"})
+                reply = conn.getresponse()
+                data = reply.read()
+                outcome = str(reply.status)
+                if reply.status != 200:
+                    self.errors.append(f"{reply.status}: {data[:200]!r}")
+                if reply.getheader("Connection", "").lower() == "close":
+                    conn.close()
+                    conn = None
+            except (OSError, http.client.HTTPException) as exc:
+                outcome = type(exc).__name__
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+                conn.close()
+                conn = None
+            with self.lock:
+                self.seen[outcome] += 1
+
+    def _connect(self) -> http.client.HTTPConnection:
+        if self.https:
+            return http.client.HTTPSConnection(*self.address, timeout=30, context=self.context)
+        return http.client.HTTPConnection(*self.address, timeout=30)
+
+    def settle(self, at_least: int = 20) -> None:
+        """Until at least `at_least` more requests were answered (the load is flowing)."""
+        goal, deadline = self.total() + at_least, time.monotonic() + 60
+        while self.total() < goal and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert self.total() >= goal, f"the load stalled: {self.seen}"

@@ -14,8 +14,18 @@ Tag/ListTagResources. Names follow aliyun-python-sdk-alb's requests and aliyun-j
 statuses the API reference (LoadBalancerStatus Provisioning/Active, ListenerStatus Provisioning/Running, server
 Adding/Available/Removing, ServerGroupStatus Available/Configuring, health Initial/Unhealthy/Unused/Unavailable).
 Not emulated: rules, ACLs, security policies, logs, zone changes, QUIC, weights changed later
-(UpdateServerGroupServersAttribute), UnTagResources, servers other than Ecs, Ip/Fc server groups, TLS at the
-balancer (an HTTPS listener keeps its CertificateId, its plane stays HTTP); LoadBalancerAddresses are made up.
+(UpdateServerGroupServersAttribute), UnTagResources, servers other than Ecs, Ip/Fc server groups, the
+Certificate Management Service's own API (CAS: certificates are registered by the test, below), TLS security
+policies; LoadBalancerAddresses are made up.
+
+TLS and addresses (for clients in another process, the CLI):
+- `add_certificate(cert_pem, key_pem, cert_id=None)` (a test helper standing in for CAS's upload) keeps a
+  certificate under an id ("<digits>-<region>", as CAS ids read); an HTTPS listener whose CertificateId is
+  one of them serves TLS with it in the plane; another id (not registered) leaves that listener plain HTTP.
+- `own_addresses` (off by default): each balancer gets its own loopback address (balancer_plane.
+  loopback_address(), 127.0.100.0/24), its plane serves every listener there at the listener's own port, and
+  its DNSName is that IP literal, so the CLI reaches it by the name the API returns (the emulator's limit:
+  no DNS offline; ports 80/443 need root or CAP_NET_BIND_SERVICE).
 
 Choices and guesses:
 - DeleteLoadBalancer takes its listeners with it (its documented errors have no "in use" code); DeleteServerGroup
@@ -37,16 +47,19 @@ from __future__ import annotations
 
 import re
 import secrets
+import shutil
 import string
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .aliyun_rpc import Action, ApiError, as_bool, as_int, indexed, iso_now, missing, repeated, required
-from .balancer_plane import BalancerPlane, HealthCheck, Target
+from .balancer_plane import BalancerPlane, HealthCheck, Target, loopback_address, release_loopback
 from .balancer_plane import Listener as PlaneListener
 
 ALB_VERSION = "2020-06-16"
@@ -196,6 +209,7 @@ class Listener(Resource):
 class LoadBalancer(Resource):
     zones: list[tuple[str, str]] = field(default_factory=list)
     status: str = "Provisioning"
+    address: str = ""                 # its own loopback address (own_addresses): its DNSName then
     plane: BalancerPlane | None = None
     plane_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -211,6 +225,9 @@ class Alb:
         # Provisioning -> Active; Adding -> Available and a server group's Configuring; see the module docstring.
         self.provision_seconds, self.job_seconds, self.health_scale, self.drain_scale = 0.5, 0.2, 1.0, 1.0
         self.data_plane = True
+        self.own_addresses = False                       # see the module docstring
+        self._pems = Path(tempfile.mkdtemp(prefix="alb-certs-"))
+        self.certificates: dict[str, str] = {}           # CAS id -> PEM file (certificate, key) the plane loads
         self.plane_errors: list[tuple[str, str]] = []
         self._lbs: dict[str, LoadBalancer] = {}
         self._groups: dict[str, ServerGroup] = {}
@@ -238,14 +255,27 @@ class Alb:
             plane = lb.plane
         return plane.address(li.id)
 
+    def add_certificate(self, cert_pem: bytes, key_pem: bytes, cert_id: str | None = None) -> str:
+        """Keep a certificate (PEM, with its chain) and its key as CAS would; returns its id for a listener."""
+        cert_id = cert_id or f"{secrets.randbelow(10**8):08d}-{self.region}"
+        path = self._pems / f"{cert_id}.pem"
+        path.touch(mode=0o600)
+        path.write_bytes(cert_pem.strip() + b"\n" + key_pem.strip() + b"\n")
+        with self._lock:
+            self.certificates[cert_id] = str(path)
+        return cert_id
+
     def close(self) -> None:
         with self._lock:
-            planes, self._lbs = [lb.plane for lb in self._lbs.values()], {}
+            planes, lbs, self._lbs = [lb.plane for lb in self._lbs.values()], list(self._lbs.values()), {}
+        for lb in lbs:
+            release_loopback(lb.address)
         for plane in planes:
             self._close_plane(plane)
+        shutil.rmtree(self._pems, ignore_errors=True)
 
     def _dns(self, lb: LoadBalancer) -> str:
-        return f"{lb.id}.{self.region}.alb.aliyuncs.com"
+        return lb.address or f"{lb.id}.{self.region}.alb.aliyuncs.com"
 
     def _get(self, table: Mapping[str, Any], kind: str, params: Mapping[str, str], name: str) -> Any:
         resource_id = required(params, name)
@@ -277,18 +307,21 @@ class Alb:
         if not self._sleep_until(ready_at):
             return
         try:
-            lb.plane = BalancerPlane(lb.id) if self.data_plane else None
+            own = {"bind": lb.address, "listener_ports": True} if lb.address else {}
+            lb.plane = BalancerPlane(lb.id, **own) if self.data_plane else None
         except Exception as exc:  # no haproxy: the API works, balancer_address() says why there is no plane
             self._failed(lb.id, exc)
         lb.status = "Active"
         self._sync(lb)                            # closes the plane if the balancer was deleted meanwhile
 
-    def _close_plane(self, plane: BalancerPlane | None) -> None:
+    def _close_plane(self, plane: BalancerPlane | None, address: str = "") -> None:
+        """Stop the plane, then give its address back (a new balancer may bind it once haproxy is gone)."""
         try:
             if plane is not None:
                 plane.close()
         except Exception as exc:  # reported; the API already forgot the balancer
             self._failed("close", exc)
+        release_loopback(address)
 
     def _ip(self, server: Server) -> str:
         inst = self._instance(server.server_id)
@@ -303,8 +336,10 @@ class Alb:
                 group = self._groups[li.group_id]
                 targets = tuple(Target(ip, s.port, s.weight, s.draining) for s in group.servers.values()
                                 if (s.status == "Available" or s.draining) and (ip := self._ip(s)))
+                ids = [c["CertificateId"] for c in li.view.get("Certificates", [])]
+                pem = self.certificates.get(ids[0]) if ids and li.view["ListenerProtocol"] == "HTTPS" else None
                 wanted.append(PlaneListener(li.id, li.port, group.view["Protocol"].lower(), targets,
-                                            plane_health(group.health, self.health_scale)))
+                                            plane_health(group.health, self.health_scale), pem))
         return wanted
 
     def _sync(self, lb: LoadBalancer) -> None:
@@ -350,7 +385,8 @@ class Alb:
             zones.append((zone, vswitch))
         if len({zone for zone, _ in zones}) < 2:
             raise illegal("ZoneMappings", "At least two zones.")
-        lb = LoadBalancer(_new_id("alb-"), view, parse_tags(params), zones)
+        lb = LoadBalancer(_new_id("alb-"), view, parse_tags(params), zones,
+                          address=loopback_address() if self.own_addresses else "")
         self._lbs[lb.id] = lb
         self._spawn(self._provision, lb, time.monotonic() + self.provision_seconds)
         return _job(LoadBalancerId=lb.id)
@@ -384,7 +420,7 @@ class Alb:
             raise bad("IncorrectStatus.LoadBalancer", f"The status of LoadBalancer [{lb.id}] is incorrect.")
         del self._lbs[lb.id]
         self._listeners = {key: li for key, li in self._listeners.items() if li.lb_id != lb.id}
-        self._spawn(self._close_plane, lb.plane)
+        self._spawn(self._close_plane, lb.plane, lb.address)
         lb.plane = None
         return _job()
 

@@ -40,24 +40,37 @@ What this module adds:
   DuplicateListener (moto made a second listener on the port).
 - `balancer_address(dns_name_or_arn, listener_port)`: where the plane serves that listener (tests send the
   balancer's traffic there); `plane(...)`: the plane. DeleteLoadBalancer stops its haproxy.
+- `own_addresses` (off by default): each balancer gets its own loopback address (balancer_plane.
+  loopback_address(), 127.0.100.0/24), its plane serves every listener there at the listener's own port, and
+  every answer's DNSName is that IP literal instead of moto's name, so a client in another process (the CLI)
+  reaches the balancer by the name the API gave it. The emulator's limit: there is no DNS offline, so the
+  name is an address (a certificate for it names the IP); ports 80/443 need root or CAP_NET_BIND_SERVICE.
+- TLS at HTTPS listeners: the plane terminates TLS with the listener's default certificate when it is in
+  moto's ACM (a test imports it: acm.import_certificate with the PEM certificate, key and chain); the PEM
+  the plane loads is written to a private folder of this emulator (mode 600). An HTTPS listener whose
+  certificate ACM does not hold serves plain HTTP.
 Faults (fail_next, hold), SigV4 and role checks are Ec2Emulator's; errors come in ELB's `<ErrorResponse>`
 shape (aws_wire.error_response); throttling is `Throttling` (400).
 
-Not emulated: listener rules (only default actions route), TLS at the balancer (HTTPS listeners serve plain
-HTTP: the plane takes no certificate), a health check port other than the traffic port, per-group checks
+Not emulated: listener rules (only default actions route), SSL policies (haproxy's TLS 1.2+ defaults), SNI
+certificate lists (the default certificate only), a health check port other than the traffic port, per-group checks
 when a listener forwards to several groups, one target id registered with two ports (moto keys targets by
 id), slow start, stickiness, zones (every target gets traffic), NLB/GWLB, `provisioning` (moto: active).
 """
 from __future__ import annotations
 
+import hashlib
 import http.client
 import re
+import shutil
 import ssl
+import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from .aws_wire import (
@@ -73,7 +86,7 @@ from .aws_wire import (
     path,
     xml_bytes,
 )
-from .balancer_plane import BalancerPlane, HealthCheck, Listener, Target
+from .balancer_plane import BalancerPlane, HealthCheck, Listener, Target, loopback_address, release_loopback
 
 SERVICE = "elasticloadbalancing"
 VERSION = "2015-12-01"
@@ -114,6 +127,8 @@ class Group:
 class ListenerState:
     port: int
     forwards: tuple[tuple[str, int], ...]      # (target group ARN, weight)
+    protocol: str = "HTTP"
+    certificate: str = ""                      # the default certificate's ARN (HTTPS)
 
 
 @dataclass
@@ -123,6 +138,7 @@ class Balancer:
     dns: str
     region: str
     listeners: tuple[ListenerState, ...] = ()
+    address: str = ""                          # its own loopback address (own_addresses), its DNSName then
     plane: BalancerPlane | None = None
     applied: tuple[Listener, ...] | None = None
 
@@ -196,6 +212,8 @@ class Elbv2Balancers:
         self._forward, self._upstream, self._instance_ip = forward, upstream, instance_ip
         self._plane_factory = plane_factory
         self.time_scale = time_scale
+        self.own_addresses = False                           # see the module docstring
+        self._pems = Path(tempfile.mkdtemp(prefix="elbv2-certs-"))
         self.errors: list[str] = []                          # plane failures (a test asserts there are none)
         self._lock = threading.RLock()                       # the model below
         self._refresh_lock = threading.Lock()                # one read-back at a time: the last one wins
@@ -228,7 +246,12 @@ class Elbv2Balancers:
         result = action(request)
         if result.ok and not request.action.startswith("Describe"):
             self.refresh(request.region)
-        return result
+        with self._lock:
+            names = [(b.dns.encode(), b.address.encode()) for b in self._balancers.values() if b.address]
+        body = result.body
+        for dns, address in names:
+            body = body.replace(b">" + dns + b"<", b">" + address + b"<")
+        return result if body == result.body else result.with_body(body)
 
     def balancer_address(self, dns_name_or_arn: str, listener_port: int) -> tuple[str, int]:
         """Where the plane serves that balancer's listener: (host, port) for a test client's requests."""
@@ -250,7 +273,8 @@ class Elbv2Balancers:
 
     def _find(self, dns_name_or_arn: str) -> Balancer:
         wanted = dns_name_or_arn.lower().rstrip(".")
-        found = next((b for b in self._balancers.values() if wanted in (b.arn.lower(), b.dns.lower())), None)
+        found = next((b for b in self._balancers.values() if wanted in (b.arn.lower(), b.dns.lower(), b.address)),
+                     None)
         if found is None:
             raise KeyError(f"no load balancer {dns_name_or_arn}")
         return found
@@ -262,9 +286,12 @@ class Elbv2Balancers:
             self._ticker.join(5)
         with self._lock:
             planes = [b.plane for b in self._balancers.values() if b.plane is not None]
+            for balancer in self._balancers.values():
+                release_loopback(balancer.address)
             self._balancers.clear()
         for plane in planes:
             self._close_plane(plane)
+        shutil.rmtree(self._pems, ignore_errors=True)
 
     # --- calls moto gets wrong ----------------------------------------------------------------------
 
@@ -482,18 +509,24 @@ class Elbv2Balancers:
                 arn = child_text(member, "LoadBalancerArn")
                 balancers[arn] = (child_text(member, "LoadBalancerName"), child_text(member, "DNSName"),
                                   self._read_listeners(region, arn))
-            closed: list[BalancerPlane] = []
+            closed: list[tuple[BalancerPlane | None, str]] = []
             with self._lock:
                 self._groups = {**{a: g for a, g in self._groups.items() if _region(a) != region}, **groups}
                 self._drains = [d for d in self._drains if d.group in self._groups
                                 and (d.id, d.port) not in self._groups[d.group].targets]   # registered again
                 for arn in [a for a, b in self._balancers.items() if b.region == region and a not in balancers]:
-                    closed += [p for p in (self._balancers.pop(arn).plane,) if p is not None]
+                    gone = self._balancers.pop(arn)
+                    closed.append((gone.plane, gone.address))
                 for arn, (name, dns, listeners) in balancers.items():
-                    balancer = self._balancers.setdefault(arn, Balancer(arn, name, dns, region))
+                    if arn not in self._balancers:
+                        address = loopback_address() if self.own_addresses else ""
+                        self._balancers[arn] = Balancer(arn, name, dns, region, address=address)
+                    balancer = self._balancers[arn]
                     balancer.listeners = listeners
-            for plane in closed:
-                self._close_plane(plane)
+            for plane, address in closed:
+                if plane is not None:
+                    self._close_plane(plane)
+                release_loopback(address)          # once its haproxy is gone: a new balancer may bind it
         self._start_ticker()
         self.converge_all()
 
@@ -527,7 +560,9 @@ class Elbv2Balancers:
                     forwards += [(child_text(g, "TargetGroupArn"), int(child_text(g, "Weight") or 1)) for g in weighted]
                 elif child_text(action, "TargetGroupArn"):
                     forwards.append((child_text(action, "TargetGroupArn"), 1))
-            found.append(ListenerState(int(child_text(m, "Port") or 0), tuple(forwards)))
+            certificates = [child_text(c, "CertificateArn") for c in members(m, "Certificates")]
+            found.append(ListenerState(int(child_text(m, "Port") or 0), tuple(forwards),
+                                       child_text(m, "Protocol") or "HTTP", (certificates or [""])[0]))
         return tuple(sorted(found, key=lambda x: x.port))
 
     def _host(self, group: Group, target_id: str) -> str:
@@ -555,10 +590,30 @@ class Elbv2Balancers:
             check = HealthCheck() if first is None else replace(
                 first.check, interval_s=first.check.interval_s * self.time_scale,
                 timeout_s=first.check.timeout_s * self.time_scale)
+            certificate = self._certificate(listener) if listener.protocol == "HTTPS" else None
             planned.append(Listener(_listener_name(listener.port), listener.port,
                                     backend_scheme=(first.protocol if first else "HTTP").lower(),
-                                    targets=tuple(targets.values()), health=check))
+                                    targets=tuple(targets.values()), health=check, certificate=certificate))
         return tuple(planned)
+
+    def _certificate(self, listener: ListenerState) -> str | None:
+        """The PEM file (certificate, chain, key) of the listener's ACM certificate; None when ACM has none."""
+        from moto.acm.models import AWS_ROOT_CA, acm_backends
+
+        parts = listener.certificate.split(":")
+        if len(parts) < 6 or parts[2] != "acm":
+            return None
+        try:
+            bundle = acm_backends[parts[4]][parts[3]].get_certificate(listener.certificate)
+        except Exception:  # moto: AWSResourceNotFoundException; the plane then serves plain HTTP
+            return None
+        chain = bundle.chain.replace(AWS_ROOT_CA, b"").strip()          # moto appends its own fake root
+        pem = b"\n".join(part.strip() for part in (bundle.cert, chain, bundle.key) if part.strip()) + b"\n"
+        path = self._pems / f"{hashlib.sha256(pem).hexdigest()[:20]}.pem"
+        if not path.exists():
+            path.touch(mode=0o600)
+            path.write_bytes(pem)
+        return str(path)
 
     def converge(self, balancer: Balancer) -> None:
         """Bring the balancer's plane to the desired state (a no-op when nothing changed since the last apply)."""
@@ -568,7 +623,9 @@ class Elbv2Balancers:
                     if self._balancers.get(balancer.arn) is not balancer or self._closing.is_set():
                         return
                     if balancer.plane is None:
-                        balancer.plane = self._plane_factory(f"{balancer.name}-{balancer.arn.rpartition('/')[2][:8]}")
+                        name = f"{balancer.name}-{balancer.arn.rpartition('/')[2][:8]}"
+                        balancer.plane = self._plane_factory(name, **(
+                            {"bind": balancer.address, "listener_ports": True} if balancer.address else {}))
                 desired = self._desired(balancer)
                 if desired != balancer.applied:
                     balancer.plane.apply(desired)

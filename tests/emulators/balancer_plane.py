@@ -41,8 +41,18 @@ gives the client 502/504, as ALB does. Server-side connections are closed after 
 connection and a removed target holds no idle connection. A health check over https sets `check-ssl`
 explicitly: dynamic servers do not inherit it from `ssl` as static ones do.
 
-Limits (not emulated): TLS termination (frontends are plain HTTP; Listener.port is informational and
-only fills X-Forwarded-Port), listener rules / host or path routing / redirects / fixed responses,
+Where a listener serves: by default on the plane's `bind` address at a free port (`address()`), and
+Listener.port only fills X-Forwarded-Port. With `listener_ports=True` the plane serves every listener at
+its own port on `bind`, as a cloud balancer does at its DNS name: the AWS and ALB emulators give each
+balancer its own loopback address (`loopback_address()`, 127.0.100.0/24) and call that address its DNS
+name, so a client outside the test process (the real CLI) reaches it by the name the API returns (there
+is no DNS offline; ports below 1024 need root or CAP_NET_BIND_SERVICE for haproxy).
+TLS termination: a listener with `certificate` (a PEM file holding the certificate, its chain and the
+key, as haproxy's `crt` reads it) serves HTTPS with it (haproxy's default ciphers, TLS 1.2+); without
+one the front is plain HTTP. A listener whose certificate or port changes gets a new front haproxy
+(its client connections are closed: a cloud swaps certificates without that).
+
+Limits (not emulated): listener rules / host or path routing / redirects / fixed responses,
 sticky sessions, slow start, HTTP/2 and gRPC, connection draining timeouts (the caller removes a
 draining target after its own delay), cross-zone behaviour, access logs, ALB's own error pages (503
 is haproxy's page), health-check Host headers or methods other than `GET path HTTP/1.0`. A listener
@@ -66,7 +76,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -115,6 +125,7 @@ class Listener:
     backend_scheme: str = "http"    # "http" | "https" to the targets (TLS to targets without verification, as ALB does)
     targets: tuple[Target, ...] = ()
     health: HealthCheck = HealthCheck()
+    certificate: str | None = None  # PEM file (certificate, chain, key): the front terminates TLS with it
 
 
 def status_regex(codes: str) -> str:
@@ -192,6 +203,27 @@ def cli(sock: Path, command: str, timeout: float = 5.0) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
+LOOPBACK_NET = ipaddress.IPv4Network("127.0.100.0/24")   # balancers' own addresses (listener_ports planes)
+_loopback_lock = threading.Lock()
+_loopback_used: set[str] = set()
+
+
+def loopback_address() -> str:
+    """A loopback address of LOOPBACK_NET no live balancer of this process has (lowest first); give it back
+    with release_loopback(). A test's certificate may name every address of LOOPBACK_NET."""
+    with _loopback_lock:
+        for host in LOOPBACK_NET.hosts():
+            if str(host) not in _loopback_used:
+                _loopback_used.add(str(host))
+                return str(host)
+    raise PlaneError(f"every address of {LOOPBACK_NET} has a balancer")
+
+
+def release_loopback(address: str) -> None:
+    with _loopback_lock:
+        _loopback_used.discard(address)
+
+
 def free_port(bind: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((bind, 0))
@@ -231,11 +263,13 @@ DEFAULTS = ["defaults", "    mode http", "    timeout connect 2s", "    timeout 
 
 def render_front(lst: Listener, bind: str, port: int, traffic: Path, sock: Path) -> str:
     """The listener's stable haproxy: the public port, relaying each request to the back haproxy."""
+    tls = f" ssl crt {lst.certificate}" if lst.certificate else ""
     return "\n".join([
         "global", f"    stats socket {sock} mode 600 level user", "    nbthread 1", "    hard-stop-after 5s",
+        "    ssl-default-bind-options ssl-min-ver TLSv1.2",
         *DEFAULTS, "    retries 3",
-        f"frontend fe_{lst.name}", f"    bind {bind}:{port}", "    option forwardfor",
-        "    http-request set-header X-Forwarded-Proto http",
+        f"frontend fe_{lst.name}", f"    bind {bind}:{port}{tls}", "    option forwardfor",
+        f"    http-request set-header X-Forwarded-Proto {'https' if lst.certificate else 'http'}",
         f"    http-request set-header X-Forwarded-Port {lst.port}",
         "    default_backend back", "backend back", f"    server back unix@{traffic}", ""])
 
@@ -415,7 +449,7 @@ class _Proxy:
         else:
             for server in self.servers.values():
                 server.target = Target(server.target.host, server.target.port, server.target.weight)
-        self.listener = Listener(lst.name, lst.port, lst.backend_scheme, self.listener.targets, lst.health)
+        self.listener = replace(lst, targets=self.listener.targets)
         self.retiring = []
         self.start_back(list(self.servers.values()), state_file)
 
@@ -489,11 +523,12 @@ def _drop(proxy: _Proxy) -> None:
 class BalancerPlane:
     """A set of listeners, each served by its own haproxy on `bind`; see the module docstring."""
 
-    def __init__(self, name: str, workdir: Path | None = None, bind: str = "127.0.0.1") -> None:
+    def __init__(self, name: str, workdir: Path | None = None, bind: str = "127.0.0.1",
+                 listener_ports: bool = False) -> None:
         _check_name(name, "plane")
         if shutil.which(HAPROXY) is None:
             raise PlaneError("haproxy is not installed (apt-get install haproxy; scripts/setup.sh does)")
-        self.name, self.bind = name, bind
+        self.name, self.bind, self.listener_ports = name, bind, listener_ports
         own = workdir is None
         self.workdir = Path(tempfile.mkdtemp(prefix=f"plane-{name}-")) if workdir is None else Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -512,6 +547,10 @@ class BalancerPlane:
             for name in [n for n in self._proxies if n not in wanted]:
                 _drop(self._proxies.pop(name))
             for name, lst in wanted.items():
+                running = self._proxies.get(name)
+                if running is not None and (running.listener.certificate != lst.certificate
+                                            or (self.listener_ports and running.listener.port != lst.port)):
+                    _drop(self._proxies.pop(name))      # a new front: another certificate or port
                 if name not in self._proxies:
                     self._proxies[name] = self._launch(lst)
                 self._proxies[name].converge(lst)
@@ -523,15 +562,15 @@ class BalancerPlane:
             folder.mkdir(exist_ok=True)
             short = len(str(folder)) <= SOCKET_DIR_MAX
             sockets = folder if short else Path(tempfile.mkdtemp(prefix=f"plane-{lst.name[:20]}-"))
-            proxy = _Proxy(Listener(lst.name, lst.port, lst.backend_scheme, (), lst.health), self.bind,
-                           free_port(self.bind), folder, sockets)
+            proxy = _Proxy(replace(lst, targets=()), self.bind,
+                           lst.port if self.listener_ports else free_port(self.bind), folder, sockets)
             (folder / "haproxy.log").unlink(missing_ok=True)
             try:
                 proxy.start()
                 return proxy
             except PlaneError as exc:
                 proxy.stop()
-                if f":{proxy.port}" not in str(exc):       # "cannot bind socket ... [127.0.0.1:PORT]"
+                if f":{proxy.port}" not in str(exc) or self.listener_ports:   # "cannot bind socket ... [ADDR:PORT]"
                     raise
         raise PlaneError(f"no free port for listener {lst.name} on {self.bind}")
 
@@ -576,4 +615,5 @@ class BalancerPlane:
         self.close()
 
 
-__all__ = ["STATES", "BalancerPlane", "HealthCheck", "Listener", "PlaneError", "Target", "status_regex"]
+__all__ = ["LOOPBACK_NET", "STATES", "BalancerPlane", "HealthCheck", "Listener", "PlaneError", "Target",
+           "loopback_address", "release_loopback", "status_regex"]

@@ -11,6 +11,7 @@ import importlib.util
 import ssl
 from collections import Counter
 from pathlib import Path
+from types import ModuleType
 
 
 def get(address: tuple[str, int], path: str = "/", timeout: float = 10) -> tuple[int, str]:
@@ -41,14 +42,33 @@ def running(pid: int) -> bool:
         return False
 
 
-def tls_server_context(folder: Path) -> ssl.SSLContext:
-    """A server context with a fresh self-signed certificate in `folder` (cert.pem, key.pem), made by
-    tests/runtime/certs.py, loaded by path: tests/runtime is not a package the other test folders import."""
+def certs() -> ModuleType:
+    """tests/runtime/certs.py, loaded by path: tests/runtime is not a package the other test folders import."""
     spec = importlib.util.spec_from_file_location("ngcx_test_certs", Path(__file__).parents[1] / "runtime" / "certs.py")
     assert spec is not None and spec.loader is not None
-    certs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(certs)
-    cert, key, _fingerprint = certs.self_signed(folder)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def tls_server_context(folder: Path) -> ssl.SSLContext:
+    """A server context with a fresh self-signed certificate in `folder` (cert.pem, key.pem), made by
+    tests/runtime/certs.py."""
+    cert, key, _fingerprint = certs().self_signed(folder)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     return context
+
+
+def get_tls(address: tuple[str, int], path: str = "/", timeout: float = 10) -> tuple[int, str, bytes]:
+    """(status, body, the server's certificate in DER) of one GET over TLS, verifying nothing."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    conn = http.client.HTTPSConnection(*address, timeout=timeout, context=context)
+    try:
+        conn.request("GET", path)
+        reply = conn.getresponse()
+        der = conn.sock.getpeercert(binary_form=True) or b""
+        return reply.status, reply.read().decode(), der
+    finally:
+        conn.close()
