@@ -48,7 +48,7 @@ def _can_bind_443() -> bool:
             return False
 
 
-@pytest.fixture(params=["aws"])
+@pytest.fixture(params=["aws", "aliyun"])
 def svc_cloud(request, tmp_path_factory) -> Iterator[tuple[Cloud, str, dict[str, str], Path]]:
     """(cloud, certificate id, env with SSL_CERT_FILE, ca.pem): the emulator's balancers on their own loopback
     addresses with fast checks, and the user's certificate registered with the cloud."""
