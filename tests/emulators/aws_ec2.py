@@ -50,6 +50,9 @@ the wire (aws_wire.py): it forwards every request to moto unchanged and adds, ar
   SSM Run Command needs an instance whose association exists now (not: was launched with a profile).
 - Load balancers (elbv2): aws_elbv2.Elbv2Balancers (`.elbv2`) takes every request signed for
   elasticloadbalancing: a real haproxy per balancer, target health, draining, idempotent creates.
+- Other services on the same wire: `routes` (request -> handler or None) and `closers`; aws_autoscaling.py
+  hooks in there, and gives the instances moto launches or terminates by itself machines through `adopt` /
+  `machines_gone`.
 
 What the product must do to run against it (documented for the deploy tests): point boto3 at
 `.endpoint` (AWS_ENDPOINT_URL or AWS_ENDPOINT_URL_EC2/_ECR/_SSM), any access key, region = `region`;
@@ -255,6 +258,9 @@ class Ec2Emulator:
         self._proxy: ProxyServer | None = None
         self._proxy_errors: list[str] = []
         self.elbv2 = Elbv2Balancers(self._forward, self._need_upstream, self._private_ip)
+        # other services on this wire (aws_autoscaling.py): request -> its handler, or None; closed before the hosts
+        self.routes: list[Callable[[WireRequest], Callable[[WireRequest], WireResponse] | None]] = []
+        self.closers: list[Callable[[], None]] = []
         self._actions: dict[tuple[str, str], Callable[[WireRequest], WireResponse]] = {
             ("query", "RunInstances"): self._run_instances,
             ("query", "StartInstances"): self._start_instances,
@@ -316,6 +322,8 @@ class Ec2Emulator:
                     server.close()
             self._proxy = self._imds = None
             self._closing.set()
+            for closer in self.closers:
+                closer()
             self.elbv2.close()
             for worker in list(self._workers):
                 worker.join(timeout=120)
@@ -464,7 +472,8 @@ class Ec2Emulator:
         fault = self._take_fault(request.action)
         if fault is not None and not fault.after_effect:
             return self._fault_answer(request, fault)
-        action = self.elbv2.route(request) or self._actions.get((request.protocol, request.action), self._forward)
+        action = (self.elbv2.route(request) or next((h for r in self.routes if (h := r(request)) is not None), None)
+                  or self._actions.get((request.protocol, request.action), self._forward))
         try:
             answer = action(request)
         except AwsError as error:
@@ -609,6 +618,45 @@ class Ec2Emulator:
         raise AwsError(500, "InsufficientInstanceCapacity",
                        f"We currently do not have sufficient {instance_type} capacity in the Availability Zone you "
                        f"requested ({zone}). Our system will be working on provisioning additional capacity.{hint}")
+
+    # --- instances another service launched or terminated inside moto (aws_autoscaling.py) -----------
+
+    def adopt(self, region: str, user_data: Mapping[str, bytes]) -> None:
+        """Instances moto launched by itself (an Auto Scaling group's): each gets a machine, as RunInstances does
+        (`pending` for boot_seconds, then hosts.create with its user-data)."""
+        with self._lock:
+            new = [i for i in user_data if i not in self._instances]
+        if not new:
+            return
+        params = {f"InstanceId.{n}": i for n, i in enumerate(new, start=1)}
+        root = parse_xml(self._need_upstream().ec2(region, "DescribeInstances", params).body)
+        launched = []
+        for reservation in items(root, "reservationSet"):
+            for item in items(reservation, "instancesSet"):
+                inst = Instance(child_text(item, "instanceId"), region,
+                                child_text(path(item, "placement"), "availabilityZone"),
+                                child_text(item, "instanceType"), child_text(item, "imageId"), "",
+                                user_data[child_text(item, "instanceId")], masked=("running", "pending"))
+                with self._lock:
+                    if inst.id in self._instances:
+                        continue
+                    self._instances[inst.id] = inst
+                launched.append(inst)
+        ready_at = time.monotonic() + self.boot_seconds
+        for inst in launched:
+            self._spawn(self._boot, inst, inst.generation, ready_at)
+
+    def machines_gone(self, region: str, instance_ids: Iterable[str]) -> None:
+        """Instances moto already terminated by itself: they leave their target groups (draining), then their
+        machines go (`shutting-down` until then)."""
+        known = self._known(list(instance_ids))
+        self.elbv2.instances_terminated(region, [i.id for i in known])
+        for inst in known:
+            with self._lock:
+                inst.generation += 1
+                inst.masked = ("terminated", "shutting-down")
+                generation = inst.generation
+            self._spawn(self._destroy, inst, generation, 0.0)
 
     # --- Start / Stop / Terminate ------------------------------------------------------------------
 

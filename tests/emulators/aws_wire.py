@@ -130,7 +130,8 @@ def new_request_id() -> str:
 
 
 # Query services whose errors are <ErrorResponse xmlns=...><Error><Type/><Code/><Message/></Error><RequestId/>
-ERROR_RESPONSE_NAMESPACES = {"elasticloadbalancing": "http://elasticloadbalancing.amazonaws.com/doc/2015-12-01/"}
+ERROR_RESPONSE_NAMESPACES = {"elasticloadbalancing": "http://elasticloadbalancing.amazonaws.com/doc/2015-12-01/",
+                             "autoscaling": "http://autoscaling.amazonaws.com/doc/2011-01-01/"}
 
 
 def error_response(request: WireRequest, error: AwsError) -> WireResponse:
