@@ -1,0 +1,297 @@
+"""A service's replicas as an EC2 Auto Scaling group: launch template, group, drain hook, target tracking (boto3).
+
+Why the cloud's own scaling engine (issue 22): a group keeps its size and follows its policy while the
+user's laptop is closed; ngcx only describes it. Used by services' --min/--max; not wired yet (no command
+calls this module): the library and its tests come first.
+
+What ensure_group makes, each named spec.name and tagged with spec.tags (ngcx:owner, ngcx:service), each
+found by name before anything is created, so a retry after a lost answer or a killed ngcx makes no
+duplicate (a name in use under another owner is refused):
+- a launch template: the AMI (the baked host image), instance type, user-data (the host's boot script),
+  instance profile, security group, IMDSv2 only, the tags on the instances and volumes it launches. When
+  the AMI, user-data, type, profile or group changed, a new *version* (never a new template) and the group
+  moves to it; instances already running keep theirs until they are replaced (rolling them is service.py's).
+- the group: over spec.subnets (one per zone), attached to the target group, health check type ELB with a
+  grace period, min/max/desired. A group that exists keeps its desired capacity (its policy owns it), takes
+  the new min/max and template version.
+- a terminating lifecycle hook (HOOK, CONTINUE by default): scale-in waits in Terminating:Wait while the
+  target drains (the target group's deregistration delay), so nothing in flight fails; complete_lifecycle
+  ends the wait early once the host is idle, else the hook's heartbeat timeout does.
+Target tracking (put_target_tracking) is on a Metric: requests per target from the balancer
+(ALBRequestCountPerTarget: resource label from the balancer's and target group's ARNs) or a custom
+CloudWatch metric the hosts publish (namespace, name, dimensions, statistic).
+
+Calls go through cli/clouds/aws.py's Api (botocore retries off, ngcx's own: throttling always, 5xx only
+for calls safe to repeat; errors one line with the AWS code and the action, never a secret); what is
+already gone counts as done. "Real parts only": tests run this with the real boto3 against
+tests/emulators (aws_ec2 + aws_autoscaling: moto behind the wire harness, machines that run the
+user-data, a haproxy data plane that the policy's request counts come from), nothing mocked.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..clouds.aws import AwsError
+from ..core.errors import UserError
+
+if TYPE_CHECKING:
+    from ..clouds.aws import Api
+
+HOOK = "ngcx-drain"
+TERMINATING = "autoscaling:EC2_INSTANCE_TERMINATING"
+OWNER_TAG = "ngcx:owner"
+PAGE_SIZE = 100                    # DescribeAutoScalingGroups' largest page
+GONE_CODES = frozenset({"InvalidLaunchTemplateId.NotFound", "InvalidLaunchTemplateName.NotFoundException",
+                        "InvalidLaunchTemplateId.Malformed"})
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One service's scaling group: what its hosts boot and where, how many, behind which target group."""
+
+    name: str                          # ngcx-svc-<service id>: the template's and the group's name
+    image_id: str                      # the baked AMI
+    user_data: str                     # the host's boot script (vm.host_script)
+    instance_type: str
+    subnets: tuple[str, ...]           # one per zone
+    target_group_arn: str
+    min_size: int
+    max_size: int
+    desired: int
+    tags: dict[str, str] = field(default_factory=dict)
+    instance_profile: str | None = None
+    security_group: str | None = None
+    grace_s: int = 300                 # HealthCheckGracePeriod: a booting host is not judged before that
+    drain_wait_s: int = 300            # the terminating hook's heartbeat timeout
+
+
+@dataclass(frozen=True)
+class GroupRef:
+    """What a record keeps to find the group again (names and ids; nothing secret)."""
+
+    name: str
+    template_id: str
+    version: str                       # the launch template version the group launches
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A target-tracking metric: ALBRequestCountPerTarget (resource_label) or a custom CloudWatch metric."""
+
+    resource_label: str = ""           # app/NAME/ID/targetgroup/NAME/ID
+    namespace: str = ""
+    name: str = ""
+    dimensions: tuple[tuple[str, str], ...] = ()
+    statistic: str = "Average"
+
+
+@dataclass(frozen=True)
+class Member:
+    instance_id: str
+    zone: str
+    state: str                         # Pending, InService, Terminating:Wait, ...
+    health: str                        # Healthy / Unhealthy
+
+
+def requests_per_target(balancer_arn: str, target_group_arn: str) -> Metric:
+    """ALBRequestCountPerTarget's resource label from the two ARNs (…:loadbalancer/app/N/ID, …:targetgroup/N/ID)."""
+    balancer = balancer_arn.partition(":loadbalancer/")[2]
+    group = target_group_arn.partition(":")[2].rpartition(":")[2]
+    if not balancer.startswith("app/") or not group.startswith("targetgroup/"):
+        raise UserError(f"not an ALB and target group ARN pair: {balancer_arn!r}, {target_group_arn!r}")
+    return Metric(resource_label=f"{balancer}/{group}")
+
+
+class AutoScalingGroups:
+    """ensure_group / set_size / put_target_tracking / instances / complete_lifecycle / delete / tagged."""
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
+
+    # --- ensure ------------------------------------------------------------------------------------
+
+    def ensure_group(self, spec: GroupSpec) -> GroupRef:
+        if not 0 <= spec.min_size <= spec.desired <= spec.max_size:
+            raise UserError(f"group {spec.name}: need 0 <= min ({spec.min_size}) <= desired ({spec.desired}) <= "
+                            f"max ({spec.max_size})")
+        template_id, version = self._template(spec)
+        group = self._group(spec.name)
+        launch = {"LaunchTemplateId": template_id, "Version": version}
+        if group is None:
+            try:
+                self._call("create_auto_scaling_group", AutoScalingGroupName=spec.name, LaunchTemplate=launch,
+                           MinSize=spec.min_size, MaxSize=spec.max_size, DesiredCapacity=spec.desired,
+                           VPCZoneIdentifier=",".join(spec.subnets), TargetGroupARNs=[spec.target_group_arn],
+                           HealthCheckType="ELB", HealthCheckGracePeriod=spec.grace_s,
+                           Tags=[{"Key": k, "Value": v, "PropagateAtLaunch": True, "ResourceId": spec.name,
+                                  "ResourceType": "auto-scaling-group"} for k, v in sorted(spec.tags.items())])
+            except AwsError as exc:               # a retry after a lost answer: it exists now
+                if exc.code != "AlreadyExists":
+                    raise
+                group = self._group(spec.name)
+        if group is not None:
+            self._check_owner(spec, {t["Key"]: t["Value"] for t in group.get("Tags") or []}, "Auto Scaling group")
+            current = group.get("LaunchTemplate") or {}
+            if (current.get("LaunchTemplateId"), current.get("Version"), group.get("MinSize"),
+                    group.get("MaxSize")) != (template_id, version, spec.min_size, spec.max_size):
+                self._call("update_auto_scaling_group", AutoScalingGroupName=spec.name, LaunchTemplate=launch,
+                           MinSize=spec.min_size, MaxSize=spec.max_size)
+            if spec.target_group_arn not in (group.get("TargetGroupARNs") or []):
+                self._call("attach_load_balancer_target_groups", AutoScalingGroupName=spec.name,
+                           TargetGroupARNs=[spec.target_group_arn])
+        self._call("put_lifecycle_hook", AutoScalingGroupName=spec.name, LifecycleHookName=HOOK,
+                   LifecycleTransition=TERMINATING, HeartbeatTimeout=spec.drain_wait_s, DefaultResult="CONTINUE")
+        return GroupRef(spec.name, template_id, version)
+
+    def _template(self, spec: GroupSpec) -> tuple[str, str]:
+        """The launch template's id and the version that says what spec says (made when missing)."""
+        data = _template_data(spec)
+        found = self._find_template(spec.name)
+        if found is None:
+            token = hashlib.sha256(repr((spec.name, sorted(data.items()))).encode()).hexdigest()[:64]
+            made = self._call_ec2("create_launch_template", LaunchTemplateName=spec.name, LaunchTemplateData=data,
+                                  ClientToken=token, TagSpecifications=[
+                                      {"ResourceType": "launch-template", "Tags": _tags(spec.tags)}])
+            return made["LaunchTemplate"]["LaunchTemplateId"], str(made["LaunchTemplate"]["LatestVersionNumber"])
+        self._check_owner(spec, {t["Key"]: t["Value"] for t in found.get("Tags") or []}, "launch template")
+        template_id = found["LaunchTemplateId"]
+        latest = self._call_ec2("describe_launch_template_versions", LaunchTemplateId=template_id,
+                                Versions=["$Latest"])["LaunchTemplateVersions"][0]
+        if _same_data(latest.get("LaunchTemplateData") or {}, data):
+            return template_id, str(latest["VersionNumber"])
+        made = self._call_ec2("create_launch_template_version", LaunchTemplateId=template_id, LaunchTemplateData=data,
+                              ClientToken=hashlib.sha256(repr((template_id, latest["VersionNumber"],
+                                                               sorted(data.items()))).encode()).hexdigest()[:64])
+        return template_id, str(made["LaunchTemplateVersion"]["VersionNumber"])
+
+    def _find_template(self, name: str) -> dict[str, Any] | None:
+        try:
+            found = self._call_ec2("describe_launch_templates", LaunchTemplateNames=[name])["LaunchTemplates"]
+        except AwsError as exc:
+            if exc.code in GONE_CODES:
+                return None
+            raise
+        return found[0] if found else None
+
+    def _group(self, name: str) -> dict[str, Any] | None:
+        found = self._call("describe_auto_scaling_groups", AutoScalingGroupNames=[name])["AutoScalingGroups"]
+        return found[0] if found else None
+
+    @staticmethod
+    def _check_owner(spec: GroupSpec, tags: dict[str, str], what: str) -> None:
+        owner = spec.tags.get(OWNER_TAG)
+        if owner and tags.get(OWNER_TAG) != owner:
+            raise UserError(f"{what} {spec.name} exists but is not this owner's (tag {OWNER_TAG}="
+                            f"{tags.get(OWNER_TAG)!r})", hint="choose another service name or remove it")
+
+    # --- size, policy, members ------------------------------------------------------------------------
+
+    def set_size(self, ref: GroupRef, min_size: int, max_size: int, desired: int) -> None:
+        if not 0 <= min_size <= desired <= max_size:
+            raise UserError(f"group {ref.name}: need 0 <= min ({min_size}) <= desired ({desired}) <= max ({max_size})")
+        self._call("update_auto_scaling_group", AutoScalingGroupName=ref.name, MinSize=min_size, MaxSize=max_size,
+                   DesiredCapacity=desired)
+
+    def put_target_tracking(self, ref: GroupRef, target_value: float, metric: Metric,
+                            disable_scale_in: bool = False) -> str:
+        """The group's one target-tracking policy (PutScalingPolicy replaces it by name); its ARN."""
+        config: dict[str, Any] = {"TargetValue": float(target_value), "DisableScaleIn": disable_scale_in}
+        if metric.resource_label:
+            config["PredefinedMetricSpecification"] = {"PredefinedMetricType": "ALBRequestCountPerTarget",
+                                                       "ResourceLabel": metric.resource_label}
+        elif metric.namespace and metric.name:
+            config["CustomizedMetricSpecification"] = {
+                "Namespace": metric.namespace, "MetricName": metric.name, "Statistic": metric.statistic,
+                "Dimensions": [{"Name": k, "Value": v} for k, v in metric.dimensions]}
+        else:
+            raise UserError("a target-tracking metric needs a resource label or a namespace and a name")
+        answer = self._call("put_scaling_policy", AutoScalingGroupName=ref.name, PolicyName=f"{ref.name}-track",
+                            PolicyType="TargetTrackingScaling", TargetTrackingConfiguration=config)
+        return str(answer.get("PolicyARN") or "")
+
+    def instances(self, ref: GroupRef) -> list[Member]:
+        group = self._group(ref.name)
+        return [Member(i["InstanceId"], i.get("AvailabilityZone", ""), i.get("LifecycleState", ""),
+                       i.get("HealthStatus", "")) for i in (group or {}).get("Instances") or []]
+
+    def complete_lifecycle(self, ref: GroupRef, instance_id: str) -> None:
+        """End the instance's Terminating:Wait now (its host is idle); no wait left is done, not an error."""
+        try:
+            self._call("complete_lifecycle_action", AutoScalingGroupName=ref.name, LifecycleHookName=HOOK,
+                       InstanceId=instance_id, LifecycleActionResult="CONTINUE")
+        except AwsError as exc:
+            if exc.code != "ValidationError" or "No active Lifecycle Action" not in str(exc):
+                raise
+
+    # --- delete, gc --------------------------------------------------------------------------------------
+
+    def delete(self, ref: GroupRef) -> None:
+        """The group (ForceDelete: its instances terminate, outstanding waits dropped), then its template."""
+        try:
+            self._call("delete_auto_scaling_group", AutoScalingGroupName=ref.name, ForceDelete=True)
+        except AwsError as exc:
+            if exc.code != "ValidationError" or "not found" not in str(exc):
+                raise
+        template = {"LaunchTemplateId": ref.template_id} if ref.template_id else {"LaunchTemplateName": ref.name}
+        try:
+            self._call_ec2("delete_launch_template", **template)
+        except AwsError as exc:
+            if exc.code not in GONE_CODES:
+                raise
+
+    def tagged(self, tags: dict[str, str]) -> list[GroupRef]:
+        """Every group and launch template carrying all of `tags` (gc: what a killed ngcx left)."""
+        groups = self.api.pages("autoscaling", "describe_auto_scaling_groups", "AutoScalingGroups",
+                                MaxRecords=PAGE_SIZE)
+        templates = self.api.pages("ec2", "describe_launch_templates", "LaunchTemplates")
+        by_name = {t["LaunchTemplateName"]: t for t in templates if _has(t.get("Tags"), tags)}
+        found = []
+        for group in groups:
+            if _has(group.get("Tags"), tags):
+                launch = group.get("LaunchTemplate") or {}
+                template = by_name.pop(group["AutoScalingGroupName"], None) or {}
+                found.append(GroupRef(group["AutoScalingGroupName"], launch.get("LaunchTemplateId")
+                                      or template.get("LaunchTemplateId", ""), str(launch.get("Version") or "")))
+        found += [GroupRef(name, t["LaunchTemplateId"], "") for name, t in sorted(by_name.items())]
+        return found
+
+    def _call(self, operation: str, **params: Any) -> dict[str, Any]:
+        return self.api.call("autoscaling", operation, **params)
+
+    def _call_ec2(self, operation: str, **params: Any) -> dict[str, Any]:
+        return self.api.call("ec2", operation, **params)
+
+
+def _template_data(spec: GroupSpec) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "ImageId": spec.image_id, "InstanceType": spec.instance_type,
+        "UserData": base64.b64encode(spec.user_data.encode()).decode(),
+        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+        "TagSpecifications": [{"ResourceType": kind, "Tags": _tags(spec.tags)} for kind in ("instance", "volume")]}
+    if spec.instance_profile:
+        data["IamInstanceProfile"] = {"Name": spec.instance_profile}
+    if spec.security_group:
+        data["SecurityGroupIds"] = [spec.security_group]
+    return data
+
+
+def _same_data(found: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    """The parts that decide what a host boots (AWS echoes them, maybe with more keys around)."""
+    profile = (found.get("IamInstanceProfile") or {}).get("Name")
+    return (found.get("ImageId"), found.get("InstanceType"), found.get("UserData"), profile,
+            sorted(found.get("SecurityGroupIds") or [])) == (
+        wanted["ImageId"], wanted["InstanceType"], wanted["UserData"],
+        (wanted.get("IamInstanceProfile") or {}).get("Name"), sorted(wanted.get("SecurityGroupIds") or []))
+
+
+def _tags(tags: dict[str, str]) -> list[dict[str, str]]:
+    return [{"Key": k, "Value": v} for k, v in sorted(tags.items())]
+
+
+def _has(found: list[dict[str, Any]] | None, wanted: dict[str, str]) -> bool:
+    have = {t.get("Key"): t.get("Value") for t in found or []}
+    return all(have.get(k) == v for k, v in wanted.items())

@@ -1,0 +1,205 @@
+"""A service's Auto Scaling group (cli/deploy/aws_asg.py) against the AWS double, through the real boto3.
+
+What a user notices: ensure run twice leaves one launch template and one group; a new AMI makes a new
+template version the group launches; delete leaves nothing and may run twice; gc's `tagged` finds what a
+killed ngcx left; a rejected credential is one line without the secret; and target tracking on the
+balancer's real request counts (requests through the emulator's haproxy) scales the group out from 1 to 2
+under load and back in when it drops, draining through the lifecycle hook, with zero failed requests.
+
+The double is aws_ec2.Ec2Emulator + aws_autoscaling.AutoScaling; the hosts are ProcessHosts (a process per
+instance on its own loopback address, running the user-data: a tiny replica on port 8000). Time in the
+balancer and the group runs at TIME_SCALE (an AWS minute is 3 s), so the scaling test takes seconds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from emulators.aws_autoscaling import AutoScaling
+from emulators.aws_ec2 import Ec2Emulator
+from emulators.test_aws_autoscaling import (
+    AMI,
+    KEY,
+    SECRET,
+    TIME_SCALE,
+    ProcessHosts,
+    healthy,
+    make_balancer,
+    replica_user_data,
+)
+from emulators.test_aws_emulator import until
+from emulators.traffic import get
+
+from ngcx.core.errors import UserError
+from ngcx.deploy import aws_asg
+from ngcx.deploy.aws_asg import AutoScalingGroups, GroupSpec
+
+OWNER = {"ngcx:owner": "asg-owner", "ngcx:service": "svc1"}
+OTHER_AMI = "ami-0000000000000001"
+
+
+@pytest.fixture(scope="module")
+def cloud() -> Iterator[tuple[Ec2Emulator, AutoScaling, ProcessHosts]]:
+    hosts = ProcessHosts()
+    with Ec2Emulator(hosts, access_keys={KEY: SECRET}, boot_seconds=0.05, start_seconds=0.05) as emulator:
+        emulator.elbv2.time_scale = TIME_SCALE
+        scaling = AutoScaling(emulator, time_scale=TIME_SCALE)
+        yield emulator, scaling, hosts
+        assert emulator.proxy_errors == [] and emulator.host_errors == [] and scaling.errors == []
+
+
+@pytest.fixture
+def groups(cloud, monkeypatch, tmp_path) -> Iterator[AutoScalingGroups]:
+    """AutoScalingGroups on ngcx's Api (its retries and errors); every group and template is gone after."""
+    from ngcx.clouds.aws import Api
+
+    emulator = cloud[0]
+    for name, value in {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_DEFAULT_REGION": "us-east-1",
+                        "AWS_ENDPOINT_URL": emulator.endpoint, "HOME": str(tmp_path),
+                        "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        monkeypatch.setenv(name, value)
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy", "AWS_PROFILE",
+                 "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    made = AutoScalingGroups(Api("us-east-1", deadline_s=20))
+    yield made
+    for ref in made.tagged({}):
+        made.delete(ref)
+
+
+def spec_for(net: dict[str, Any], name: str, **changes: Any) -> GroupSpec:
+    settings: dict[str, Any] = {
+        "name": name, "image_id": AMI, "user_data": replica_user_data("v1"), "instance_type": "g5.xlarge",
+        "subnets": tuple(net["subnets"]), "target_group_arn": net["group"], "min_size": 0, "max_size": 2,
+        "desired": 0, "tags": OWNER, "grace_s": 30, "drain_wait_s": 600}
+    return GroupSpec(**(settings | changes))
+
+
+@pytest.fixture(scope="module")
+def net(cloud) -> dict[str, Any]:
+    return make_balancer(cloud[0], "asg-client", delay_s=20)        # a 1 s drain here
+
+
+def _count(groups: AutoScalingGroups, name: str) -> tuple[int, int]:
+    all_groups = groups.api.call("autoscaling", "describe_auto_scaling_groups")["AutoScalingGroups"]
+    templates = groups.api.call("ec2", "describe_launch_templates")["LaunchTemplates"]
+    return (sum(g["AutoScalingGroupName"] == name for g in all_groups),
+            sum(t["LaunchTemplateName"] == name for t in templates))
+
+
+def test_ensure_is_idempotent_a_new_ami_is_a_new_version_and_delete_leaves_nothing(cloud, groups, net) -> None:
+    emulator, _, hosts = cloud
+    first = groups.ensure_group(spec_for(net, "ngcx-svc-a", desired=1, min_size=1))
+    again = groups.ensure_group(spec_for(net, "ngcx-svc-a", desired=1, min_size=1))
+    assert again == first and first.version == "1"
+    assert _count(groups, "ngcx-svc-a") == (1, 1)
+    [member] = until("one instance", lambda: groups.instances(first))
+    until("its machine serves", lambda: healthy(emulator, net["group"]).get(member.instance_id) == "healthy",
+          timeout=20)
+    assert groups.instances(first)[0].state == "InService"
+
+    moved = groups.ensure_group(spec_for(net, "ngcx-svc-a", desired=1, min_size=1, image_id=OTHER_AMI))
+    assert (moved.template_id, moved.version) == (first.template_id, "2")
+    assert _count(groups, "ngcx-svc-a") == (1, 1)
+    launch = groups.api.call("autoscaling", "describe_auto_scaling_groups", AutoScalingGroupNames=["ngcx-svc-a"])[
+        "AutoScalingGroups"][0]["LaunchTemplate"]
+    assert launch["Version"] == "2"
+
+    groups.delete(moved)
+    groups.delete(moved)
+    assert _count(groups, "ngcx-svc-a") == (0, 0)
+    until("the machine is gone", lambda: not hosts.alive(member.instance_id), timeout=10)
+    assert groups.tagged(OWNER) == []
+
+
+def test_tagged_finds_what_a_killed_ngcx_left(groups, net) -> None:
+    groups.ensure_group(spec_for(net, "ngcx-svc-b"))                        # its record never written
+    groups.api.call("ec2", "create_launch_template", LaunchTemplateName="ngcx-svc-c", LaunchTemplateData={
+        "ImageId": AMI}, TagSpecifications=[{"ResourceType": "launch-template", "Tags": [
+            {"Key": k, "Value": v} for k, v in OWNER.items()]}])             # killed before its group
+    found = {ref.name: ref for ref in groups.tagged({"ngcx:owner": "asg-owner"})}
+    assert set(found) == {"ngcx-svc-b", "ngcx-svc-c"}
+    assert groups.tagged({"ngcx:owner": "someone-else"}) == []
+    for ref in found.values():
+        groups.delete(ref)
+    assert groups.tagged({"ngcx:owner": "asg-owner"}) == []
+
+
+def test_an_error_is_one_line_without_the_secret(groups) -> None:
+    import boto3
+
+    from ngcx.clouds.aws import Api
+
+    session = boto3.Session(aws_access_key_id=KEY, aws_secret_access_key="wrong-secret-never-printed")
+    wrong = AutoScalingGroups(Api("us-east-1", deadline_s=5, sess=session))
+    with pytest.raises(UserError) as caught:
+        wrong.instances(aws_asg.GroupRef("ngcx-svc-x", "", ""))
+    text = str(caught.value)
+    assert "SignatureDoesNotMatch" in text and "\n" not in text and "wrong-secret" not in text
+
+
+class Load:
+    """Requests through the balancer at about `rate` per second; every non-200 or error is a failure."""
+
+    def __init__(self, address: tuple[str, int]) -> None:
+        self.address, self.rate = address, 2.0
+        self.seen: Counter[str] = Counter()
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                status, body = get(self.address, timeout=10)
+                if status == 200:
+                    self.seen[body] += 1
+                else:
+                    self.failures.append(f"{status}: {body[:80]}")
+            except OSError as exc:
+                self.failures.append(f"{type(exc).__name__}: {exc}")
+            self._stop.wait(max(0.0, 1 / self.rate - (time.monotonic() - started)))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+
+def test_target_tracking_on_real_requests_scales_out_and_back_in_without_a_failed_request(cloud, groups,
+                                                                                            net) -> None:
+    emulator, scaling, hosts = cloud
+    ref = groups.ensure_group(spec_for(net, "ngcx-svc-t", min_size=1, desired=1, max_size=2, drain_wait_s=600))
+    [first] = until("one instance", lambda: groups.instances(ref))
+    until("it serves", lambda: healthy(emulator, net["group"]).get(first.instance_id) == "healthy", timeout=20)
+    metric = aws_asg.requests_per_target(net["balancer"], net["group"])
+    groups.put_target_tracking(ref, 60.0, metric)          # 60 requests per target per (3 s) minute
+    load = Load(net["address"])
+    try:
+        started = time.monotonic()
+        load.rate = 40.0                                    # ~120 per period on one target: 2 wanted
+        until("scaled out to 2 serving", lambda: len([m for m in groups.instances(ref) if m.state == "InService"])
+              == 2 and all(s == "healthy" for s in healthy(emulator, net["group"]).values()), timeout=40, every=0.2)
+        scaled_out_s = time.monotonic() - started
+        until("both answer", lambda: len(load.seen) == 2, timeout=10)
+        load.rate = 2.0                                     # ~6 per period: 1 is enough
+        started = time.monotonic()
+        victim = until("a member waits in Terminating:Wait", lambda: next(
+            (m for m in groups.instances(ref) if m.state == "Terminating:Wait"), None), timeout=40, every=0.2)
+        groups.complete_lifecycle(ref, victim.instance_id)  # the host is idle: the drain decides the rest
+        until("the victim's machine is gone", lambda: not hosts.alive(victim.instance_id), timeout=20)
+        scaled_in_s = time.monotonic() - started
+        time.sleep(1.0)
+        groups.complete_lifecycle(ref, victim.instance_id)  # no wait left: done, not an error
+    finally:
+        load.stop()
+    assert [m.state for m in groups.instances(ref)] == ["InService"]
+    assert load.failures == [], load.failures[:5]
+    assert [d[1:3] for d in scaling.decisions if d[0] == "ngcx-svc-t"][:2] == [(1, 2), (2, 1)], scaling.decisions
+    print(f"scale-out {scaled_out_s:.1f} s, scale-in {scaled_in_s:.1f} s, requests {sum(load.seen.values())}")
