@@ -153,10 +153,17 @@ class AutoScalingGroups:
         found = self._find_template(spec.name)
         if found is None:
             token = hashlib.sha256(repr((spec.name, sorted(data.items()))).encode()).hexdigest()[:64]
-            made = self._call_ec2("create_launch_template", LaunchTemplateName=spec.name, LaunchTemplateData=data,
-                                  ClientToken=token, TagSpecifications=[
-                                      {"ResourceType": "launch-template", "Tags": _tags(spec.tags)}])
-            return made["LaunchTemplate"]["LaunchTemplateId"], str(made["LaunchTemplate"]["LatestVersionNumber"])
+            try:
+                made = self._call_ec2("create_launch_template", LaunchTemplateName=spec.name, LaunchTemplateData=data,
+                                      ClientToken=token, TagSpecifications=[
+                                          {"ResourceType": "launch-template", "Tags": _tags(spec.tags)}])
+                return made["LaunchTemplate"]["LaunchTemplateId"], str(made["LaunchTemplate"]["LatestVersionNumber"])
+            except AwsError as exc:       # a retry after a lost answer (the name is taken: by that first call)
+                if exc.code != "InvalidLaunchTemplateName.AlreadyExistsException":
+                    raise
+                found = self._find_template(spec.name)
+                if found is None:
+                    raise
         self._check_owner(spec, {t["Key"]: t["Value"] for t in found.get("Tags") or []}, "launch template")
         template_id = found["LaunchTemplateId"]
         latest = self._call_ec2("describe_launch_template_versions", LaunchTemplateId=template_id,

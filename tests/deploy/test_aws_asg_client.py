@@ -117,6 +117,17 @@ def test_ensure_is_idempotent_a_new_ami_is_a_new_version_and_delete_leaves_nothi
     assert groups.tagged(OWNER) == []
 
 
+def test_throttled_and_lost_answers_make_no_duplicate(cloud, groups, net) -> None:
+    emulator = cloud[0]
+    emulator.fail_next("CreateLaunchTemplate", "InternalError", 500, after_effect=True)     # made; answer lost
+    emulator.fail_next("CreateAutoScalingGroup", "Throttling", 400)
+    emulator.fail_next("CreateAutoScalingGroup", "InternalError", 500, after_effect=True)
+    ref = groups.ensure_group(spec_for(net, "ngcx-svc-r"))
+    assert _count(groups, "ngcx-svc-r") == (1, 1) and ref.version == "1"
+    assert groups.ensure_group(spec_for(net, "ngcx-svc-r")) == ref
+    groups.delete(ref)
+
+
 def test_tagged_finds_what_a_killed_ngcx_left(groups, net) -> None:
     groups.ensure_group(spec_for(net, "ngcx-svc-b"))                        # its record never written
     groups.api.call("ec2", "create_launch_template", LaunchTemplateName="ngcx-svc-c", LaunchTemplateData={

@@ -498,7 +498,7 @@ class AutoScaling:
         dimensions = [{"Name": child_text(d, "Name"), "Value": child_text(d, "Value")}
                       for d in members(spec, "Dimensions")]
         statistic = child_text(spec, "Statistic") or "Average"
-        end = datetime.datetime.now(datetime.UTC)
+        end = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)      # moto keeps naive UTC times
         start = end - datetime.timedelta(seconds=max(1.0, self.period_s))
         points = backend.get_metric_statistics(child_text(spec, "Namespace"), child_text(spec, "MetricName"),
                                                start, end, 60, [statistic], dimensions)

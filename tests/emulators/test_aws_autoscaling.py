@@ -258,3 +258,35 @@ def test_a_wrong_signature_is_refused(cloud) -> None:
         boto(emulator, "autoscaling", secret="not-the-secret").describe_auto_scaling_groups()
     assert caught.value.response["Error"]["Code"] == "SignatureDoesNotMatch"
     assert "not-the-secret" not in str(caught.value)
+
+
+def test_target_tracking_on_a_custom_metric_scales_out(cloud) -> None:
+    """The hosts' own metric (PutMetricData into CloudWatch), as the runtime's in-flight requests would be."""
+    emulator, scaling, hosts = cloud
+    ec2, asg, watch = boto(emulator, "ec2"), boto(emulator, "autoscaling"), boto(emulator, "cloudwatch")
+    subnet = ec2.describe_subnets()["Subnets"][0]["SubnetId"]
+    template = ec2.create_launch_template(LaunchTemplateName="asg-custom", LaunchTemplateData={
+        "ImageId": AMI, "InstanceType": "g5.xlarge",
+        "UserData": base64.b64encode(replica_user_data("c").encode()).decode()})["LaunchTemplate"]
+    asg.create_auto_scaling_group(AutoScalingGroupName="asg-custom", MinSize=1, MaxSize=2, DesiredCapacity=1,
+                                  LaunchTemplate={"LaunchTemplateId": template["LaunchTemplateId"]},
+                                  VPCZoneIdentifier=subnet)
+    asg.put_scaling_policy(AutoScalingGroupName="asg-custom", PolicyName="inflight",
+                           PolicyType="TargetTrackingScaling", TargetTrackingConfiguration={
+                               "TargetValue": 4.0, "CustomizedMetricSpecification": {
+                                   "Namespace": "ngcx", "MetricName": "InFlight", "Statistic": "Average",
+                                   "Dimensions": [{"Name": "service", "Value": "asg-custom"}]}})
+
+    def busy() -> bool:
+        watch.put_metric_data(Namespace="ngcx", MetricData=[{"MetricName": "InFlight", "Value": 8.0, "Dimensions": [
+            {"Name": "service", "Value": "asg-custom"}]}])
+        return any(d[0] == "asg-custom" for d in scaling.decisions)
+
+    until("the controller scales out on the custom metric", busy, timeout=20, every=0.5)
+    assert [d[1:3] for d in scaling.decisions if d[0] == "asg-custom"] == [(1, 2)]
+    group = asg.describe_auto_scaling_groups(AutoScalingGroupNames=["asg-custom"])["AutoScalingGroups"][0]
+    ids = [i["InstanceId"] for i in group["Instances"]]
+    assert group["DesiredCapacity"] == 2 and len(ids) == 2
+    until("both machines run", lambda: all(hosts.alive(i) for i in ids), timeout=10)
+    asg.delete_auto_scaling_group(AutoScalingGroupName="asg-custom", ForceDelete=True)
+    until("their machines are gone", lambda: not any(hosts.alive(i) for i in ids), timeout=10)
