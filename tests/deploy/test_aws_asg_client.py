@@ -110,6 +110,14 @@ def test_ensure_is_idempotent_a_new_ami_is_a_new_version_and_delete_leaves_nothi
         "AutoScalingGroups"][0]["LaunchTemplate"]
     assert launch["Version"] == "2"
 
+    groups.set_size(moved, 0, 2, 0)                       # UpdateAutoScalingGroup: drains through the hook
+    assert [(m.instance_id, m.state) for m in groups.instances(moved)] == [(member.instance_id, "Terminating:Wait")]
+    assert healthy(emulator, net["group"])[member.instance_id] == "draining"
+    groups.complete_lifecycle(moved, member.instance_id)
+    until("drained and terminated", lambda: not hosts.alive(member.instance_id), timeout=10)
+    assert groups.instances(moved) == []
+    with pytest.raises(UserError, match="min"):
+        groups.set_size(moved, 2, 1, 1)
     groups.delete(moved)
     groups.delete(moved)
     assert _count(groups, "ngcx-svc-a") == (0, 0)
