@@ -81,13 +81,8 @@ class Ecs:
         zones = [z for _, z in sorted(ranked)]
         return [z for z in zones if self.vswitches is None or z in self.vswitches]
 
-    def prepare_network(self, allow_from: str) -> None:
-        """vSwitch per zone of the default VPC, and ngcx's security group (port 8000 open to allow_from)."""
-        from ..clouds.aliyun import tag_params
-        from . import store
-
-        if self.security_group:
-            return
+    def read_network(self) -> str:
+        """The default VPC's id (else the first) and its vSwitch per zone (self.vswitches); reads only."""
         vpcs = self.api.ecs("DescribeVpcs", {"PageSize": 50}).get("Vpcs", {}).get("Vpc", [])
         if not vpcs:
             raise UserError(f"no VPC in {self.region}", hint="create one (with a vSwitch per zone) in the console")
@@ -95,6 +90,16 @@ class Ecs:
         switches = self.api.ecs("DescribeVSwitches", {"VpcId": vpc, "PageSize": 50}).get(
             "VSwitches", {}).get("VSwitch", [])
         self.vswitches = {s["ZoneId"]: s["VSwitchId"] for s in switches}
+        return str(vpc)
+
+    def prepare_network(self, allow_from: str) -> None:
+        """vSwitch per zone of the default VPC, and ngcx's security group (port 8000 open to allow_from)."""
+        from ..clouds.aliyun import tag_params
+        from . import store
+
+        if self.security_group:
+            return
+        vpc = self.read_network()
         tags = tag_params({TAG_OWNER: store.owner_id()})
         groups = self.api.ecs("DescribeSecurityGroups", {"VpcId": vpc, **tags}).get(
             "SecurityGroups", {}).get("SecurityGroup", [])

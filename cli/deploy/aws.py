@@ -141,17 +141,21 @@ class Ec2:
         """Default subnets per zone, ngcx's security group (port 8000 from allow_from), the SSM instance profile."""
         if self.security_group and self.subnets is not None:
             return
+        vpc = self.read_network()
+        self.security_group = self._security_group(vpc, allow_from)
+        self.instance_profile = self._instance_profile()
+
+    def read_network(self) -> str:
+        """The default VPC's id and its default subnet per zone (self.subnets); reads only, nothing is made."""
         vpcs = self.api.call("ec2", "describe_vpcs", Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
         if not vpcs:
             raise UserError(f"no default VPC in {self.region}",
                             hint=f"create one: aws ec2 create-default-vpc --region {self.region}")
-        vpc = vpcs[0]["VpcId"]
         subnets = self.api.pages("ec2", "describe_subnets", "Subnets", Filters=[
-            {"Name": "vpc-id", "Values": [vpc]}, {"Name": "default-for-az", "Values": ["true"]}])
+            {"Name": "vpc-id", "Values": [vpcs[0]["VpcId"]]}, {"Name": "default-for-az", "Values": ["true"]}])
         self.subnets = {s["AvailabilityZone"]: Subnet(s["SubnetId"], bool(s.get("MapPublicIpOnLaunch")))
                         for s in subnets}
-        self.security_group = self._security_group(vpc, allow_from)
-        self.instance_profile = self._instance_profile()
+        return str(vpcs[0]["VpcId"])
 
     def _security_group(self, vpc: str, allow_from: str) -> str:
         from ..clouds.aws import AwsError

@@ -61,6 +61,7 @@ class Cloud(Protocol):
     def delete(self, instance_id: str) -> None: ...           # gone already is fine
     def zones_for(self, instance_type: str, zone: str | None) -> list[str]: ...
     def prepare_network(self, allow_from: str) -> None: ...   # subnets per zone, a security group for port 8000
+    def read_network(self) -> str: ...                        # the VPC and its subnets per zone; reads only
     def create(self, spec: CreateSpec) -> str: ...            # CapacityError on no stock in that zone
     def run_command(self, instance_id: str, script: str, timeout: float) -> tuple[int, str]: ...
     def tagged(self, tags: dict[str, str]) -> list[str]: ...  # instance ids carrying all these tags
@@ -474,12 +475,14 @@ def member(record: DeployRecord) -> tuple[str, int]:
 
 
 def service_zones_with(cloud: Any, cloud_name: str, config: DeployConfig) -> tuple[str, ...]:
-    """The zones that sell the best-ranked instance type for this image (the replicas are spread over them, and
-    the balancer is enabled in them first); config.zone alone when one is given."""
+    """The zones that sell the best-ranked instance type for this image and have a subnet / vSwitch (the replicas
+    are spread over them, and the balancer is enabled in them first); config.zone alone when one is given.
+    Reads only: service.py asks for the zones before the spec, so nothing is made for a service that
+    check_service then refuses."""
     if config.zone:
         return (config.zone,)
     candidates = choose(cloud_name, config).candidates
     if not candidates:
         return ()
-    cloud.prepare_network(config.allow_from)
+    cloud.read_network()
     return tuple(cloud.zones_for(candidates[0].itype.name, None))

@@ -13,6 +13,7 @@ traffic goes to `emulator.balancer_address` (its haproxy). Balancer time runs at
 
 from __future__ import annotations
 
+import os
 import ssl
 import threading
 from collections import Counter
@@ -345,3 +346,36 @@ def test_tagged_finds_a_group_an_interrupted_delete_left(elb):
     assert elb.tagged(OWNER_TAGS) == [BalancerRef("", ref.group_id, "", "")]
     elb.delete(elb.tagged(OWNER_TAGS)[0])
     assert elb.tagged(OWNER_TAGS) == [] and elbv2(elb, "describe_target_groups")["TargetGroups"] == []
+
+
+def test_a_balancer_on_its_own_address_answers_https_at_the_dns_name_the_api_gives(elb, emulator, tmp_path):
+    """own_addresses (the e2e's setting): DNSName is the balancer's loopback address, where its listener serves
+    TLS on its own port with the ACM certificate, verified by the CA that signed it (as the CLI checks it)."""
+    import http.client
+
+    import boto3
+    from emulators.balancer_plane import LOOPBACK_NET
+    from emulators.traffic import certs
+
+    if os.geteuid() != 0:
+        pytest.skip("the listener binds port 443 of a loopback address: root only")
+    ca, cert, key = certs().ca_signed(tmp_path, [str(ip) for ip in list(LOOPBACK_NET.hosts())[:8]])
+    acm = boto3.client("acm", endpoint_url=emulator.endpoint, region_name="us-east-1", aws_access_key_id=KEY,
+                       aws_secret_access_key=SECRET)
+    arn = acm.import_certificate(Certificate=cert.read_bytes(), PrivateKey=key.read_bytes(),
+                                 CertificateChain=ca.read_bytes())["CertificateArn"]
+    emulator.elbv2.own_addresses = True
+    try:
+        ref = elb.ensure(spec("ngcx-svc-own", certificate_id=arn))
+    finally:
+        emulator.elbv2.own_addresses = False
+    assert ref.dns_name in {str(ip) for ip in LOOPBACK_NET.hosts()}
+    [found] = elbv2(elb, "describe_load_balancers", LoadBalancerArns=[ref.balancer_id])["LoadBalancers"]
+    assert found["DNSName"] == ref.dns_name
+    conn = http.client.HTTPSConnection(ref.dns_name, 443, timeout=10,
+                                       context=ssl.create_default_context(cafile=str(ca)))
+    try:
+        conn.request("GET", "/")
+        assert conn.getresponse().status == 503, "verified TLS at the DNS name; no replica yet"
+    finally:
+        conn.close()
