@@ -336,7 +336,6 @@ def delete_orphan(item: dict[str, str]) -> None:
 # ---------------------------------------------------------------- services (issue 21): service.py's verbs
 
 CERTIFICATE = ("a Certificate Management Service (CAS) certificate id", "CERT_ID-REGION")
-_service_network: dict[str, str] = {}   # region -> --allow-from of the service whose spec was made last
 
 
 def check_service(config: DeployConfig, options: Any) -> None:
@@ -346,9 +345,7 @@ def check_service(config: DeployConfig, options: Any) -> None:
 
 def service_spec(name: str, zones: tuple[str, ...], tags: dict[str, str], options: Any, config: DeployConfig) -> Any:
     """An ALB: HTTPS on 443 with the CAS certificate, the hosts' own TLS behind it (vm.service_spec)."""
-    spec = vm.service_spec(name, zones, tags, options, NAME, CERTIFICATE)
-    _service_network[region_of(config)] = config.allow_from
-    return spec
+    return vm.service_spec(name, zones, tags, options, NAME, CERTIFICATE)
 
 
 def service_zones(config: DeployConfig) -> tuple[str, ...]:
@@ -356,17 +353,15 @@ def service_zones(config: DeployConfig) -> tuple[str, ...]:
 
 
 def balancer(config: DeployConfig | None = None) -> Any:
-    """aliyun_alb.Alb in the service's region (the default region when service.py passes no config). Its ensure
-    needs the hosts' network (subnets, security group): prepared when a service spec was just made, with that
-    service's --allow-from; the other methods need none."""
+    """aliyun_alb.Alb in the service's region (the default region without a config: gc). Its ensure
+    needs the hosts' network (subnets, security group), prepared here with the service's --allow-from."""
     from ..clouds.aliyun import credentials
     from .aliyun_alb import Alb
 
     region = region_of(config) if config is not None else (credentials().region or DEFAULT_REGION)
     cloud = cloud_for(region)
-    allow = config.allow_from if config is not None else _service_network.get(region)
-    if allow is not None:
-        cloud.prepare_network(allow)
+    if config is not None:
+        cloud.prepare_network(config.allow_from)
     return Alb(cloud)
 
 

@@ -107,8 +107,9 @@ def _gpus(config: DeployConfig) -> Any:
     return DeviceRequest(count=-1, capabilities=[["gpu"]])
 
 
-def balancer() -> Any:
-    """A service's balancer here: haproxy in a container on the service's own network (local_balancer.py)."""
+def balancer(config: DeployConfig | None = None) -> Any:
+    """A service's balancer here: haproxy in a container on the service's own network (local_balancer.py); the
+    config (which the clouds need for the region) changes nothing on one engine."""
     from .local_balancer import LocalBalancer
 
     return LocalBalancer()

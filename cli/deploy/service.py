@@ -14,9 +14,11 @@ them, which is the same on every target and lives here once:
   balancer): a version that never gets healthy is removed again and the old replicas, never touched,
   kept serving throughout; the service's row keeps the config before the update (`rollback`).
 
-Each target supplies `balancer()` (a balancer.Balancer), `member(record)` (what the balancer registers
-for a replica) and `service_spec(...)` (its listener and target protocols). One key opens the service:
-it is kept as keys.py's `s<ID>.key` and every replica's host holds its hash.
+Each target supplies `balancer(config)` (a balancer.Balancer in the service's region), `member(record)` (what
+the balancer registers for a replica), `service_spec(...)` (its listener and target protocols) and may supply
+`check_service` (refuses a service it cannot make, before any row or call) and `service_zones` (where replicas
+spread). One key opens the service: it is kept as keys.py's `s<ID>.key` and every replica's host holds its hash.
+gc looks for orphaned balancers in each cloud's default region.
 """
 
 from __future__ import annotations
@@ -111,6 +113,8 @@ def create(config: DeployConfig, count: int, options: Options, say: Say) -> Serv
     if count < 1:
         raise UserError(f"--replicas {count}: a service needs at least one replica")
     module = target(config.cloud)
+    if hasattr(module, "check_service"):          # e.g. a cloud's balancer needs --certificate: before any row
+        module.check_service(config, options)
     config = with_version(config)
     svc = store.create_service(config.cloud, config.region, count, config_row(config, options))
     key = keys.create(key_name(svc)) if config.auth else None
@@ -131,11 +135,16 @@ def _balancer_up(module: ModuleType, svc: ServiceRecord) -> tuple[Any, BalancerR
     """ensure (idempotent: a second call finds what the first made) and keep the ref and URL in the row."""
     config, options = config_of(svc.config)
     spec = module.service_spec(svc.name, _zones(module, config), _tags(svc), options, config)
-    balancer = module.balancer()
+    balancer = module.balancer(config)
     ref = balancer.ensure(spec)
     scheme = "https" if spec.protocol == "HTTPS" else "http"
     store.update_service(svc.id, balancer=asdict(ref), endpoint=f"{scheme}://{ref.dns_name}")
     return balancer, ref
+
+
+def _balancer(module: ModuleType, svc: ServiceRecord) -> Any:
+    """The target's balancer client for this service (its region, its --allow-from)."""
+    return module.balancer(config_of(svc.config)[0])
 
 
 def _zones(module: ModuleType, config: DeployConfig) -> tuple[str, ...]:
@@ -202,7 +211,7 @@ def _wait_answering(svc: ServiceRecord, timeout: float) -> None:
     """The service's URL answers /v2/health/ready (through the balancer's listener)."""
     from ..project.client import Client
 
-    client = Client(svc.endpoint or "", timeout=5.0)
+    client = Client(svc.endpoint or "", timeout=5.0, verify=True)   # https: the user's certificate, CA-checked
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
@@ -244,7 +253,7 @@ def _drain(module: ModuleType, balancer: Any, ref: BalancerRef, record: DeployRe
 
 def _teardown(module: ModuleType, svc: ServiceRecord) -> None:
     """Every replica and the balancer, whatever state they are in (failed create, destroy)."""
-    balancer = module.balancer()
+    balancer = _balancer(module, svc)
     ref = BalancerRef(**svc.balancer) if svc.balancer else None
     for record in replicas(svc):
         try:
@@ -293,7 +302,7 @@ def update(svc: ServiceRecord, new: DeployConfig, say: Say) -> ServiceRecord:
     svc = store.update_service(svc.id, status=SVC_UPDATING, pid=os.getpid(), config=config_row(new, options),
                                previous=svc.config, detail=f"rolling {_short(old_config.version)} -> "
                                                            f"{_short(new.version)}")
-    balancer, ref = module.balancer(), _ref(svc)
+    balancer, ref = _balancer(module, svc), _ref(svc)
     try:
         _add(module, svc, balancer, ref, new, list(range(svc.replicas)), keys.get(key_name(svc)), say)
     except BaseException as exc:
@@ -337,7 +346,7 @@ def scale(svc: ServiceRecord, count: int, say: Say) -> ServiceRecord:
     config, _ = config_of(svc.config)
     current = replicas(svc)
     svc = store.update_service(svc.id, status=SVC_SCALING, pid=os.getpid(), replicas=count)
-    balancer, ref = module.balancer(), _ref(svc)
+    balancer, ref = _balancer(module, svc), _ref(svc)
     try:
         if count > len(current):
             used = {r.spec.get("replica") for r in current}
@@ -370,7 +379,7 @@ def stop(svc: ServiceRecord) -> ServiceRecord:
     """Every replica leaves the balancer (drained) and stops; the balancer stays, answering 503."""
     _require(svc, READY, "stop")
     module = target(svc.cloud)
-    balancer, ref = module.balancer(), _ref(svc)
+    balancer, ref = _balancer(module, svc), _ref(svc)
     for record in replicas(svc):
         _drain(module, balancer, ref, record, svc)
         flow.stop(record)
@@ -381,7 +390,7 @@ def start(svc: ServiceRecord, say: Say) -> ServiceRecord:
     _require(svc, STOPPED, "start")
     module = target(svc.cloud)
     config, _ = config_of(svc.config)
-    balancer, ref = module.balancer(), _ref(svc)
+    balancer, ref = _balancer(module, svc), _ref(svc)
     for record in replicas(svc):
         record = flow.start(record, config.ready_timeout)
         _join(module, balancer, ref, record, config.ready_timeout)
@@ -509,7 +518,7 @@ def health(svc: ServiceRecord) -> dict[int, str]:
         return {}
     module = target(svc.cloud)
     try:
-        states = module.balancer().health(_ref(svc))
+        states = _balancer(module, svc).health(_ref(svc))
     except UserError:
         return {}
     return {r.id: states.get(module.member(r)[0], "unused") for r in replicas(svc)}

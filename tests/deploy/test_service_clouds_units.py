@@ -39,7 +39,6 @@ def test_a_cloud_service_without_a_certificate_is_refused_in_one_line(module, wh
             check()
         assert f"a service on {module.NAME} needs --certificate" in str(caught.value) and what in str(caught.value)
         assert "\n" not in str(caught.value) and "--certificate" in (caught.value.hint or "")
-    assert module._service_network == {}, "nothing was prepared for a refused service"
 
 
 @pytest.mark.parametrize("module", [aws, aliyun])

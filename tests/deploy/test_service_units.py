@@ -105,3 +105,11 @@ def test_each_local_replica_gets_one_gpu_round_robin_where_the_host_has_several(
     assert lone.count == -1 and not lone.device_ids                 # a lone deploy takes every GPU
     monkeypatch.setattr(host, "host_gpus", lambda: ("580.65", [{"index": 0}]))
     assert local._gpus(config(service_id=1, replica=1)).count == -1   # one GPU: every replica shares it
+
+
+@pytest.mark.parametrize("cloud", ["aws", "aliyun"])
+def test_a_cloud_service_without_a_certificate_is_refused_before_its_row_or_key_exists(state, cloud):
+    with pytest.raises(UserError, match=f"a service on {cloud} needs --certificate"):
+        service.create(DeployConfig(cloud=cloud, image="x", pull_ref="r/x@sha256:" + "c" * 64, registry="r",
+                                    labels={}, model=None), 3, service.Options(), print)
+    assert store.services(include_gone=True) == [] and keys.get("s1") is None
