@@ -10,10 +10,14 @@ Figures, each over `repeat` rounds in one state store (one service made per roun
   and the dead one removed.
 Every service runs with `--health-interval 1 --drain 5` (a verdict after two checks: ~2 s; a drain bounded by
 5 s); what the figures vary with is mostly the replica's own start (model load, warm-up) and this machine's load.
+
+Then the same on each emulated cloud named in NGCX_BENCH_SERVICE_CLOUDS (default `aws`; `aws,aliyun` for both,
+empty for none): bench/suites/service_clouds.py says what is real there and what is emulated.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -24,13 +28,13 @@ from ..core import ROOT, Measurement, Stats, SuiteResult, SuiteSkipped, ratio
 FAST = ("--drain", "5", "--health-interval", "1")
 
 
-def _timed(root: Path, env: dict[str, str], *args: str) -> tuple[float, str]:
+def timed(root: Path, env: dict[str, str], *args: str) -> float:
     """Seconds of one ngcx command (it exits 0 or the suite stops with its error)."""
     from .deploy_phases import ngcx
 
     t0 = time.monotonic()
-    done = ngcx(root, env, *args)
-    return time.monotonic() - t0, done.stdout.strip()
+    ngcx(root, env, *args)
+    return time.monotonic() - t0
 
 
 def _round(root: Path, env: dict[str, str]) -> dict[str, float]:
@@ -41,17 +45,17 @@ def _round(root: Path, env: dict[str, str]) -> dict[str, float]:
 
     from .deploy_phases import ngcx
 
-    lone_s, _ = _timed(root, env, "deploy", "--cloud", "local")
+    lone_s = timed(root, env, "deploy", "--cloud", "local")
     lone = json.loads(ngcx(root, env, "deployments", "ls", "--json").stdout)[0]
     ngcx(root, env, "deployments", "destroy", str(lone["id"]), "--yes")
-    create_s, _ = _timed(root, env, "deploy", "--cloud", "local", "--replicas", "3", *FAST)
+    create_s = timed(root, env, "deploy", "--cloud", "local", "--replicas", "3", *FAST)
     ref = json.loads(ngcx(root, env, "deployments", "ls", "--all", "--json").stdout)[0]["service_id"]
-    update_s, _ = _timed(root, env, "deploy", "-f", "ngcx.fp16.yaml", "--service", f"s{ref}")
+    update_s = timed(root, env, "deploy", "-f", "ngcx.fp16.yaml", "--service", f"s{ref}")
     members = json.loads(ngcx(root, env, "deployments", "show", f"s{ref}", "--json").stdout)["members"]
     if len(members) != 3 or any("fp16" not in m["image"] for m in members):
         raise SystemExit(f"the rolling update did not leave 3 FP16 replicas: {members}")
     docker.from_env().containers.get(members[0]["container"]).kill()
-    replace_s, _ = _timed(root, env, "deployments", "reconcile", f"s{ref}")
+    replace_s = timed(root, env, "deployments", "reconcile", f"s{ref}")
     ngcx(root, env, "deployments", "destroy", f"s{ref}", "--yes")
     return {"lone": lone_s, "create": create_s, "update": update_s, "replace": replace_s}
 
@@ -67,19 +71,42 @@ def run(result: SuiteResult, work: Path, out: Path) -> None:
     env = {"NGCX_STATE_DIR": str(work / "state-service"), "NGCX_BASE": "offline"}
     rounds = [_round(root, env) for _ in range(max(result.repeat, 1))]
     figures = {
-        "lone": ("ngcx deploy --cloud local (one container, the reference)", "ngcx deploy --cloud local"),
-        "create": ("ngcx deploy --replicas 3 -> balancer answering", "ngcx deploy --cloud local --replicas 3 "
+        "lone": ("local: ngcx deploy (one container, the reference)", "ngcx deploy --cloud local"),
+        "create": ("local: deploy --replicas 3 -> balancer answering", "ngcx deploy --cloud local --replicas 3 "
                    + " ".join(FAST)),
-        "update": ("rolling update of 3 replicas", "ngcx deploy -f ngcx.fp16.yaml --service sN"),
-        "replace": ("dead replica replaced (docker kill + reconcile)", "ngcx deployments reconcile sN"),
+        "update": ("local: rolling update of 3 replicas", "ngcx deploy -f ngcx.fp16.yaml --service sN"),
+        "replace": ("local: dead replica replaced (docker kill + reconcile)", "ngcx deployments reconcile sN"),
     }
+    by = _measure(result, rounds, figures)
+    result.ratios.append(ratio("3-replica service / one deployment", by["create"], by["lone"]))
+    result.extra = {"local": rounds}
+    result.notes = ["Local service (haproxy in a container in front of 3 local replicas of examples/onnx-zero-code), "
+                    "health checks every 1 s, drain 5 s. The ratio says what two more replicas (made in parallel) "
+                    "and the balancer add to one deploy."]
+    for cloud in [c for c in os.environ.get("NGCX_BENCH_SERVICE_CLOUDS", "aws").split(",") if c]:
+        from . import service_clouds
+
+        found = service_clouds.rounds(root, work, max(result.repeat, 1), cloud)
+        base = f"ngcx deploy --cloud {cloud} --gpu {service_clouds.GPU[cloud]} --certificate ID"
+        _measure(result, found, {
+            "made_baked": (f"{cloud}: deploy --replicas 3 -> balancer answering (fresh hosts, baked image)",
+                           f"{base} --replicas 3"),
+            "made_warm": (f"{cloud}: deploy --replicas 3 -> balancer answering (stopped hosts of the warm pool)",
+                          f"{base} --replicas 3"),
+            "update": (f"{cloud}: rolling update of 3 replicas", f"{base} --service sN -- CMD"),
+            "replace": (f"{cloud}: a stopped host's replica replaced", "ngcx deployments reconcile sN"),
+        })
+        result.extra[cloud] = found
+        result.notes.append(f"{cloud}: {service_clouds.__doc__.split(chr(10))[0]} (bench/suites/service_clouds.py: "
+                            f"emulated API delays and balancer clock x{service_clouds.TIME_SCALE}; boots, pulls, "
+                            "container starts and model loads are real).")
+
+
+def _measure(result: SuiteResult, rounds: list[dict[str, float]], figures: dict[str, tuple[str, str]]
+             ) -> dict[str, Measurement]:
     by = {}
     for key, (name, command) in figures.items():
         by[key] = Measurement(name=name, tool="ngcx", unit="s", better="lower",
                               wall=Stats.of([r[key] for r in rounds]), command=command)
         result.measurements.append(by[key])
-    result.ratios.append(ratio("3-replica service / one deployment", by["create"], by["lone"]))
-    result.extra = {"rounds": rounds}
-    result.notes = ["Local service (haproxy in a container in front of 3 local replicas of examples/onnx-zero-code), "
-                    "health checks every 1 s, drain 5 s. The ratio says what two more replicas (made in parallel) "
-                    "and the balancer add to one deploy."]
+    return by
