@@ -87,7 +87,7 @@ def run(result: SuiteResult, work: Path, out: Path) -> None:
         from . import service_clouds
 
         found = service_clouds.rounds(root, work, max(result.repeat, 1), cloud)
-        base = f"ngcx deploy --cloud {cloud} --gpu {service_clouds.GPU[cloud]} --certificate ID"
+        base = f"ngcx deploy --cloud {cloud} --gpu {service_clouds.GPU[cloud]} --certificate ID --registry-login token"
         _measure(result, found, {
             "made_baked": (f"{cloud}: deploy --replicas 3 -> balancer answering (fresh hosts, baked image)",
                            f"{base} --replicas 3"),

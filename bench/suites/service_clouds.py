@@ -7,7 +7,9 @@ haproxy terminating TLS with the bench's own CA-signed certificate (imported int
 certificate store; the CLI trusts the CA through SSL_CERT_FILE). What is emulated, not real: the API-side
 instance delays (EC2's published pending -> running 17.8 s, start 16.4 s: deploy_phases.py) and the
 balancer's clock, run at TIME_SCALE (health checks every 0.5 s instead of 5 s; a 30 s drain in 3 s), so the
-figures are the hosts' own work (boot, dockerd, container start, model load) plus ngcx's calls.
+figures are the hosts' own work (boot, dockerd, container start, model load) plus ngcx's calls. The hosts log
+in to the registry with `--registry-login token`: unlike tests/e2e/clouds.py, the bench does not route its
+machines to the emulators' metadata services, which role logins need (the login is a second of the pull).
 
 Per round, after one push and one bake: make the service (3 fresh hosts from the baked image), roll it to a
 new version (the image's command with another --max-queue-delay-ms: 3 new hosts, the 3 old ones stopped into
@@ -46,7 +48,7 @@ def rounds(root: Path, work: Path, repeat: int, cloud: str) -> list[dict[str, fl
             certificate, ca = _certificate(cloud, emu, env, work)
             env["SSL_CERT_FILE"] = str(ca)
             ngcx(root, env, "push", "ngcx-app/onnx-zero-code:latest", "--registry", REGISTRY[cloud])
-            ngcx(root, env, "hosts", "bake", "--cloud", cloud, "--region", REGION[cloud])
+            ngcx(root, env, "hosts", "bake", "--cloud", cloud, "--region", REGION[cloud], "--registry-login", "token")
             return [_round(root, env, cloud, emu, certificate, i) for i in range(repeat)]
 
 
@@ -80,7 +82,8 @@ def _round(root: Path, env: dict[str, str], cloud: str, emu: Any, certificate: s
     from .deploy_phases import ngcx
     from .service import timed
 
-    base = ["deploy", "--cloud", cloud, "--gpu", GPU[cloud], "--gpu-mode", "auto", "--certificate", certificate]
+    base = ["deploy", "--cloud", cloud, "--gpu", GPU[cloud], "--gpu-mode", "auto", "--certificate", certificate,
+            "--registry-login", "token"]
     made_s = timed(root, env, *base, "--replicas", "3")
     ref = _newest_service(root, env)
     command = list(docker.from_env().images.get("ngcx-app/onnx-zero-code:latest").attrs["Config"]["Cmd"])

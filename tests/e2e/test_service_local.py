@@ -19,6 +19,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -31,10 +32,15 @@ FAST = ("--drain", "5", "--health-interval", "1")
 
 
 @pytest.fixture
-def state(tmp_path, monkeypatch) -> dict[str, str]:
+def state(tmp_path, monkeypatch) -> Iterator[dict[str, str]]:
+    """A state store of the test's own; whatever services a failed test left are destroyed afterwards."""
     env = {"NGCX_STATE_DIR": str(tmp_path / "state")}
     monkeypatch.setenv("NGCX_STATE_DIR", env["NGCX_STATE_DIR"])
-    return env
+    yield env
+    from ngcx.deploy import service, store
+
+    for svc in store.services():
+        service.destroy(svc)
 
 
 @pytest.fixture(scope="session")
