@@ -60,15 +60,19 @@ def create_intent(config: DeployConfig) -> DeployRecord:
 
 def update(record_id: int, **fields: Any) -> DeployRecord:
     """Write a transition (any of COLUMNS) and stamp updated_at; returns the fresh record."""
-    unknown = set(fields) - COLUMNS
+    _write("deployments", COLUMNS, ("spec", "phases"), record_id, fields)
+    return get(record_id)
+
+
+def _write(table: str, columns: set[str], json_columns: tuple[str, ...], row_id: int, fields: dict[str, Any]) -> None:
+    """UPDATE one row of `table` with `fields` (only known `columns`; JSON ones encoded) and stamp updated_at."""
+    unknown = set(fields) - columns
     if unknown:
-        raise ValueError(f"unknown deployment fields {sorted(unknown)}")
-    values = {k: json.dumps(v) if k in ("spec", "phases") else v for k, v in fields.items()}
+        raise ValueError(f"unknown {table} fields {sorted(unknown)}")
+    values = {k: json.dumps(v) if k in json_columns else v for k, v in fields.items()}
     sets = ", ".join(f"{k} = ?" for k in values)
     with state.connect() as conn:
-        conn.execute(f"UPDATE deployments SET {sets}, updated_at = ? WHERE id = ?",
-                     (*values.values(), time.time(), record_id))
-    return get(record_id)
+        conn.execute(f"UPDATE {table} SET {sets}, updated_at = ? WHERE id = ?", (*values.values(), time.time(), row_id))
 
 
 def get(record_id: int) -> DeployRecord:
@@ -160,14 +164,7 @@ def create_service(cloud: str, region: str | None, replicas: int, config: dict[s
 
 
 def update_service(service_id: int, **fields: Any) -> ServiceRecord:
-    unknown = set(fields) - SERVICE_COLUMNS
-    if unknown:
-        raise ValueError(f"unknown service fields {sorted(unknown)}")
-    values = {k: json.dumps(v) if k in JSON_COLUMNS else v for k, v in fields.items()}
-    sets = ", ".join(f"{k} = ?" for k in values)
-    with state.connect() as conn:
-        conn.execute(f"UPDATE services SET {sets}, updated_at = ? WHERE id = ?",
-                     (*values.values(), time.time(), service_id))
+    _write("services", SERVICE_COLUMNS, JSON_COLUMNS, service_id, fields)
     return service(service_id)
 
 
