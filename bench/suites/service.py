@@ -2,7 +2,7 @@
 
 Figures, each over `repeat` rounds in one state store (one service made per round):
 - `ngcx deploy --cloud local --replicas 3`: from the command to the balancer answering (the command returns
-  only then: service.py `_wait_answering`); the reference is one lone `ngcx deploy --cloud local` of the same
+  only then: service.py `wait_answering`); the reference is one lone `ngcx deploy --cloud local` of the same
   project in the same round (what one replica costs), so the ratio says what the other two and the balancer add;
 - a rolling update of the 3 replicas (`ngcx deploy -f ngcx.fp16.yaml --service sN`: the project's FP16 build
   replaces its INT8 one): 3 new replicas up and healthy, then 3 old ones drained and removed;

@@ -92,6 +92,9 @@ def deploy_cmd(
     = None,
     max_replicas: Annotated[int | None, typer.Option("--max", min=1, help="Autoscaled service: most replicas.")]
     = None,
+    target_requests: Annotated[float, typer.Option(
+        "--target-requests", min=0.001, help="Autoscaled service on a cloud: requests per replica per minute at the "
+                                             "balancer that its scaling group keeps (target tracking).")] = 600.0,
     node_labels: Annotated[str | None, typer.Option(
         "--node-labels", help="--cloud kubernetes: ack or eks, whose GPU node labels select the nodes (default: the "
                               "one whose offers table has --gpu).")] = None,
@@ -133,6 +136,12 @@ def deploy_cmd(
         warn_interrupted()
         return deploy_service(config, registry, replicas, service, (port, drain, health_interval, certificate),
                               as_json)
+    if (min_replicas, max_replicas) != (None, None):
+        from .services import deploy_group
+
+        warn_interrupted()
+        return deploy_group(config, registry, (min_replicas, max_replicas, target_requests),
+                            (port, drain, health_interval, certificate), as_json)
     if cloud != Cloud.local:
         config.pushes = pushes(image, registry)
         config.pull_ref, config.registry = config.pick_push(lambda _host: True) or (None, None)
@@ -160,8 +169,11 @@ def _kubernetes_options(cloud: Cloud, dry_run: bool, output: Path | None, replic
                         scale: tuple[int | None, int | None], node_labels: str | None, kserve: bool) -> Any:
     """--cloud kubernetes's flags, checked before anything is read (None for the other clouds)."""
     if cloud != Cloud.kubernetes:
-        if scale != (None, None):
-            raise UserError("--min/--max on a cloud is not built yet: scaling groups", hint="use --replicas N")
+        if scale != (None, None) and (replicas is not None or service is not None):
+            raise UserError("--min/--max with --replicas or --service", hint="--min A --max B makes an autoscaled "
+                                                                             "service; --replicas N a fixed one")
+        if scale != (None, None) and None in scale:
+            raise UserError("--min and --max go together", hint="e.g. --min 1 --max 4")
         if output is not None or node_labels is not None or kserve:
             raise UserError("-o, --node-labels and --kserve are for --cloud kubernetes")
         return None

@@ -269,21 +269,26 @@ def gc_cmd(yes: Annotated[bool, typer.Option("--yes", "-y", help="Delete without
     if not yes and not typer.confirm(f"delete these {len(found)}?"):
         raise typer.Exit(1)
     from ..deploy.service import delete_orphan_balancer
+    from ..deploy.service_group import delete_orphan_group
 
     for item in found:
         if item.get("status") == "balancer":
             delete_orphan_balancer(item["cloud"], item)
+        elif item.get("status") == "scaling group":
+            delete_orphan_group(item["cloud"], item)
         else:
             target(item["cloud"]).delete_orphan(item)
     print(f"ngcx: deleted {len(found)}", file=sys.stderr)
 
 
 def _orphan_balancers(cloud: str) -> list[dict[str, str]]:
-    """Balancers with this store's tags that no live service owns; a cloud without credentials has none of ours."""
+    """Scaling groups, then balancers, with this store's tags that no live service owns (a group goes first: it
+    holds its balancer's target group); a cloud without credentials has none of ours."""
     from ..deploy.service import orphan_balancers
+    from ..deploy.service_group import orphan_groups
 
     try:
-        return orphan_balancers(cloud)
+        return orphan_groups(cloud) + orphan_balancers(cloud)
     except UserError as exc:
         if cloud != "local" and "credentials" in exc.message:
             return []

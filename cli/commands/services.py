@@ -42,6 +42,8 @@ def deploy_service(config: Any, registry: str | None, replicas: int | None, serv
     from ..deploy.image import pushes
 
     svc = _service(service) if service is not None else None
+    if svc is not None and _lib(svc) is not services:
+        raise _lib(svc).not_built(svc, "a rolling update")
     cloud = svc.cloud if svc is not None else config.cloud
     if cloud != "local":
         config.pushes = pushes(config.image, registry)
@@ -54,6 +56,33 @@ def deploy_service(config: Any, registry: str | None, replicas: int | None, serv
         config.port = None
         svc = services.create(config, replicas or 1, options, say)
     _print_ready(svc, as_json)
+
+
+def deploy_group(config: Any, registry: str | None, scaling: tuple[int | None, int | None, float],
+                 balancer: tuple[int | None, int, int, str | None], as_json: bool) -> None:
+    """`deploy --min A --max B`: an autoscaled service, its replicas the cloud's own scaling group."""
+    from ..deploy import service as services
+    from ..deploy import service_group
+    from ..deploy.image import pushes
+
+    low, high, target_requests = scaling
+    if config.cloud in ("local", "any"):
+        raise UserError(f"--min/--max with --cloud {config.cloud}: a scaling group is a cloud's",
+                        hint="--cloud aws, or --cloud kubernetes --dry-run for an HPA")
+    config.pushes = pushes(config.image, registry)
+    config.pull_ref, config.registry = config.pick_push(lambda _host: True) or (None, None)
+    port, drain, interval, certificate = balancer
+    options = services.Options(port=port, drain_s=drain, health_interval_s=interval, certificate_id=certificate)
+    config.port = None
+    svc = service_group.create(config, service_group.Scaling(low or 0, high or 0, target_requests), options, say)
+    _print_ready(svc, as_json)
+
+
+def _lib(svc: Any) -> Any:
+    """The module that runs this service: service_group.py for a scaling group, else service.py."""
+    from ..deploy import service, service_group
+
+    return service_group if service_group.is_group(svc) else service
 
 
 def check_flags(cloud: str, replicas: int | None, service: str | None) -> None:
@@ -82,18 +111,37 @@ def _print_ready(svc: Any, as_json: bool) -> None:
 
 
 def _service_json(svc: Any) -> dict[str, Any]:
+    from ..deploy import service_group
     from ..deploy.service import replicas
 
+    if service_group.is_group(svc):
+        return dict(service_group.refresh(svc).as_json(), hosts=service_group.members(svc))
     return dict(svc.as_json(), members=[r.as_json() for r in replicas(svc)])
 
 
 # --- deployments ... ------------------------------------------------------------------------------------
 def scale_cmd(service: ServiceArg,
-              count: Annotated[int, typer.Argument(help="How many replicas to run.", min=1, max=64)]) -> None:
-    """Run COUNT replicas: new ones join once healthy in the balancer; leaving ones drain first."""
+              count: Annotated[int | None, typer.Argument(help="How many replicas to run.", min=1, max=64)] = None,
+              low: Annotated[int | None, typer.Option("--min", min=0, help="Autoscaled service: fewest replicas.")]
+              = None,
+              high: Annotated[int | None, typer.Option("--max", min=1, help="Autoscaled service: most replicas.")]
+              = None) -> None:
+    """Run COUNT replicas (new ones join once healthy; leaving ones drain first), or give an autoscaled
+    service new bounds with --min/--max."""
     from ..deploy import service as services
+    from ..deploy import service_group
 
-    svc = services.scale(_service(service), count, say)
+    svc = _service(service)
+    if service_group.is_group(svc):
+        if count is not None or low is None or high is None:
+            raise UserError(f"service {svc.ref} is autoscaled: give its bounds, not a count",
+                            hint=f"ngcx deployments scale {svc.ref} --min A --max B")
+        service_group.scale(svc, low, high, say)
+        return
+    if count is None or (low, high) != (None, None):
+        raise UserError(f"service {svc.ref} has a fixed count: give COUNT",
+                        hint=f"ngcx deployments scale {svc.ref} 3 (an autoscaled one: deploy with --min/--max)")
+    svc = services.scale(svc, count, say)
     say(f"service {svc.ref}: {svc.replicas} replica(s) behind {svc.endpoint}")
 
 
@@ -101,7 +149,10 @@ def rollback_cmd(service: ServiceArg) -> None:
     """Roll the service back to the version before its last update (a rolling update: nothing fails meanwhile)."""
     from ..deploy import service as services
 
-    svc = services.rollback(_service(service), say)
+    svc = _service(service)
+    if _lib(svc) is not services:
+        raise _lib(svc).not_built(svc, "rollback")
+    svc = services.rollback(svc, say)
     say(f"service {svc.ref} rolled back: {svc.replicas} replica(s) of {svc.config.get('image')} "
         f"({str(svc.config.get('version', ''))[-12:]})")
 
@@ -114,7 +165,8 @@ def reconcile_cmd(service: ServiceArg,
     work, restore the count and the balancer. Safe to run from cron."""
     from ..deploy import service as services
 
-    svc = services.reconcile(_service(service), say, unhealthy_after)
+    svc = _service(service)
+    svc = services.reconcile(svc, say, unhealthy_after) if _lib(svc) is services else _lib(svc).reconcile(svc, say)
     say(f"service {svc.ref}: {svc.replicas} replica(s) behind {svc.endpoint}")
 
 
@@ -126,6 +178,8 @@ def show(text: str, as_json: bool) -> None:
     svc = _service(text)
     if as_json:
         return emit_json(_service_json(svc))
+    if _lib(svc) is not services:
+        return _show_group(svc)
     for key in ("ref", "cloud", "status", "replicas", "endpoint", "name", "image", "version", "detail"):
         value = svc.as_json().get(key)
         if value not in (None, ""):
@@ -137,11 +191,29 @@ def show(text: str, as_json: bool) -> None:
            for r in services.replicas(svc)])
 
 
+def _show_group(svc: Any) -> None:
+    from ..core.output import table
+    from ..deploy import service_group
+
+    svc = service_group.refresh(svc)
+    scaling = service_group.scaling_of(svc)
+    for key, value in (*((k, svc.as_json().get(k)) for k in ("ref", "cloud", "status", "replicas", "endpoint",
+                                                               "name", "image", "version", "detail")),
+                       ("scaling", f"{scaling.min_size}..{scaling.max_size} hosts, "
+                                   f"{scaling.target_requests:g} requests per host per minute")):
+        if value not in (None, ""):
+            print(f"{key:14} {value}")
+    table(None, ("host", "zone", "state", "health", "balancer"),
+          [(m["instance_id"], m["zone"], m["state"], m["health"], m["balancer"]) for m in service_group.members(svc)])
+
+
 def logs(text: str, tail: int) -> None:
     from ..deploy import service as services
     from ..deploy import target
 
     svc = _service(text)
+    if _lib(svc) is not services:
+        raise _lib(svc).not_built(svc, "logs")
     for record in services.replicas(svc):
         print(f"==> replica {record.id} <==")
         print(target(record.cloud).logs(record, tail), end="")
@@ -150,14 +222,20 @@ def logs(text: str, tail: int) -> None:
 def stop(text: str) -> None:
     from ..deploy import service as services
 
-    svc = services.stop(_service(text))
+    svc = _service(text)
+    if _lib(svc) is not services:
+        raise _lib(svc).not_built(svc, "stop")
+    svc = services.stop(svc)
     say(f"service {svc.ref} stopped; its balancer stays; `ngcx deployments start {svc.ref}` serves it again")
 
 
 def start(text: str) -> None:
     from ..deploy import service as services
 
-    svc = services.start(_service(text), say)
+    svc = _service(text)
+    if _lib(svc) is not services:
+        raise _lib(svc).not_built(svc, "start")
+    svc = services.start(svc, say)
     print(svc.endpoint)
 
 
@@ -168,10 +246,10 @@ def destroy(text: str, yes: bool) -> None:
     svc = _service(text)
     if svc.status == DESTROYED:
         raise UserError(f"service {svc.ref} is already destroyed")
-    count = len(services.replicas(svc))
+    count = len(services.replicas(svc)) if _lib(svc) is services else svc.replicas
     if not yes and not typer.confirm(f"destroy service {svc.ref} ({svc.cloud}, {count} replica(s) and its balancer)?"):
         raise typer.Exit(1)
-    services.destroy(svc)
+    _lib(svc).destroy(svc)
     say(f"service {svc.ref} destroyed ({count} replica(s), balancer {svc.name})")
 
 
@@ -190,6 +268,9 @@ def key(text: str) -> None:
 def rotate_key(text: str, grace: float) -> None:
     from ..deploy import service as services
 
-    svc = services.rotate_key(_service(text), grace, say)
+    svc = _service(text)
+    if _lib(svc) is not services:
+        raise _lib(svc).not_built(svc, "key rotation")
+    svc = services.rotate_key(svc, grace, say)
     say(f"service {svc.ref} has a new key on all {svc.replicas} replica(s); the old one no longer opens it "
         f"(`ngcx deployments key {svc.ref}` prints the new one)")

@@ -573,3 +573,11 @@ def balancer(config: DeployConfig | None = None) -> Any:
 
 
 member = vm.member
+
+
+def scaling_group(config: DeployConfig | None = None) -> Any:
+    """Services' --min/--max (service_group.py): aws_asg.ServiceGroups in the service's region (default: gc)."""
+    from .aws_asg import ServiceGroups
+
+    return ServiceGroups(config, cloud_for(region_of(config) if config is not None else default_region()), prepare,
+                         with_ssm_agent)

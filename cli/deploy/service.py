@@ -119,10 +119,10 @@ def create(config: DeployConfig, count: int, options: Options, say: Say) -> Serv
     svc = store.create_service(config.cloud, config.region, count, config_row(config, options))
     key = keys.create(key_name(svc)) if config.auth else None
     try:
-        balancer, ref = _balancer_up(module, svc)
+        balancer, ref = balancer_up(module, svc)
         say(f"service {svc.ref}: balancer {ref.balancer_id} at {store.service(svc.id).endpoint}")
         _add(module, svc, balancer, ref, config, list(range(count)), key, say)
-        _wait_answering(store.service(svc.id), config.ready_timeout)
+        wait_answering(store.service(svc.id), config.ready_timeout)
     except BaseException as exc:
         _teardown(module, store.service(svc.id))
         store.update_service(svc.id, status=FAILED, pid=None, detail=flow.reason(exc))
@@ -131,10 +131,10 @@ def create(config: DeployConfig, count: int, options: Options, say: Say) -> Serv
     return store.update_service(svc.id, status=READY, pid=None, detail=None)
 
 
-def _balancer_up(module: ModuleType, svc: ServiceRecord) -> tuple[Any, BalancerRef]:
+def balancer_up(module: ModuleType, svc: ServiceRecord) -> tuple[Any, BalancerRef]:
     """ensure (idempotent: a second call finds what the first made) and keep the ref and URL in the row."""
     config, options = config_of(svc.config)
-    spec = module.service_spec(svc.name, _zones(module, config), _tags(svc), options, config)
+    spec = module.service_spec(svc.name, _zones(module, config), tags_of(svc), options, config)
     balancer = module.balancer(config)
     ref = balancer.ensure(spec)
     scheme = "https" if spec.protocol == "HTTPS" else "http"
@@ -142,7 +142,7 @@ def _balancer_up(module: ModuleType, svc: ServiceRecord) -> tuple[Any, BalancerR
     return balancer, ref
 
 
-def _balancer(module: ModuleType, svc: ServiceRecord) -> Any:
+def balancer_of(module: ModuleType, svc: ServiceRecord) -> Any:
     """The target's balancer client for this service (its region, its --allow-from)."""
     return module.balancer(config_of(svc.config)[0])
 
@@ -151,11 +151,11 @@ def _zones(module: ModuleType, config: DeployConfig) -> tuple[str, ...]:
     return tuple(module.service_zones(config)) if hasattr(module, "service_zones") else ()
 
 
-def _tags(svc: ServiceRecord) -> dict[str, str]:
+def tags_of(svc: ServiceRecord) -> dict[str, str]:
     return {"ngcx:owner": store.owner_id(), "ngcx:service": str(svc.id)}
 
 
-def _ref(svc: ServiceRecord) -> BalancerRef:
+def ref_of(svc: ServiceRecord) -> BalancerRef:
     if not svc.balancer:
         raise UserError(f"service {svc.ref} has no balancer recorded",
                         hint=f"`ngcx deployments reconcile {svc.ref}` makes it")
@@ -207,7 +207,7 @@ def _wait_healthy(module: ModuleType, balancer: Any, ref: BalancerRef, record: D
                    f"{max(timeout, 60.0):.0f} s", hint="check the security group / network between balancer and host")
 
 
-def _wait_answering(svc: ServiceRecord, timeout: float) -> None:
+def wait_answering(svc: ServiceRecord, timeout: float) -> None:
     """The service's URL answers /v2/health/ready (through the balancer's listener)."""
     from ..project.client import Client
 
@@ -253,7 +253,7 @@ def _drain(module: ModuleType, balancer: Any, ref: BalancerRef, record: DeployRe
 
 def _teardown(module: ModuleType, svc: ServiceRecord) -> None:
     """Every replica and the balancer, whatever state they are in (failed create, destroy)."""
-    balancer = _balancer(module, svc)
+    balancer = balancer_of(module, svc)
     ref = BalancerRef(**svc.balancer) if svc.balancer else None
     for record in replicas(svc):
         try:
@@ -290,7 +290,7 @@ def destroy(svc: ServiceRecord) -> None:
 def update(svc: ServiceRecord, new: DeployConfig, say: Say) -> ServiceRecord:
     """New-version replicas first, each ready and healthy in the balancer; then the old ones drain. A new
     version that never gets healthy is removed again: the old replicas never stopped serving."""
-    _require(svc, READY, "update")
+    require(svc, READY, "update")
     module = target(svc.cloud)
     old_config, options = config_of(svc.config)
     new = with_version(replace(new, cloud=svc.cloud, region=old_config.region, auth=old_config.auth,
@@ -302,7 +302,7 @@ def update(svc: ServiceRecord, new: DeployConfig, say: Say) -> ServiceRecord:
     svc = store.update_service(svc.id, status=SVC_UPDATING, pid=os.getpid(), config=config_row(new, options),
                                previous=svc.config, detail=f"rolling {_short(old_config.version)} -> "
                                                            f"{_short(new.version)}")
-    balancer, ref = _balancer(module, svc), _ref(svc)
+    balancer, ref = balancer_of(module, svc), ref_of(svc)
     try:
         _add(module, svc, balancer, ref, new, list(range(svc.replicas)), keys.get(key_name(svc)), say)
     except BaseException as exc:
@@ -339,14 +339,14 @@ def rollback(svc: ServiceRecord, say: Say) -> ServiceRecord:
 # --- scale -------------------------------------------------------------------------------------------------
 def scale(svc: ServiceRecord, count: int, say: Say) -> ServiceRecord:
     """Up: new replicas join (warm hosts first, as every deploy); down: the newest leave through the drain."""
-    _require(svc, READY, "scale")
+    require(svc, READY, "scale")
     if count < 1:
         raise UserError(f"cannot scale service {svc.ref} to {count}", hint="destroy it instead, or scale to 1 or more")
     module = target(svc.cloud)
     config, _ = config_of(svc.config)
     current = replicas(svc)
     svc = store.update_service(svc.id, status=SVC_SCALING, pid=os.getpid(), replicas=count)
-    balancer, ref = _balancer(module, svc), _ref(svc)
+    balancer, ref = balancer_of(module, svc), ref_of(svc)
     try:
         if count > len(current):
             used = {r.spec.get("replica") for r in current}
@@ -366,7 +366,7 @@ def _victims(current: list[DeployRecord], n: int) -> list[DeployRecord]:
     return sorted(current, key=lambda r: (r.status == READY, -r.id))[:max(0, n)]
 
 
-def _require(svc: ServiceRecord, status: str, verb: str) -> None:
+def require(svc: ServiceRecord, status: str, verb: str) -> None:
     if store.service_interrupted(svc):
         raise UserError(f"service {svc.ref} was interrupted while {svc.status}",
                         hint=f"run `ngcx deployments reconcile {svc.ref}` first")
@@ -377,9 +377,9 @@ def _require(svc: ServiceRecord, status: str, verb: str) -> None:
 # --- stop, start ---------------------------------------------------------------------------------------------
 def stop(svc: ServiceRecord) -> ServiceRecord:
     """Every replica leaves the balancer (drained) and stops; the balancer stays, answering 503."""
-    _require(svc, READY, "stop")
+    require(svc, READY, "stop")
     module = target(svc.cloud)
-    balancer, ref = _balancer(module, svc), _ref(svc)
+    balancer, ref = balancer_of(module, svc), ref_of(svc)
     for record in replicas(svc):
         _drain(module, balancer, ref, record, svc)
         flow.stop(record)
@@ -387,10 +387,10 @@ def stop(svc: ServiceRecord) -> ServiceRecord:
 
 
 def start(svc: ServiceRecord, say: Say) -> ServiceRecord:
-    _require(svc, STOPPED, "start")
+    require(svc, STOPPED, "start")
     module = target(svc.cloud)
     config, _ = config_of(svc.config)
-    balancer, ref = _balancer(module, svc), _ref(svc)
+    balancer, ref = balancer_of(module, svc), ref_of(svc)
     for record in replicas(svc):
         record = flow.start(record, config.ready_timeout)
         _join(module, balancer, ref, record, config.ready_timeout)
@@ -416,7 +416,7 @@ def reconcile(svc: ServiceRecord, say: Say, unhealthy_after: float = UNHEALTHY_A
     svc = store.update_service(svc.id, status=SVC_RECONCILING, pid=os.getpid())
     try:
         _finish_interrupted(module, svc)
-        balancer, ref = _balancer_up(module, svc)
+        balancer, ref = balancer_up(module, svc)
         svc = store.service(svc.id)
         bad = _broken(module, svc, balancer, ref, config, unhealthy_after, say)
         good = [r for r in replicas(svc) if r.id not in {b.id for b in bad}]
@@ -507,7 +507,7 @@ def rotate_key(svc: ServiceRecord, grace: float, say: Say) -> ServiceRecord:
     """The service's key, replaced on every replica without a failed request (security.rotate_key)."""
     from .security import rotate_key as rotate
 
-    _require(svc, READY, "rotate the key of")
+    require(svc, READY, "rotate the key of")
     rotate(key_name(svc), f"service {svc.ref}", replicas(svc), grace, say)
     return svc
 
@@ -518,7 +518,7 @@ def health(svc: ServiceRecord) -> dict[int, str]:
         return {}
     module = target(svc.cloud)
     try:
-        states = _balancer(module, svc).health(_ref(svc))
+        states = balancer_of(module, svc).health(ref_of(svc))
     except UserError:
         return {}
     return {r.id: states.get(module.member(r)[0], "unused") for r in replicas(svc)}

@@ -327,7 +327,12 @@ def test_cli_writes_the_folder_and_shows_no_key_off_a_terminal(monkeypatch, caps
 @pytest.mark.parametrize("args, words", [
     (["--cloud", "kubernetes", "--dry-run", "--gpu", "A10"], "needs -o DIR"),
     (["--cloud", "kubernetes", "-o", "DIR", "--gpu", "A10"], "only writes manifests"),
-    (["--cloud", "aws", "--min", "1", "--max", "3"], "not built yet: scaling groups"),
+    (["--cloud", "aws", "--min", "1"], "--min and --max go together"),
+    (["--cloud", "aws", "--min", "1", "--max", "3", "--replicas", "2"], "--min/--max with --replicas"),
+    (["--cloud", "local", "--min", "1", "--max", "3"], "a scaling group is a cloud's"),
+    (["--cloud", "aws", "--min", "0", "--max", "3"], "(scale to zero) is not built yet"),
+    (["--cloud", "aws", "--min", "3", "--max", "2"], "need 1 <= min <= max"),
+    (["--cloud", "aliyun", "--min", "1", "--max", "3"], "built for --cloud aws only so far"),
     (["--cloud", "aws", "-o", "DIR"], "for --cloud kubernetes"),
 ])
 def test_cli_mistakes_are_one_line_exit_2(monkeypatch, capsys, tmp_path, args, words):

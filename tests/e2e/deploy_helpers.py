@@ -84,7 +84,9 @@ class Load:
     service's key back to back, bounded by LOAD_MAX_S and LOAD_MAX_REQUESTS; counts every answer and error
     (a failed request is any answer but 200, or a connection error)."""
 
-    def __init__(self, url: str, key: str, payload: bytes, context: ssl.SSLContext | None = None) -> None:
+    def __init__(self, url: str, key: str, payload: bytes, context: ssl.SSLContext | None = None, *,
+                 clients: int = LOAD_CLIENTS, rate: float | None = None) -> None:
+        """`rate`: requests per second per client (paced); None sends back to back."""
         parts = urlsplit(url)
         self.https, self.context = parts.scheme == "https", context
         self.address = (parts.hostname, parts.port or (443 if self.https else 80))
@@ -93,7 +95,8 @@ class Load:
         self.errors: list[str] = []
         self.stop = threading.Event()
         self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._client, daemon=True) for _ in range(LOAD_CLIENTS)]
+        self.pause = 1.0 / rate if rate else 0.0
+        self.threads = [threading.Thread(target=self._client, daemon=True) for _ in range(clients)]
 
     def __enter__(self) -> Load:
         self.started = time.monotonic()
@@ -112,8 +115,13 @@ class Load:
 
     def _client(self) -> None:
         conn = None
+        due = time.monotonic()
         while not self.stop.is_set() and time.monotonic() - self.started < LOAD_MAX_S and \
                 self.total() < LOAD_MAX_REQUESTS:
+            if self.pause:
+                due += self.pause
+                if self.stop.wait(max(0.0, due - time.monotonic())):
+                    break
             conn = conn or self._connect()
             try:
                 conn.request("POST", "/v2/models/convnet/infer", self.payload,

@@ -13,11 +13,12 @@ type and grace period, tags; SetDesiredCapacity / UpdateAutoScalingGroup launch 
 (image of the resolved template version) and register them in the groups' target groups; PutScalingPolicy
 (TargetTrackingConfiguration stored, DescribePolicies), PutLifecycleHook (DescribeLifecycleHooks),
 DetachInstances, DescribeScalingActivities (detaches only), PutMetricData (CloudWatch).
-What moto lacks: it never runs user-data for a group's instances (they launch inside moto, not through
-RunInstances); it says InService at once; it terminates scale-in victims at once, never deregisters them
-from target groups, knows no lifecycle waits (CompleteLifecycleAction: NotImplemented, a 500); it reports
-every instance's LaunchTemplate Version as "1" for "$Latest"; it puts every instance in the first subnet;
-it evaluates no policy; DeleteAutoScalingGroup without ForceDelete removes a group that has instances.
+What moto lacks: it never runs user-data for a group's instances nor gives them the template's instance profile
+(they launch inside moto, not through RunInstances); it says InService at once; it terminates scale-in victims
+at once, never deregisters them from target groups, knows no lifecycle waits (CompleteLifecycleAction:
+NotImplemented, a 500); it reports every instance's LaunchTemplate Version as "1" for "$Latest"; it puts every
+instance in the first subnet; it evaluates no policy; DeleteAutoScalingGroup without ForceDelete removes a group
+that has instances.
 
 What this module adds:
 - Machines: after every successful call that may launch (Create/Update/SetDesiredCapacity, and the
@@ -177,12 +178,13 @@ class AutoScaling:
         return members(xpath(root, "DescribeAutoScalingGroupsResult") if root is not None else None,
                        "AutoScalingGroups")
 
-    def _template_version(self, region: str, template: ET.Element | None) -> tuple[str, bytes]:
-        """(version number, user-data) of the group's launch template version as it resolves now."""
+    def _template_version(self, region: str, template: ET.Element | None) -> tuple[str, bytes, dict[str, str]]:
+        """(version number, user-data, its IamInstanceProfile as AssociateIamInstanceProfile params) of the
+        group's launch template version as it resolves now."""
         from .aws_ec2 import Ec2Emulator
 
         if template is None:
-            return "", b""
+            return "", b"", {}
         wanted = child_text(template, "Version") or "$Default"
         params = {"LaunchTemplateVersion.1": wanted}
         if child_text(template, "LaunchTemplateId"):
@@ -193,9 +195,12 @@ class AutoScaling:
         for version in items(root, "launchTemplateVersionSet"):
             data = child(version, "launchTemplateData")
             encoded = child_text(data, "userData")
+            profile = child(data, "iamInstanceProfile")
+            role = {f"IamInstanceProfile.{key.capitalize()}": child_text(profile, key) for key in ("name", "arn")
+                    if profile is not None and child_text(profile, key)}
             return child_text(version, "versionNumber"), (Ec2Emulator._user_data({"UserData": encoded})
-                                                          if encoded else b"")
-        return "", b""
+                                                          if encoded else b""), role
+        return "", b"", {}
 
     def _sync(self, region: str, name: str) -> None:
         """The group's instances that have no machine yet get one; the balancer planes follow moto."""
@@ -206,9 +211,12 @@ class AutoScaling:
             new = [child_text(m, "InstanceId") for m in members(group, "Instances")
                    if child_text(m, "InstanceId") not in self._versions]
         if new:
-            version, user_data = self._template_version(region, child(group, "LaunchTemplate"))
+            version, user_data, profile = self._template_version(region, child(group, "LaunchTemplate"))
             with self._lock:
                 self._versions.update({i: version for i in new})
+            for instance_id in new if profile else []:    # moto launches them without the template's profile
+                self.ec2._need_upstream().ec2(region, "AssociateIamInstanceProfile",
+                                              {"InstanceId": instance_id, **profile})
             self.ec2.adopt(region, {i: user_data for i in new})
         self.ec2.elbv2.refresh(region)
 

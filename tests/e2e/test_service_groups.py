@@ -1,0 +1,158 @@
+"""`ngcx deploy --cloud aws --min 1 --max 3 --certificate ARN`, for real: an autoscaled service of the example
+project — its replicas an EC2 Auto Scaling group launched from the baked AMI behind the part-1 ALB — under a
+load step from 1 to 8 times, then back.
+
+What a user notices (issue 22): the group scales out on the balancer's requests per host (target tracking,
+evaluated by the cloud, not by ngcx: no ngcx runs while it scales), the new host serves, and when the load
+drops the group scales back in, draining the leaving host through the deregistration delay and the lifecycle
+hook, with zero failed requests throughout; `show` lists the group's hosts; `scale --min/--max` moves the
+bounds; destroy leaves no group, template, balancer or host; `gc` finds a group no row names.
+
+The double: moto behind aws_ec2 + aws_autoscaling (hosts are containers with their own dockerd, booting the
+launch template's user-data; the ALB's data plane a real haproxy). Balancer and group time run at
+TIME_SCALE: an AWS minute (the policy's period) is 6 s, a 30 s drain 3 s. The load is paced (RATE requests/s
+per client), so the offered step is exactly 1 -> 8 clients whatever this machine's speed; --target-requests
+is set so that 1 client fits one host and 8 need more than one.
+"""
+
+from __future__ import annotations
+
+import ssl
+import time
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import pytest
+from deploy_helpers import Load
+from e2e.clouds import Cloud, state_of
+from e2e.test_service_clouds import _can_bind_443, payload, show
+from emulators.balancer_plane import LOOPBACK_NET
+from emulators.traffic import certs
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+TIME_SCALE = 0.1
+RATE = 4.0                # requests/s per client: 24 per emulated minute
+TARGET = 60               # requests per host per emulated minute: 1 client (24) fits one host, 8 (192) need 3+
+STEP_MAX_S = 240.0
+
+
+@pytest.fixture
+def group_cloud(aws, tmp_path_factory) -> Iterator[tuple[Cloud, str, dict[str, str], ssl.SSLContext, object]]:
+    """(aws, certificate ARN, env with SSL_CERT_FILE, the CA's context, the AutoScaling double) with fast time."""
+    import boto3
+    from emulators.aws_autoscaling import AutoScaling
+
+    if not _can_bind_443():
+        pytest.skip("the emulated balancers listen on 443 of 127.0.100.x: needs root or CAP_NET_BIND_SERVICE")
+    emulator = aws.emulator
+    folder = tmp_path_factory.mktemp("group-ca")
+    ca, cert, key = certs().ca_signed(folder, [str(ip) for ip in LOOPBACK_NET.hosts()])
+    emulator.elbv2.own_addresses, emulator.elbv2.time_scale = True, TIME_SCALE
+    scaling = AutoScaling(emulator, time_scale=TIME_SCALE)
+    acm = boto3.client("acm", endpoint_url=emulator.endpoint, region_name=aws.env["AWS_DEFAULT_REGION"],
+                       aws_access_key_id=aws.env["AWS_ACCESS_KEY_ID"],
+                       aws_secret_access_key=aws.env["AWS_SECRET_ACCESS_KEY"])
+    certificate = acm.import_certificate(Certificate=cert.read_bytes(), PrivateKey=key.read_bytes(),
+                                         CertificateChain=ca.read_bytes())["CertificateArn"]
+    try:
+        yield aws, certificate, {"SSL_CERT_FILE": str(ca)}, ssl.create_default_context(cafile=str(ca)), scaling
+    finally:
+        emulator.routes.remove(scaling.route)
+        scaling.close()
+        emulator.elbv2.own_addresses, emulator.elbv2.time_scale = False, 1.0
+    assert scaling.errors == [], scaling.errors
+
+
+def hosts(cloud: Cloud, ref: str) -> list[dict]:
+    return show(cloud, ref)["hosts"]
+
+
+def wait_for(what: str, check, timeout: float = STEP_MAX_S, pause: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(pause)
+    raise AssertionError(f"not within {timeout:.0f} s: {what}")
+
+
+def test_an_autoscaled_service_follows_a_load_step_out_and_back_in_with_no_failed_request(group_cloud, monkeypatch):
+    cloud, certificate, tls_env, context, scaling = group_cloud
+    for name, value in {**cloud.env, **tls_env}.items():
+        monkeypatch.setenv(name, value)
+    body, _ = payload(cloud.project)
+    base = ("deploy", "--cloud", "aws", "--gpu", cloud.gpu, "--gpu-mode", "auto", "--certificate", certificate)
+    made = cloud.ngcx(*base, "--min", "1", "--max", "3", "--target-requests", str(TARGET), env=tls_env)
+    assert made.returncode == 0, made.stderr[-3000:]
+    url = made.stdout.strip().splitlines()[-1]
+    assert urlsplit(url).scheme == "https", url
+    ref = _service_of(cloud, url)
+    key = cloud.ngcx("deployments", "key", ref).stdout.strip()
+    assert key.startswith("ngcx_") and key not in made.stderr + made.stdout
+    svc = show(cloud, ref)
+    assert svc["status"] == "ready" and svc["config"]["group"]["min_size"] == 1
+    [first] = svc["hosts"]
+    assert first["state"] == "in-service" and first["balancer"] == "healthy", svc["hosts"]
+    group_name = svc["config"]["group"]["ref"]["name"]
+    assert group_name == svc["name"]
+
+    with Load(url, key, body, context, clients=1, rate=RATE) as base_load:
+        base_load.settle(10)
+        time.sleep(3 * scaling.period_s)             # three emulated minutes at 1x: the group stays at one host
+        assert len([h for h in hosts(cloud, ref) if h["state"] != "leaving"]) == 1
+        t_step = time.monotonic()
+        with Load(url, key, body, context, clients=7, rate=RATE) as step:        # 1 -> 8 clients
+            serving = wait_for("a second host healthy in the balancer", lambda: [
+                h for h in hosts(cloud, ref) if h["balancer"] == "healthy" and h["instance_id"] !=
+                first["instance_id"]])
+            reaction = time.monotonic() - t_step
+            step.settle(20)
+        t_drop = time.monotonic()                    # back to 1x: the group scales in, draining
+        leaving = wait_for("a host leaving", lambda: [h for h in hosts(cloud, ref) if h["state"] == "leaving"])
+        t_leave = time.monotonic()
+        wait_for("one host left", lambda: len(hosts(cloud, ref)) == 1)
+        drained = time.monotonic() - t_leave
+        base_load.settle(10)
+    failures = base_load.errors + step.errors
+    total = base_load.total() + step.total()
+    assert not failures and total > 100, (base_load.seen, step.seen, failures[:5])
+    decisions = [d for d in scaling.decisions if d[0] == group_name]
+    assert any(after > before for _, before, after, _ in decisions), decisions
+    assert any(after < before for _, before, after, _ in decisions), decisions
+    print(f"aws group: load step 1 -> 8 clients: a new host healthy {reaction:.1f} s after the step "
+          f"(policy period {scaling.period_s:.0f} s); scale-in began {t_leave - t_drop:.1f} s after the drop, the "
+          f"leaving host {leaving[0]['instance_id']} drained and went in {drained:.1f} s; {total} requests, 0 failed "
+          f"(time scale {TIME_SCALE}: AWS seconds = these / {TIME_SCALE}); decisions {decisions}")
+    assert serving
+
+    # new bounds: the desired count follows into them
+    moved = cloud.ngcx("deployments", "scale", ref, "--min", "2", "--max", "3", env=tls_env)
+    assert moved.returncode == 0, moved.stderr[-2000:]
+    wait_for("two hosts healthy", lambda: len([h for h in hosts(cloud, ref) if h["balancer"] == "healthy"]) == 2)
+    assert show(cloud, ref)["replicas"] == 2
+    refused = cloud.ngcx("deployments", "scale", ref, "3")
+    assert refused.returncode == 2 and "give its bounds, not a count" in refused.stderr
+
+    # destroy: no group, template, balancer or host of the service is left
+    instance_ids = {h["instance_id"] for h in hosts(cloud, ref)} | {first["instance_id"]}
+    gone = cloud.ngcx("deployments", "destroy", ref, "--yes")
+    assert gone.returncode == 0, gone.stderr[-2000:]
+    from ngcx.deploy import target
+
+    assert target("aws").scaling_group().tagged({"ngcx:service": str(svc["id"])}) == []
+    assert target("aws").balancer().tagged({"ngcx:service": str(svc["id"])}) == []
+    states = {i["id"]: state_of(i) for i in cloud.emulator.instances()}
+    wait_for("the group's hosts terminated", lambda: all(
+        {i["id"]: state_of(i) for i in cloud.emulator.instances()}.get(x, "terminated") in ("terminated", "")
+        for x in instance_ids), timeout=60)
+    assert show(cloud, ref)["status"] == "destroyed", states
+
+
+def _service_of(cloud: Cloud, url: str) -> str:
+    """The service whose endpoint is `url` (the same state store the CLI wrote: NGCX_STATE_DIR is set here)."""
+    from ngcx.deploy import store
+
+    [svc] = [s for s in store.services() if s.endpoint == url]
+    return svc.ref
