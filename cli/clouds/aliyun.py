@@ -9,7 +9,7 @@ become CapacityError for the failover in aliyun.py; a wrong key or secret is one
 
 Credentials the standard way: ALIBABA_CLOUD_ACCESS_KEY_ID / ALIBABA_CLOUD_ACCESS_KEY_SECRET, else
 the `aliyun` CLI's ~/.aliyun/config.json (profile $ALIBABA_CLOUD_PROFILE or its `current`).
-NGCX_ALIYUN_ECS_ENDPOINT=HOST:PORT points ECS, ACR, RAM and ALB calls at another server (tests: the
+NGCX_ALIYUN_ECS_ENDPOINT=HOST:PORT points ECS, ACR, RAM, ALB and ESS calls at another server (tests: the
 emulator in tests/emulators); plain http is used only for loopback, every other endpoint is https.
 The SDKs are an extra (`pip install 'ngcx[aliyun]'`), imported on first use.
 """
@@ -40,6 +40,8 @@ DEPLOY_NEEDS = ("; deploys also need cr:GetAuthorizationToken, ram:CreateRole/Cr
                 "ListPoliciesForRole and ram:PassRole")
 ALB_NEEDS = ("; services also need alb:Create*/Get*/List*/Delete*, alb:AddServersToServerGroup, "
              "alb:RemoveServersFromServerGroup and alb:GetListenerHealthStatus")
+ESS_NEEDS = ("; scaling groups also need ess:Create*/Describe*/Modify*/Delete*/Enable*, ess:CompleteLifecycleAction "
+             "and ess:ListTagResources")
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,15 @@ class Api:
                         {**(params or {}), "ClientToken": token})
         return self._call(action, build, retry=not write or token is not None, service="alb")
 
+    def ess(self, action: str, params: dict[str, Any] | None = None, *, token: str | None = None,
+            write: bool = False) -> dict[str, Any]:
+        """Auto Scaling (ESS 2014-08-28) RPC: services' scaling groups (deploy/aliyun_ess.py). Dotted parameters
+        as the API names them (`ServerGroups.1.Port`, `Tags.1.Key`); writes retried only with a token."""
+        def build() -> Any:
+            return _rpc(f"ess.{self.region}.aliyuncs.com", "2014-08-28", "Ess", action,
+                        {**(params or {}), "ClientToken": token})
+        return self._call(action, build, retry=not write or token is not None, service="ess")
+
     def _call(self, action: str, build: Any, retry: bool, service: str = "") -> dict[str, Any]:
         from aliyunsdkcore.acs_exception.exceptions import ClientException, ServerException
 
@@ -199,7 +210,7 @@ class Api:
             return UserError(f"Alibaba Cloud rejected the {what} ({code}) from {self.creds.source}",
                              hint="check the key pair in the Alibaba Cloud console (RAM > AccessKey)")
         if code == "Forbidden.RAM" or code.startswith("NoPermission"):
-            also = ALB_NEEDS if service == "alb" else DEPLOY_NEEDS
+            also = {"alb": ALB_NEEDS, "ess": ESS_NEEDS}.get(service, DEPLOY_NEEDS)
             return UserError(f"Alibaba Cloud {action}: the RAM user of {self.creds.access_key_id} may not call it "
                              f"({code})", hint=f"grant it {_permission(action, service)}{also}")
         clean = _scrub(message or "", self.creds).split(" server string to sign is")[0]

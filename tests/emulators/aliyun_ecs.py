@@ -12,8 +12,9 @@ DescribeImages lists only Available images unless Status is given; DescribeInsta
 AllTogether); StopInstance defaults to KeepCharging.
 
 Instance RAM roles, RAM itself (2015-05-01, on the same port), the STS keys of roles and the
-metadata service live in aliyun_ram.py, ALB (2020-06-16) and its haproxy data plane in aliyun_alb.py;
-this module only wires them in.
+metadata service live in aliyun_ram.py, ALB (2020-06-16) and its haproxy data plane in aliyun_alb.py,
+Auto Scaling (ESS 2014-08-28: groups of these instances behind ALB) in aliyun_ess.py; this module only wires
+them in.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 from .aliyun_alb import ALB_IDEMPOTENT, ALB_UNLOCKED, ALB_VERSION, Alb
+from .aliyun_ess import ESS_IDEMPOTENT, ESS_VERSION, Ess
 from .aliyun_ram import (
     ACCOUNT_UID,
     RAM_ACTIONS,
@@ -165,8 +167,9 @@ class EcsEmulator(RpcService):
     behind one lock, and the instances' metadata service on its own port (metadata_address)."""
 
     products = {ECS_VERSION: ("Ecs", "ecs.aliyuncs.com"), CR_VERSION: ("cr", "cr.aliyuncs.com"),
-                RAM_VERSION: ("Ram", "ram.aliyuncs.com"), ALB_VERSION: ("Alb", "alb.aliyuncs.com")}
-    idempotent = IDEMPOTENT | ALB_IDEMPOTENT
+                RAM_VERSION: ("Ram", "ram.aliyuncs.com"), ALB_VERSION: ("Alb", "alb.aliyuncs.com"),
+                ESS_VERSION: ("Ess", "ess.aliyuncs.com")}
+    idempotent = IDEMPOTENT | ALB_IDEMPOTENT | ESS_IDEMPOTENT
     unlocked = UNLOCKED | ALB_UNLOCKED
     regionless = frozenset({"DescribeRegions"}) | RAM_ACTIONS
 
@@ -203,6 +206,7 @@ class EcsEmulator(RpcService):
         self._restart_failures: set[str] = set()
         self.alb = Alb(self._lock, self._spawn, self._sleep_until, self._vpc_id, self._vswitches, self._instances.get,
                        region)    # ALB 2020-06-16 (aliyun_alb.py), its data plane a haproxy per load balancer
+        self.ess = Ess(self)    # Auto Scaling 2014-08-28 (aliyun_ess.py): groups of these instances behind ALB
         self.actions = {
             ECS_VERSION: {
                 "DescribeRegions": self._describe_regions, "DescribeZones": self._describe_zones,
@@ -225,6 +229,7 @@ class EcsEmulator(RpcService):
             CR_VERSION: {"GetAuthorizationToken": self._get_authorization_token},
             RAM_VERSION: self.ram.actions,
             ALB_VERSION: self.alb.actions,
+            ESS_VERSION: self.ess.actions,
         }
         self.actions[ECS_VERSION].update(self.instance_roles.actions)
 

@@ -1,0 +1,353 @@
+"""A service's replicas as an Alibaba Cloud Auto Scaling (ESS 2014-08-28) group: configuration, group, drain hook,
+target tracking (CommonRequest through clouds/aliyun.py's Api; no ESS SDK needed).
+
+Why the cloud's own scaling engine (issue 22): a group keeps its size and follows its rule while the user's
+laptop is closed; ngcx only describes it. The twin of aws_asg.py (EC2 Auto Scaling), the same shape and
+rules; not wired yet (no command calls this module): the library and its tests come first.
+
+What ensure_group makes, found by name before anything is created (a name in use under another owner, by
+the group's ngcx:owner tag, is refused), so a retry after a lost answer or a killed ngcx makes no duplicate:
+- the scaling group, named spec.name and tagged spec.tags (ngcx:owner, ngcx:service): over spec.vswitches
+  (one per zone), attached to the service's ALB server group on spec.port (ServerGroups, Type ALB),
+  min/max/desired. A group that exists keeps its desired capacity (its rule owns it), takes the new min/max,
+  and is attached to the server group when it is not yet.
+- a scaling configuration: the baked host image, instance type, user-data (the host's boot script), RAM
+  role (registry pulls, never a token in user-data), security group, the tags on the instances. When image,
+  user-data, type, role or group changed, a *new* configuration (or one of the group's that already says so)
+  becomes the group's active one; instances already running keep theirs until they are replaced (rolling
+  them is service.py's). Old configurations stay (ESS keeps at most 10 per group: not pruned here yet).
+- a SCALE_IN lifecycle hook (HOOK, CONTINUE by default): scale-in waits in Removing:Wait after ESS took the
+  instance out of the server group (ALB drains it), so nothing in flight fails; complete_lifecycle ends the
+  wait early once the host is idle, else the hook's heartbeat timeout (spec.drain_wait_s) does.
+- the group is enabled with that configuration (a new ESS group is Inactive and launches nothing).
+Creates carry ClientTokens that are digests of their parameters; a token whose first answer names something
+deleted since (a service deleted, then made again) makes way for the next of a fixed sequence, as in
+aliyun_alb.py. Target tracking (put_target_tracking) is one TargetTrackingScalingRule per group on a
+Metric: QPS per backend server of the ALB server group, or a custom CloudMonitor metric the hosts publish.
+ESS_QPS, the rule's MetricName for the ALB metric, is a guess (the console calls it "(ALB) QPS per Backend
+Server"; the API name was not found in the reference); the emulator uses the same name.
+
+Calls go through cli/clouds/aliyun.py's Api (ngcx's own retries: reads and settings that are safe to repeat
+always, creates only with their token; errors one line with the code and the action, never a secret); what
+is already gone counts as done. "Real parts only": tests run this with the real aliyun-python-sdk-core
+against tests/emulators (aliyun_ecs + aliyun_alb + aliyun_ess: instances that run the user-data, a haproxy
+data plane that the rule's request counts come from), nothing mocked.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..clouds.aliyun import AliyunError
+from ..core.errors import UserError
+
+if TYPE_CHECKING:
+    from ..clouds.aliyun import Api
+
+HOOK = "ngcx-drain"
+OWNER_TAG = "ngcx:owner"
+ESS_QPS = "AlbQpsPerBackendServer"     # a guess, see the module docstring
+PAGE_SIZE = 50                         # ESS's largest page
+TOKEN_TRIES = 8                        # generations of one spec.name (made, deleted, made again)
+GONE = "InvalidScalingGroupId.NotFound"
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One service's scaling group: what its hosts boot and where, how many, behind which ALB server group."""
+
+    name: str                          # ngcx-svc-<service id>: the group's and its configurations' name
+    image_id: str                      # the baked host image
+    user_data: str                     # the host's boot script (vm.host_script)
+    instance_type: str
+    vswitches: tuple[str, ...]         # one per zone
+    server_group_id: str               # the service's ALB server group
+    port: int                          # the replicas' port in it
+    min_size: int
+    max_size: int
+    desired: int
+    tags: dict[str, str] = field(default_factory=dict)
+    ram_role: str | None = None
+    security_group: str | None = None
+    weight: int = 100
+    drain_wait_s: int = 300            # the SCALE_IN hook's heartbeat timeout (ESS: 30..21600)
+
+
+@dataclass(frozen=True)
+class GroupRef:
+    """What a record keeps to find the group again (names and ids; nothing secret)."""
+
+    name: str
+    group_id: str
+    config_id: str                     # the scaling configuration the group launches
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A target-tracking metric: ESS_QPS (the attached ALB server group's) or a custom metric's name."""
+
+    name: str = ESS_QPS
+
+
+@dataclass(frozen=True)
+class Member:
+    instance_id: str
+    zone: str
+    state: str                         # Pending, InService, Removing:Wait, Removing, ...
+    health: str                        # Healthy / Unhealthy
+
+
+def _check_sizes(name: str, low: int, high: int, desired: int) -> None:
+    if not 0 <= low <= desired <= high:
+        raise UserError(f"group {name}: need 0 <= min ({low}) <= desired ({desired}) <= max ({high})")
+
+
+def _digest(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class ScalingGroups:
+    """ensure_group / set_size / put_target_tracking / instances / complete_lifecycle / delete / tagged."""
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
+
+    # --- ensure ------------------------------------------------------------------------------------
+
+    def ensure_group(self, spec: GroupSpec) -> GroupRef:
+        _check_sizes(spec.name, spec.min_size, spec.max_size, spec.desired)
+        group = self._find(spec.name)
+        if group is None:
+            params = {"ScalingGroupName": spec.name, "MinSize": spec.min_size, "MaxSize": spec.max_size,
+                      "DesiredCapacity": spec.desired, **{f"VSwitchIds.{n}": v for n, v in
+                                                          enumerate(spec.vswitches, 1)},
+                      **_server_group(spec), **{f"Tags.{n}.{k}": v for n, (key, value) in
+                                                enumerate(sorted(spec.tags.items()), 1)
+                                                for k, v in (("Key", key), ("Value", value))}}
+            try:
+                group_id = self._create("CreateScalingGroup", params, "ScalingGroupId", self._group_exists)
+            except AliyunError as exc:            # made meanwhile by another ngcx: it is the one found next
+                if exc.code != "ScalingGroupName.Duplicate":
+                    raise
+            group = self._find(spec.name)
+            if group is None:
+                raise UserError(f"scaling group {spec.name} was made but is not found", hint="run it again")
+        else:
+            self._check_owner(spec, group)
+        group_id = str(group["ScalingGroupId"])
+        config_id = self._configuration(spec, group_id)
+        self._attach(spec, group)
+        if (group.get("ActiveScalingConfigurationId"), group.get("MinSize"), group.get("MaxSize")) != (
+                config_id, spec.min_size, spec.max_size) and group.get("LifecycleState") == "Active":
+            self._set("ModifyScalingGroup", ScalingGroupId=group_id, ActiveScalingConfigurationId=config_id,
+                      MinSize=spec.min_size, MaxSize=spec.max_size)
+        self._hook(spec, group_id)
+        if group.get("LifecycleState") != "Active":       # last: the hook is there before anything launches
+            self._set("ModifyScalingGroup", ScalingGroupId=group_id, MinSize=spec.min_size, MaxSize=spec.max_size)
+            self._set("EnableScalingGroup", ScalingGroupId=group_id, ActiveScalingConfigurationId=config_id)
+        return GroupRef(spec.name, group_id, config_id)
+
+    def _configuration(self, spec: GroupSpec, group_id: str) -> str:
+        """The group's configuration that says what spec says (made when none does)."""
+        wanted = _config_data(spec)
+        found = self._all("DescribeScalingConfigurations", "ScalingConfigurations", "ScalingConfiguration",
+                          ScalingGroupId=group_id)
+        same = [c for c in found if _same_config(c, wanted)]
+        same.sort(key=lambda c: c.get("LifecycleState") != "Active")        # the active one first
+        if same:
+            return str(same[0]["ScalingConfigurationId"])
+        params = {"ScalingGroupId": group_id, "ScalingConfigurationName": f"{spec.name}-{_digest(wanted)[:8]}",
+                  **wanted}
+        return self._create("CreateScalingConfiguration", params, "ScalingConfigurationId",
+                            lambda config_id: bool(self._all("DescribeScalingConfigurations", "ScalingConfigurations",
+                                                             "ScalingConfiguration",
+                                                             **{"ScalingConfigurationIds.1": config_id})))
+
+    def _attach(self, spec: GroupSpec, group: dict[str, Any]) -> None:
+        attached = {(s.get("ServerGroupId"), int(s.get("Port") or 0))
+                    for s in (group.get("ServerGroups") or {}).get("ServerGroup") or []}
+        if (spec.server_group_id, spec.port) not in attached:
+            self._set("AttachServerGroups", ScalingGroupId=group["ScalingGroupId"], ForceAttach=True,
+                      **_server_group(spec))
+
+    def _hook(self, spec: GroupSpec, group_id: str) -> None:
+        hooks = self._all("DescribeLifecycleHooks", "LifecycleHooks", "LifecycleHook", ScalingGroupId=group_id,
+                          LifecycleHookName=HOOK)
+        if not hooks:
+            try:
+                self.api.ess("CreateLifecycleHook", {
+                    "ScalingGroupId": group_id, "LifecycleHookName": HOOK, "LifecycleTransition": "SCALE_IN",
+                    "HeartbeatTimeout": spec.drain_wait_s, "DefaultResult": "CONTINUE"}, write=True)
+            except AliyunError as exc:            # a second ngcx made it meanwhile
+                if exc.code != "LifecycleHookName.Duplicate":
+                    raise
+        elif int(hooks[0].get("HeartbeatTimeout") or 0) != spec.drain_wait_s:
+            self._set("ModifyLifecycleHook", LifecycleHookId=hooks[0]["LifecycleHookId"],
+                      HeartbeatTimeout=spec.drain_wait_s)
+
+    def _find(self, name: str) -> dict[str, Any] | None:
+        found = self._all("DescribeScalingGroups", "ScalingGroups", "ScalingGroup", ScalingGroupName=name)
+        found = [g for g in found if g.get("ScalingGroupName") == name]
+        return found[0] if found else None
+
+    def _group_exists(self, group_id: str) -> bool:
+        return bool(self._all("DescribeScalingGroups", "ScalingGroups", "ScalingGroup",
+                              **{"ScalingGroupIds.1": group_id}))
+
+    def _check_owner(self, spec: GroupSpec, group: dict[str, Any]) -> None:
+        owner = spec.tags.get(OWNER_TAG)
+        if not owner:
+            return
+        tags = self._tags_of([str(group["ScalingGroupId"])]).get(str(group["ScalingGroupId"]), {})
+        if tags.get(OWNER_TAG) != owner:
+            raise UserError(f"scaling group {spec.name} exists but is not this owner's (tag {OWNER_TAG}="
+                            f"{tags.get(OWNER_TAG)!r})", hint="choose another service name or delete that group")
+
+    def _create(self, action: str, params: dict[str, Any], id_key: str, exists: Any) -> str:
+        """Create with the ClientTokens of a fixed sequence: one whose first answer is gone makes way for the next."""
+        digest = _digest(action, params)
+        for n in range(TOKEN_TRIES):
+            new_id = str(self.api.ess(action, params, token=f"ngcx-{digest}-{n}", write=True)[id_key])
+            if exists(new_id):
+                return new_id
+        raise UserError(f"ESS {action} kept answering resources that are gone ({TOKEN_TRIES} client tokens)")
+
+    # --- size, rule, members --------------------------------------------------------------------------
+
+    def set_size(self, ref: GroupRef, min_size: int, max_size: int, desired: int) -> None:
+        _check_sizes(ref.name, min_size, max_size, desired)
+        self._set("ModifyScalingGroup", ScalingGroupId=ref.group_id, MinSize=min_size, MaxSize=max_size,
+                  DesiredCapacity=desired)
+
+    def put_target_tracking(self, ref: GroupRef, target_value: float, metric: Metric | None = None,
+                            disable_scale_in: bool = False) -> str:
+        """The group's one target-tracking rule (made, or changed in place); its id."""
+        metric = metric or Metric()
+        if not metric.name or target_value <= 0:
+            raise UserError("a target-tracking rule needs a metric name and a positive target value")
+        name = f"{ref.name}-track"
+        settings = {"MetricName": metric.name, "TargetValue": float(target_value), "DisableScaleIn": disable_scale_in}
+        found = self._all("DescribeScalingRules", "ScalingRules", "ScalingRule", ScalingGroupId=ref.group_id,
+                          **{"ScalingRuleNames.1": name})
+        if found:
+            self._set("ModifyScalingRule", ScalingRuleId=found[0]["ScalingRuleId"], **settings)
+            return str(found[0]["ScalingRuleId"])
+        params = {"ScalingGroupId": ref.group_id, "ScalingRuleName": name,
+                  "ScalingRuleType": "TargetTrackingScalingRule", **settings}
+        return self._create("CreateScalingRule", params, "ScalingRuleId", lambda rule_id: bool(self._all(
+            "DescribeScalingRules", "ScalingRules", "ScalingRule", **{"ScalingRuleIds.1": rule_id})))
+
+    def instances(self, ref: GroupRef) -> list[Member]:
+        rows = self._all("DescribeScalingInstances", "ScalingInstances", "ScalingInstance", ScalingGroupId=ref.group_id)
+        return [Member(r["InstanceId"], r.get("ZoneId", ""), r.get("LifecycleState", ""), r.get("HealthStatus", ""))
+                for r in rows]
+
+    def complete_lifecycle(self, ref: GroupRef, instance_id: str) -> None:
+        """End the instance's Removing:Wait now (its host is idle); no wait left is done, not an error. The token
+        comes from DescribeLifecycleActions of the group's activities in progress."""
+        hooks = self._all("DescribeLifecycleHooks", "LifecycleHooks", "LifecycleHook", ScalingGroupId=ref.group_id,
+                          LifecycleHookName=HOOK)
+        if not hooks:
+            return
+        hook_id = hooks[0]["LifecycleHookId"]
+        for activity in self._all("DescribeScalingActivities", "ScalingActivities", "ScalingActivity",
+                                  ScalingGroupId=ref.group_id, StatusCode="InProgress"):
+            actions = self.api.ess("DescribeLifecycleActions", {
+                "ScalingActivityId": activity["ScalingActivityId"], "LifecycleActionStatus": "Pending",
+                "MaxResults": 50}).get("LifecycleActions", {}).get("LifecycleAction") or []
+            for action in actions:
+                if action.get("LifecycleHookId") == hook_id and instance_id in (action.get("InstanceIds") or {}).get(
+                        "InstanceId", []):
+                    try:
+                        self.api.ess("CompleteLifecycleAction", {
+                            "LifecycleHookId": hook_id, "LifecycleActionToken": action["LifecycleActionToken"],
+                            "LifecycleActionResult": "CONTINUE"}, token=_digest(action["LifecycleActionToken"]),
+                            write=True)
+                    except AliyunError as exc:    # timed out or completed meanwhile: done
+                        if exc.code != "LifecycleActionToken.NotFound":
+                            raise
+
+    # --- delete, gc --------------------------------------------------------------------------------------
+
+    def delete(self, ref: GroupRef) -> None:
+        """The group with ForceDelete: its instances leave the server group and are released, its configurations,
+        rules and hooks go with it. A group already gone is done."""
+        group_id = ref.group_id or str((self._find(ref.name) or {}).get("ScalingGroupId") or "")
+        if not group_id:
+            return
+        try:
+            self._set("DeleteScalingGroup", ScalingGroupId=group_id, ForceDelete=True)
+        except AliyunError as exc:
+            if exc.code != GONE:
+                raise
+
+    def tagged(self, tags: dict[str, str]) -> list[GroupRef]:
+        """Every scaling group carrying all of `tags` (gc: what a killed ngcx left)."""
+        wanted = self._tags_of([], tags)
+        ids = sorted(i for i, have in wanted.items() if all(have.get(k) == v for k, v in tags.items()))
+        found = []
+        for start in range(0, len(ids), 20):
+            batch = {f"ScalingGroupIds.{n}": i for n, i in enumerate(ids[start:start + 20], 1)}
+            found += [GroupRef(g["ScalingGroupName"], g["ScalingGroupId"], g.get("ActiveScalingConfigurationId") or "")
+                      for g in self._all("DescribeScalingGroups", "ScalingGroups", "ScalingGroup", **batch)]
+        return sorted(found, key=lambda ref: ref.name)
+
+    # --- calls ---------------------------------------------------------------------------------------
+
+    def _set(self, action: str, **params: Any) -> dict[str, Any]:
+        """A call that sets absolute values or deletes: safe to repeat, so retried as a read."""
+        return self.api.ess(action, params)
+
+    def _all(self, action: str, key: str, item: str, **params: Any) -> list[dict[str, Any]]:
+        """Every item of a PageNumber/PageSize listing."""
+        found: list[dict[str, Any]] = []
+        number = 1
+        while True:
+            answer = self.api.ess(action, {**params, "PageNumber": number, "PageSize": PAGE_SIZE})
+            items = (answer.get(key) or {}).get(item) or []
+            found += items
+            if len(items) < PAGE_SIZE or len(found) >= int(answer.get("TotalCount") or 0):
+                return found
+            number += 1
+
+    def _tags_of(self, ids: list[str], tags: dict[str, str] | None = None) -> dict[str, dict[str, str]]:
+        """Scaling group id -> its tags, from ListTagResources (by ids, or by tags)."""
+        params: dict[str, Any] = {"ResourceType": "scalinggroup", **{f"ResourceIds.{n}": i for n, i in
+                                                                     enumerate(ids, 1)}}
+        for n, (key, value) in enumerate(sorted((tags or {}).items()), 1):
+            params[f"Tags.{n}.Key"], params[f"Tags.{n}.Value"] = key, value
+        found: dict[str, dict[str, str]] = {}
+        token = ""
+        while True:
+            answer = self.api.ess("ListTagResources", {**params, **({"NextToken": token} if token else {})})
+            for row in (answer.get("TagResources") or {}).get("TagResource") or []:
+                found.setdefault(str(row["ResourceId"]), {})[str(row["TagKey"])] = str(row.get("TagValue", ""))
+            token = str(answer.get("NextToken") or "")
+            if not token:
+                return found
+
+
+def _server_group(spec: GroupSpec) -> dict[str, Any]:
+    return {"ServerGroups.1.ServerGroupId": spec.server_group_id, "ServerGroups.1.Port": spec.port,
+            "ServerGroups.1.Weight": spec.weight, "ServerGroups.1.Type": "ALB"}
+
+
+def _config_data(spec: GroupSpec) -> dict[str, Any]:
+    data: dict[str, Any] = {"ImageId": spec.image_id, "InstanceType": spec.instance_type,
+                            "UserData": base64.b64encode(spec.user_data.encode()).decode(),
+                            "Tags": json.dumps(dict(sorted(spec.tags.items())))}
+    if spec.ram_role:
+        data["RamRoleName"] = spec.ram_role
+    if spec.security_group:
+        data["SecurityGroupId"] = spec.security_group
+    return data
+
+
+def _same_config(found: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    """The parts that decide what a host boots (ESS echoes them, with more fields around)."""
+    keys = ("ImageId", "InstanceType", "UserData", "RamRoleName", "SecurityGroupId")
+    return all((found.get(k) or "") == (wanted.get(k) or "") for k in keys)
