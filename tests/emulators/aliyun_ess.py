@@ -40,7 +40,8 @@ Emulated (names as the ESS API reference and aliyun-python-sdk-ess's requests sp
 Not emulated: scaling groups of launch templates or ECI, CLB/NLB/RDS attachments, SCALE_OUT hooks (accepted,
 stored, not waited on), ROLLBACK, notifications and OOS, scheduled/event-triggered tasks, simple/step/
 predictive rule execution (ExecuteScalingRule), health checks replacing instances (HealthStatus says Healthy
-while the ECS instance runs), Standby/Protected, cooldowns, instance weights, spot, multi-AZ policies.
+while the ECS instance runs), Standby/Protected, cooldowns, instance weights, spot, multi-AZ policies; a
+failed launch (the activity says why) is not tried again until the group's next change or decision.
 Guessed (the reference does not say, or the name is not known for certain): QPS_METRIC's name; the error
 codes NotFound-style `InvalidScalingGroupId.NotFound`, `InvalidScalingConfigurationId.NotFound`,
 `InvalidLifecycleHookId.NotFound`, `InvalidScalingRuleId.NotFound`, `LifecycleActionToken.NotFound` (no

@@ -5,7 +5,8 @@ What a user of ESS notices: an enabled group of 2 launches 2 ECS instances that 
 configuration's user-data and become servers of the attached ALB server group (its haproxy sends them
 traffic); lowering the desired capacity takes one out of the server group first (draining), holds it in
 Removing:Wait until CompleteLifecycleAction (its token found through DescribeLifecycleActions), and only
-then is its machine gone; a lost answer retried with the same ClientToken makes no second group; a wrong
+then is its machine gone (or at the hook's HeartbeatTimeout, as Timeout); a launch ECS refuses is a Failed
+activity that says why; a lost answer retried with the same ClientToken makes no second group; a wrong
 signature is refused; a target-tracking rule on the hosts' own metric scales the group out.
 
 The machines are test_aws_autoscaling's ProcessHosts (a process per instance on its own loopback address,
@@ -225,3 +226,42 @@ def test_target_tracking_on_the_hosts_metric_scales_out(cloud) -> None:
         "MetricName"] == "InFlight"
     call(emu, "DeleteScalingGroup", ScalingGroupId=group, ForceDelete=True)
     until(lambda: not any(hosts.alive(i) for i in ids), "their machines are gone")
+
+
+def test_an_uncompleted_wait_ends_at_the_heartbeat_timeout(cloud) -> None:
+    """No CompleteLifecycleAction: the hook's HeartbeatTimeout (30 s: 1.5 s here) ends the wait, as Timeout."""
+    emu, hosts = cloud
+    switches = call(emu, "DescribeVSwitches", ECS)["VSwitches"]["VSwitch"]
+    group = call(emu, "CreateScalingGroup", ScalingGroupName="ess-timeout", MinSize=0, MaxSize=1, DesiredCapacity=1,
+                 VSwitchIds__1=switches[0]["VSwitchId"])["ScalingGroupId"]
+    call(emu, "CreateScalingConfiguration", ScalingGroupId=group, ImageId=IMAGE, InstanceType=A10,
+         UserData=base64.b64encode(replica_user_data("t").encode()).decode())
+    call(emu, "CreateLifecycleHook", ScalingGroupId=group, LifecycleTransition="SCALE_IN", HeartbeatTimeout=30)
+    call(emu, "EnableScalingGroup", ScalingGroupId=group)
+    [instance] = until(lambda: [i for i, s in members(emu, group).items() if s == "InService"], "one in service")
+    call(emu, "ModifyScalingGroup", ScalingGroupId=group, DesiredCapacity=0)
+    assert members(emu, group) == {instance: "Removing:Wait"}
+    until(lambda: members(emu, group) == {} and not hosts.alive(instance), "released at the timeout", timeout=10)
+    activity = call(emu, "DescribeScalingActivities", ScalingGroupId=group)["ScalingActivities"]["ScalingActivity"][0]
+    assert (activity["StatusCode"], activity["Progress"]) == ("Successful", 100)
+    [action] = call(emu, "DescribeLifecycleActions", ScalingActivityId=activity["ScalingActivityId"])[
+        "LifecycleActions"]["LifecycleAction"]
+    assert (action["LifecycleActionStatus"], action["LifecycleActionResult"]) == ("Timeout", "CONTINUE")
+    call(emu, "DeleteScalingGroup", ScalingGroupId=group)
+
+
+def test_a_launch_the_zone_cannot_serve_is_a_failed_activity_that_says_why(cloud) -> None:
+    emu, _ = cloud
+    switch = call(emu, "DescribeVSwitches", ECS)["VSwitches"]["VSwitch"][0]
+    group = call(emu, "CreateScalingGroup", ScalingGroupName="ess-nostock", MinSize=0, MaxSize=1, DesiredCapacity=1,
+                 VSwitchIds__1=switch["VSwitchId"])["ScalingGroupId"]
+    call(emu, "CreateScalingConfiguration", ScalingGroupId=group, ImageId=IMAGE, InstanceType=A10)
+    emu.set_stock(switch["ZoneId"], A10, False)
+    try:
+        call(emu, "EnableScalingGroup", ScalingGroupId=group)
+    finally:
+        emu.set_stock(switch["ZoneId"], A10, True)
+    [activity] = call(emu, "DescribeScalingActivities", ScalingGroupId=group)["ScalingActivities"]["ScalingActivity"]
+    assert activity["StatusCode"] == "Failed" and "OperationDenied.NoStock" in activity["StatusMessage"]
+    assert members(emu, group) == {}
+    call(emu, "DeleteScalingGroup", ScalingGroupId=group)
