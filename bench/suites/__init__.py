@@ -3,7 +3,8 @@
 A suite is a function run(result: SuiteResult, work: Path, out: Path) that fills `result`
 (measurements, ratios, notes, extra) or raises SuiteSkipped with the reason it does not apply.
 `security` (issue 20) measures what bearer keys and TLS cost the runtime; `service` (issue 21) times a
-3-replica local service: made, rolled, repaired.
+3-replica local service: made, rolled, repaired; `autoscale` (issue 22) an autoscaled service on the
+emulated AWS under a load step.
 The other modules here are helpers of the suite they are named after: peers.py (the hpccm recipes
 of cli and build), project_figures.py, push_figures.py / push_compress.py / push_registry.py /
 push_pull.py, and deploy_phases.py (the deploy measurement, also runnable alone).
@@ -11,7 +12,7 @@ push_pull.py, and deploy_phases.py (the deploy measurement, also runnable alone)
 
 from __future__ import annotations
 
-from . import build, cli, deploy, project, push, runtime, security, service
+from . import autoscale, build, cli, deploy, project, push, runtime, security, service
 
 SUITES = {
     "cli": cli.run,
@@ -22,4 +23,5 @@ SUITES = {
     "runtime": runtime.run,
     "security": security.run,
     "service": service.run,
+    "autoscale": autoscale.run,
 }

@@ -366,3 +366,13 @@ def balancer(config: DeployConfig | None = None) -> Any:
 
 
 member = vm.member
+
+
+def scaling_group(config: DeployConfig | None = None) -> Any:
+    """Services' --min/--max (service_group.py): vm_groups.ServiceGroups over ESS (aliyun_ess.py) in the
+    service's region (the default region without a config: gc). Hosts get no extra user-data wrapping."""
+    from ..clouds.aliyun import credentials
+    from . import aliyun_ess, vm_groups
+
+    cloud = cloud_for(region_of(config) if config is not None else (credentials().region or DEFAULT_REGION))
+    return vm_groups.ServiceGroups(config, cloud, prepare, str, aliyun_ess.kit(cloud.api))

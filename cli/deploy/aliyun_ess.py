@@ -3,7 +3,7 @@ target tracking (CommonRequest through clouds/aliyun.py's Api; no ESS SDK needed
 
 Why the cloud's own scaling engine (issue 22): a group keeps its size and follows its rule while the user's
 laptop is closed; ngcx only describes it. The twin of aws_asg.py (EC2 Auto Scaling), the same shape and
-rules; not wired yet (no command calls this module): the library and its tests come first.
+rules; used by services' --min/--max through vm_groups.py (the `kit` at the end of this module).
 
 What ensure_group makes, found by name before anything is created (a name in use under another owner, by
 the group's ngcx:owner tag, is refused), so a retry after a lost answer or a killed ngcx makes no duplicate:
@@ -47,6 +47,7 @@ from ..core.errors import UserError
 
 if TYPE_CHECKING:
     from ..clouds.aliyun import Api
+    from .balancer import BalancerRef
 
 HOOK = "ngcx-drain"
 OWNER_TAG = "ngcx:owner"
@@ -241,6 +242,13 @@ class ScalingGroups:
         return self._create("CreateScalingRule", params, "ScalingRuleId", lambda rule_id: bool(self._all(
             "DescribeScalingRules", "ScalingRules", "ScalingRule", **{"ScalingRuleIds.1": rule_id})))
 
+    def sizes(self, ref: GroupRef) -> tuple[int, int, int] | None:
+        """(min, max, desired) as the group has them now; None: no such group."""
+        group = self._find(ref.name)
+        if group is None:
+            return None
+        return int(group.get("MinSize") or 0), int(group.get("MaxSize") or 0), int(group.get("DesiredCapacity") or 0)
+
     def instances(self, ref: GroupRef) -> list[Member]:
         rows = self._all("DescribeScalingInstances", "ScalingInstances", "ScalingInstance", ScalingGroupId=ref.group_id)
         return [Member(r["InstanceId"], r.get("ZoneId", ""), r.get("LifecycleState", ""), r.get("HealthStatus", ""))
@@ -329,6 +337,27 @@ class ScalingGroups:
             token = str(answer.get("NextToken") or "")
             if not token:
                 return found
+
+
+# --- the kit vm_groups.py drives --------------------------------------------------------------------------
+STATES = {"Pending": "pending", "Pending:Wait": "pending", "InService": "in-service", "Removing": "leaving",
+          "Removing:Wait": "leaving", "Standby": "leaving", "Protected": "in-service"}
+
+
+def kit(api: Api) -> Any:
+    """vm_groups.GroupKit over this module: the ALB server group on the replicas' port, and QPS per backend
+    server (ESS_QPS, per second) from --target-requests (per minute, as on AWS) / 60."""
+    from .common import SERVE_PORT
+    from .vm_groups import GroupKit
+
+    def spec(*, networks: tuple[str, ...], balancer: BalancerRef, role: str | None, **common: Any) -> GroupSpec:
+        return GroupSpec(vswitches=networks, server_group_id=balancer.group_id, port=SERVE_PORT, ram_role=role,
+                         **common)
+
+    def metric(balancer: BalancerRef, per_minute: float) -> tuple[float, Metric]:
+        return per_minute / 60.0, Metric(ESS_QPS)
+
+    return GroupKit(ScalingGroups(api), GroupRef, spec, metric, STATES)
 
 
 def _server_group(spec: GroupSpec) -> dict[str, Any]:

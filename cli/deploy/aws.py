@@ -576,8 +576,9 @@ member = vm.member
 
 
 def scaling_group(config: DeployConfig | None = None) -> Any:
-    """Services' --min/--max (service_group.py): aws_asg.ServiceGroups in the service's region (default: gc)."""
-    from .aws_asg import ServiceGroups
+    """Services' --min/--max (service_group.py): vm_groups.ServiceGroups over EC2 Auto Scaling (aws_asg.py) in
+    the service's region (the default region without a config: gc)."""
+    from . import aws_asg, vm_groups
 
-    return ServiceGroups(config, cloud_for(region_of(config) if config is not None else default_region()), prepare,
-                         with_ssm_agent)
+    cloud = cloud_for(region_of(config) if config is not None else default_region())
+    return vm_groups.ServiceGroups(config, cloud, prepare, with_ssm_agent, aws_asg.kit(cloud.api))

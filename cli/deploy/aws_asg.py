@@ -2,7 +2,7 @@
 
 Why the cloud's own scaling engine (issue 22): a group keeps its size and follows its policy while the
 user's laptop is closed; ngcx only describes it. Used by services' --min/--max through
-ServiceGroups (the end of this module), the scaling-group verbs service_group.py asks of a cloud.
+vm_groups.py (the `kit` at the end of this module).
 
 What ensure_group makes, each named spec.name and tagged with spec.tags (ngcx:owner, ngcx:service), each
 found by name before anything is created, so a retry after a lost answer or a killed ngcx makes no
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +41,6 @@ from ..core.errors import UserError
 if TYPE_CHECKING:
     from ..clouds.aws import Api
     from .balancer import BalancerRef
-    from .common import DeployConfig
 
 HOOK = "ngcx-drain"
 TERMINATING = "autoscaling:EC2_INSTANCE_TERMINATING"
@@ -313,84 +311,21 @@ def _has(found: list[dict[str, Any]] | None, wanted: dict[str, str]) -> bool:
     return all(have.get(k) == v for k, v in wanted.items())
 
 
-# --- the verbs service_group.py asks of a cloud ------------------------------------------------------------
+# --- the kit vm_groups.py drives --------------------------------------------------------------------------
 STATES = {"Pending": "pending", "Pending:Wait": "pending", "Pending:Proceed": "pending", "InService": "in-service",
           "Terminating": "leaving", "Terminating:Wait": "leaving", "Terminating:Proceed": "leaving",
           "Terminated": "leaving", "Detaching": "leaving", "Detached": "leaving"}
 
 
-class ServiceGroups:
-    """One AWS region's scaling groups for services: ensure (template + group + hook + policy from the
-    service's config), members, resize, release, delete, tagged; refs are plain dicts (the service's row)."""
+def kit(api: Api) -> Any:
+    """vm_groups.GroupKit over this module: a target group's ARN, requests per target per minute (AWS's
+    ALBRequestCountPerTarget is a per-minute sum, the unit of --target-requests)."""
+    from .vm_groups import GroupKit
 
-    def __init__(self, config: DeployConfig | None, cloud: Any, prepare: Callable[[DeployConfig], Any],
-                 wrap_user_data: Callable[[str], str]) -> None:
-        """`cloud`: aws.Ec2 of the service's region; `prepare`: aws.prepare (the AMI, pull role, login);
-        `wrap_user_data`: aws.with_ssm_agent. Passed in by aws.scaling_group, so this module needs no import
-        of aws.py (which imports it)."""
-        self.config = config
-        self.cloud = cloud
-        self.prepare = prepare
-        self.wrap_user_data = wrap_user_data
-        self.groups = AutoScalingGroups(cloud.api)
+    def spec(*, networks: tuple[str, ...], balancer: BalancerRef, role: str | None, **common: Any) -> GroupSpec:
+        return GroupSpec(subnets=networks, target_group_arn=balancer.group_id, instance_profile=role, **common)
 
-    def check(self) -> None:
-        """Before any row: hosts the group launches later, when a token from now has expired, pull with the
-        instance role (roles.py); a token login cannot be in a launch template."""
-        if self.config is not None and self.config.registry_login == "token":
-            raise UserError("--min/--max: a scaling group launches hosts later, when a registry token from now has "
-                            "expired", hint="use --registry-login role (the default): hosts pull with their role")
+    def metric(balancer: BalancerRef, per_minute: float) -> tuple[float, Metric]:
+        return per_minute, requests_per_target(balancer.balancer_id, balancer.group_id)
 
-    def ensure(self, name: str, balancer: BalancerRef, sizes: tuple[int, int, int], target_requests: float,
-               tags: dict[str, str], drain_s: int, label: int) -> dict[str, str]:
-        """The group as `config` says: the baked AMI (aws.prepare picks it), the host script as user-data
-        (the key's hash in it, never the key), the pull role, the zones' subnets, the target group; and its
-        target-tracking policy on requests per target."""
-        from dataclasses import asdict
-
-        from . import hostscript, vm
-
-        config = self.config
-        if config is None:
-            raise UserError("a scaling group needs its service's config")
-        plan = self.prepare(config)
-        for note in plan.notes:
-            vm.say(note)
-        self.cloud.prepare_network(config.allow_from)
-        role = self.cloud.ensure_pull_role(plan.grant) if plan.grant is not None else self.cloud.instance_profile
-        zones = vm.service_zones_with(self.cloud, self.cloud.name, config)
-        job = hostscript.HostJob(label, plan.pull_ref, plan.registry, config.labels.get("ai.ngcx.min-driver", "0"),
-                                 config.gpu_mode, plan.login(), tuple(config.cmd), tuple(sorted(config.env.items())),
-                                 auth_hashes=config.key_hashes, tls=config.tls)
-        low, high, desired = sizes
-        spec = GroupSpec(name, plan.host_image, self.wrap_user_data(hostscript.render(job, "user-data")),
-                         plan.candidates[0].itype.name, tuple((self.cloud.subnets or {})[z].id for z in zones),
-                         balancer.group_id, low, high, desired, tags, role, self.cloud.security_group,
-                         drain_wait_s=drain_s + 30)
-        ref = self.groups.ensure_group(spec)
-        self.groups.put_target_tracking(ref, target_requests,
-                                        requests_per_target(balancer.balancer_id, balancer.group_id))
-        return asdict(ref)
-
-    def members(self, ref: dict[str, str]) -> list[Member]:
-        """The group's instances, their state in service_group's words (pending / in-service / leaving)."""
-        return [Member(m.instance_id, m.zone, STATES.get(m.state, m.state.lower()), m.health)
-                for m in self.groups.instances(GroupRef(**ref))]
-
-    def size(self, ref: dict[str, str]) -> tuple[int, int, int] | None:
-        """(min, max, desired) as the group has them now (its policy moves desired); None: no such group."""
-        return self.groups.sizes(GroupRef(**ref))
-
-    def resize(self, ref: dict[str, str], low: int, high: int, desired: int) -> None:
-        self.groups.set_size(GroupRef(**ref), low, high, desired)
-
-    def release(self, ref: dict[str, str], instance_id: str) -> None:
-        self.groups.complete_lifecycle(GroupRef(**ref), instance_id)
-
-    def delete(self, ref: dict[str, str]) -> None:
-        self.groups.delete(GroupRef(**ref))
-
-    def tagged(self, tags: dict[str, str]) -> list[dict[str, str]]:
-        from dataclasses import asdict
-
-        return [asdict(ref) for ref in self.groups.tagged(tags)]
+    return GroupKit(AutoScalingGroups(api), GroupRef, spec, metric, STATES)

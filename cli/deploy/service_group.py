@@ -12,18 +12,20 @@ then only reads it. What differs from a fixed service (service.py) follows from 
 - scale-in drains: the balancer's deregistration delay (`--drain`), then a terminating lifecycle hook, both
   the cloud's; `reconcile` ends a hook's wait early once the balancer has let the host go.
 
-The signal is requests per replica per minute at the balancer (ALBRequestCountPerTarget): the cloud
-publishes it every minute with no agent on the host, and it counts what a GPU replica is busy with
-(one request, one inference). The runtime's in-flight gauge published per host would react no sooner in
-the clouds (custom metrics are also per minute, standard resolution) and needs a publisher and
-PutMetricData rights on every host; issue 22's closing note says what was measured.
+The signal is requests per replica at the balancer — AWS's ALBRequestCountPerTarget (per minute, the unit
+of --target-requests), ESS's QPS per ALB backend server (per second: the target / 60). The cloud publishes it
+with no agent on the host, and for a GPU replica a request is the unit of work (one inference, batched by the
+runtime). The alternative the issue names, the runtime's in-flight requests published per host as a custom
+metric, can react sooner on AWS only where it is high-resolution (target tracking reads 10 s periods of a
+high-resolution custom metric; the ALB metric is per minute), and needs a publisher and PutMetricData rights
+on every host; not built yet, so not measured (issue 22's closing note).
 
 Intent first, as everywhere: the service row (with the group's sizes) exists before the balancer, the
 balancer before the group; the group's name is the service's (ngcx-svc-<owner>-<id>) and carries the
 service's tags, so `reconcile` finds and finishes it and `gc` deletes one no row names.
-A target offers `scaling_group(config)` (aws.py: aws_asg.ServiceGroups) with ensure / members / size /
-resize / release / delete / tagged. Not built yet, refused in one line: --min 0 (scale to zero), rolling
-updates, stop/start and key rotation of a group service, and scaling groups on Alibaba Cloud.
+A target offers `scaling_group(config)` (aws.py and aliyun.py: vm_groups.ServiceGroups over EC2 Auto Scaling /
+ESS) with check / ensure / members / size / resize / release / delete / tagged. Not built yet, refused in one
+line: --min 0 (scale to zero), rolling updates, stop/start, logs and key rotation of a group service.
 """
 
 from __future__ import annotations
@@ -94,9 +96,9 @@ def scaling_of(svc: ServiceRecord) -> Scaling:
 
 
 def _groups(module: ModuleType, config: DeployConfig | None) -> Any:
+    """The target's scaling-group verbs (vm_groups.ServiceGroups on the VM clouds)."""
     if not hasattr(module, "scaling_group"):
-        raise UserError(f"--min/--max on {module.NAME if hasattr(module, 'NAME') else 'this target'}: scaling groups "
-                        "are built for --cloud aws only so far", hint="use --replicas N")
+        raise UserError("--min/--max: this target has no scaling groups", hint="use --replicas N")
     return module.scaling_group(config)
 
 

@@ -47,6 +47,7 @@ from .common import (
 BOOT_TIMEOUT_S = 900.0
 COMMAND_TIMEOUT_S = 900.0
 TAG_OWNER, TAG_DEPLOYMENT, TAG_HOST_IMAGE, TAG_ROLE = "ngcx:owner", "ngcx:deployment", "ngcx:host-image", "ngcx:role"
+TAG_SERVICE = "ngcx:service"      # a service's balancer and scaling group, and the hosts its group launches
 
 
 class Cloud(Protocol):
@@ -367,7 +368,7 @@ def orphans_in(clouds: list[Any]) -> list[dict[str, str]]:
     """Instances tagged with this store's owner id that no live record owns, in the given regions."""
     found = []
     for cloud in clouds:
-        owned = store.owned_instance_ids(cloud.name) | _in_flight(cloud)
+        owned = store.owned_instance_ids(cloud.name) | _in_flight(cloud) | _grouped(cloud)
         ids = [i for i in cloud.tagged({TAG_OWNER: store.owner_id()}) if i not in owned]
         statuses = cloud.describe(ids)
         for instance_id in ids:
@@ -376,6 +377,13 @@ def orphans_in(clouds: list[Any]) -> list[dict[str, str]]:
                 found.append({"id": instance_id, "region": cloud.region, "status": status.state,
                               "type": status.instance_type or ""})
     return found
+
+
+def _grouped(cloud: Any) -> set[str]:
+    """Hosts a service's scaling group launched (service_group.py): they carry the service's tag and no record
+    (the group owns them and ends them; gc deals with the group itself, never with its hosts one by one)."""
+    groups = [s for s in store.services(cloud=cloud.name, include_gone=True) if s.config.get("group")]
+    return {i for s in groups for i in cloud.tagged({TAG_OWNER: store.owner_id(), TAG_SERVICE: str(s.id)})}
 
 
 def _in_flight(cloud: Any) -> set[str]:

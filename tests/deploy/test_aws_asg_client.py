@@ -149,6 +149,30 @@ def test_tagged_finds_what_a_killed_ngcx_left(groups, net) -> None:
     assert groups.tagged({"ngcx:owner": "asg-owner"}) == []
 
 
+def test_gc_deletes_a_group_no_service_row_names_and_leaves_an_interrupted_services_to_reconcile(
+        groups, net, monkeypatch, tmp_path) -> None:
+    """A kill -9 after the group was made: its service's row (intent first) names it by its name, so gc leaves it
+    for `reconcile`, which finds it again; a group of this owner that no row names (a row never written, or
+    another store's row gone) is an orphan gc deletes, template and all."""
+    from ngcx.deploy import service_group, store
+
+    monkeypatch.setenv("NGCX_STATE_DIR", str(tmp_path / "state"))
+    svc = store.create_service("aws", "us-east-1", 1, {"image": "x", "group": {
+        "min_size": 1, "max_size": 2, "target_requests": 60.0}})
+    store.update_service(svc.id, pid=2 ** 22 + 7)                                 # its ngcx is gone
+    owner = store.owner_id()
+    kept = groups.ensure_group(spec_for(net, svc.name, tags={"ngcx:owner": owner, "ngcx:service": str(svc.id)}))
+    stray = spec_for(net, f"ngcx-svc-{owner}-99", tags={"ngcx:owner": owner, "ngcx:service": "99"})
+    groups.ensure_group(stray)
+    found = service_group.orphan_groups("aws")
+    assert [(item["name"], item["status"]) for item in found] == [(stray.name, "scaling group")]
+    service_group.delete_orphan_group("aws", found[0])
+    assert [ref.name for ref in groups.tagged({"ngcx:owner": owner})] == [svc.name]
+    assert _count(groups, stray.name) == (0, 0)
+    store.update_service(svc.id, status="destroyed", pid=None)                  # destroyed, its group left behind
+    assert [item["name"] for item in service_group.orphan_groups("aws")] == [kept.name]
+
+
 def test_an_error_is_one_line_without_the_secret(groups) -> None:
     import boto3
 

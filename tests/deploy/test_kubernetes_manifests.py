@@ -332,7 +332,6 @@ def test_cli_writes_the_folder_and_shows_no_key_off_a_terminal(monkeypatch, caps
     (["--cloud", "local", "--min", "1", "--max", "3"], "a scaling group is a cloud's"),
     (["--cloud", "aws", "--min", "0", "--max", "3"], "(scale to zero) is not built yet"),
     (["--cloud", "aws", "--min", "3", "--max", "2"], "need 1 <= min <= max"),
-    (["--cloud", "aliyun", "--min", "1", "--max", "3"], "built for --cloud aws only so far"),
     (["--cloud", "aws", "-o", "DIR"], "for --cloud kubernetes"),
 ])
 def test_cli_mistakes_are_one_line_exit_2(monkeypatch, capsys, tmp_path, args, words):

@@ -1,6 +1,6 @@
-"""`ngcx deploy --cloud aws --min 1 --max 3 --certificate ARN`, for real: an autoscaled service of the example
-project — its replicas an EC2 Auto Scaling group launched from the baked AMI behind the part-1 ALB — under a
-load step from 1 to 8 times, then back.
+"""`ngcx deploy --cloud aws|aliyun --min 1 --max 3 --certificate ID`, for real: an autoscaled service of the
+example project — its replicas an EC2 Auto Scaling / ESS group launched from the baked host image behind the
+part-1 ALB — under a load step from 1 to 8 times, then back.
 
 What a user notices (issue 22): the group scales out on the balancer's requests per host (target tracking,
 evaluated by the cloud, not by ngcx: no ngcx runs while it scales), the new host serves, and when the load
@@ -8,18 +8,20 @@ drops the group scales back in, draining the leaving host through the deregistra
 hook, with zero failed requests throughout; `show` lists the group's hosts; `scale --min/--max` moves the
 bounds; destroy leaves no group, template, balancer or host; `gc` finds a group no row names.
 
-The double: moto behind aws_ec2 + aws_autoscaling (hosts are containers with their own dockerd, booting the
-launch template's user-data; the ALB's data plane a real haproxy). Balancer and group time run at
-TIME_SCALE: an AWS minute (the policy's period) is 6 s, a 30 s drain 3 s. The load is paced (RATE requests/s
-per client), so the offered step is exactly 1 -> 8 clients whatever this machine's speed; --target-requests
-is set so that 1 client fits one host and 8 need more than one.
+The doubles: moto behind aws_ec2 + aws_autoscaling, and the ECS emulator's ESS (aliyun_ess.py); hosts are
+containers with their own dockerd, booting the group's user-data; each ALB's data plane is a real haproxy.
+Balancer and group time run at TIME_SCALE: an AWS minute (the policy's period) is 6 s, a 30 s drain 3 s. The
+load is paced (RATE requests/s per client), so the offered step is exactly 1 -> 8 clients whatever this
+machine's speed; --target-requests is set so that 1 client fits one host and 8 need more than one.
 """
 
 from __future__ import annotations
 
+import json
 import ssl
 import time
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -35,32 +37,45 @@ TIME_SCALE = 0.1
 RATE = 4.0                # requests/s per client: 24 per emulated minute
 TARGET = 60               # requests per host per emulated minute: 1 client (24) fits one host, 8 (192) need 3+
 STEP_MAX_S = 240.0
+GONE = ("terminated", "shutting-down", "deleted", "")
 
 
-@pytest.fixture
-def group_cloud(aws, tmp_path_factory) -> Iterator[tuple[Cloud, str, dict[str, str], ssl.SSLContext, object]]:
-    """(aws, certificate ARN, env with SSL_CERT_FILE, the CA's context, the AutoScaling double) with fast time."""
-    import boto3
-    from emulators.aws_autoscaling import AutoScaling
-
+@pytest.fixture(params=["aws", "aliyun"])
+def group_cloud(request, tmp_path_factory) -> Iterator[tuple[Cloud, str, dict[str, str], ssl.SSLContext, Any]]:
+    """(cloud, certificate id, env with SSL_CERT_FILE, the CA's context, its scaling double: AutoScaling / Ess),
+    with the balancers on their own loopback addresses and fast time."""
     if not _can_bind_443():
         pytest.skip("the emulated balancers listen on 443 of 127.0.100.x: needs root or CAP_NET_BIND_SERVICE")
-    emulator = aws.emulator
-    folder = tmp_path_factory.mktemp("group-ca")
+    cloud: Cloud = request.getfixturevalue(request.param)
+    emulator = cloud.emulator
+    folder = tmp_path_factory.mktemp(f"group-ca-{cloud.name}")
     ca, cert, key = certs().ca_signed(folder, [str(ip) for ip in LOOPBACK_NET.hosts()])
-    emulator.elbv2.own_addresses, emulator.elbv2.time_scale = True, TIME_SCALE
-    scaling = AutoScaling(emulator, time_scale=TIME_SCALE)
-    acm = boto3.client("acm", endpoint_url=emulator.endpoint, region_name=aws.env["AWS_DEFAULT_REGION"],
-                       aws_access_key_id=aws.env["AWS_ACCESS_KEY_ID"],
-                       aws_secret_access_key=aws.env["AWS_SECRET_ACCESS_KEY"])
-    certificate = acm.import_certificate(Certificate=cert.read_bytes(), PrivateKey=key.read_bytes(),
-                                         CertificateChain=ca.read_bytes())["CertificateArn"]
+    if cloud.name == "aws":
+        import boto3
+        from emulators.aws_autoscaling import AutoScaling
+
+        emulator.elbv2.own_addresses, emulator.elbv2.time_scale = True, TIME_SCALE
+        scaling = AutoScaling(emulator, time_scale=TIME_SCALE)
+        acm = boto3.client("acm", endpoint_url=emulator.endpoint, region_name=cloud.env["AWS_DEFAULT_REGION"],
+                           aws_access_key_id=cloud.env["AWS_ACCESS_KEY_ID"],
+                           aws_secret_access_key=cloud.env["AWS_SECRET_ACCESS_KEY"])
+        certificate = acm.import_certificate(Certificate=cert.read_bytes(), PrivateKey=key.read_bytes(),
+                                             CertificateChain=ca.read_bytes())["CertificateArn"]
+    else:
+        alb, scaling = emulator.alb, emulator.ess
+        alb.own_addresses = True
+        alb.provision_seconds, alb.job_seconds, alb.health_scale, alb.drain_scale = 0.5, 0.2, TIME_SCALE, TIME_SCALE
+        scaling.time_scale = TIME_SCALE
+        certificate = alb.add_certificate(cert.read_bytes(), key.read_bytes())
     try:
-        yield aws, certificate, {"SSL_CERT_FILE": str(ca)}, ssl.create_default_context(cafile=str(ca)), scaling
+        yield cloud, certificate, {"SSL_CERT_FILE": str(ca)}, ssl.create_default_context(cafile=str(ca)), scaling
     finally:
-        emulator.routes.remove(scaling.route)
-        scaling.close()
-        emulator.elbv2.own_addresses, emulator.elbv2.time_scale = False, 1.0
+        if cloud.name == "aws":
+            emulator.routes.remove(scaling.route)
+            scaling.close()
+            emulator.elbv2.own_addresses, emulator.elbv2.time_scale = False, 1.0
+        else:
+            emulator.alb.own_addresses, scaling.time_scale = False, 1.0
     assert scaling.errors == [], scaling.errors
 
 
@@ -83,7 +98,7 @@ def test_an_autoscaled_service_follows_a_load_step_out_and_back_in_with_no_faile
     for name, value in {**cloud.env, **tls_env}.items():
         monkeypatch.setenv(name, value)
     body, _ = payload(cloud.project)
-    base = ("deploy", "--cloud", "aws", "--gpu", cloud.gpu, "--gpu-mode", "auto", "--certificate", certificate)
+    base = ("deploy", "--cloud", cloud.name, "--gpu", cloud.gpu, "--gpu-mode", "auto", "--certificate", certificate)
     made = cloud.ngcx(*base, "--min", "1", "--max", "3", "--target-requests", str(TARGET), env=tls_env)
     assert made.returncode == 0, made.stderr[-3000:]
     url = made.stdout.strip().splitlines()[-1]
@@ -97,6 +112,9 @@ def test_an_autoscaled_service_follows_a_load_step_out_and_back_in_with_no_faile
     assert first["state"] == "in-service" and first["balancer"] == "healthy", svc["hosts"]
     group_name = svc["config"]["group"]["ref"]["name"]
     assert group_name == svc["name"]
+    listed = cloud.ngcx("deployments", "gc", "--json")           # the group's hosts are the group's, not orphans
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert not {first["instance_id"], group_name} & {item["id"] for item in json.loads(listed.stdout)}
 
     with Load(url, key, body, context, clients=1, rate=RATE) as base_load:
         base_load.settle(10)
@@ -121,10 +139,10 @@ def test_an_autoscaled_service_follows_a_load_step_out_and_back_in_with_no_faile
     decisions = [d for d in scaling.decisions if d[0] == group_name]
     assert any(after > before for _, before, after, _ in decisions), decisions
     assert any(after < before for _, before, after, _ in decisions), decisions
-    print(f"aws group: load step 1 -> 8 clients: a new host healthy {reaction:.1f} s after the step "
+    print(f"{cloud.name} group: load step 1 -> 8 clients: a new host healthy {reaction:.1f} s after the step "
           f"(policy period {scaling.period_s:.0f} s); scale-in began {t_leave - t_drop:.1f} s after the drop, the "
           f"leaving host {leaving[0]['instance_id']} drained and went in {drained:.1f} s; {total} requests, 0 failed "
-          f"(time scale {TIME_SCALE}: AWS seconds = these / {TIME_SCALE}); decisions {decisions}")
+          f"(time scale {TIME_SCALE}: the cloud's seconds = these / {TIME_SCALE}, boots aside); decisions {decisions}")
     assert serving
 
     # new bounds: the desired count follows into them
@@ -141,12 +159,12 @@ def test_an_autoscaled_service_follows_a_load_step_out_and_back_in_with_no_faile
     assert gone.returncode == 0, gone.stderr[-2000:]
     from ngcx.deploy import target
 
-    assert target("aws").scaling_group().tagged({"ngcx:service": str(svc["id"])}) == []
-    assert target("aws").balancer().tagged({"ngcx:service": str(svc["id"])}) == []
+    assert target(cloud.name).scaling_group().tagged({"ngcx:service": str(svc["id"])}) == []
+    assert target(cloud.name).balancer().tagged({"ngcx:service": str(svc["id"])}) == []
     states = {i["id"]: state_of(i) for i in cloud.emulator.instances()}
     wait_for("the group's hosts terminated", lambda: all(
-        {i["id"]: state_of(i) for i in cloud.emulator.instances()}.get(x, "terminated") in ("terminated", "")
-        for x in instance_ids), timeout=60)
+        {i["id"]: state_of(i) for i in cloud.emulator.instances()}.get(x, "") in GONE for x in instance_ids),
+        timeout=60)
     assert show(cloud, ref)["status"] == "destroyed", states
 
 

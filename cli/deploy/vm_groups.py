@@ -1,0 +1,118 @@
+"""The scaling-group verbs service_group.py asks of a VM cloud, written once over each cloud's client.
+
+Why apart from aws_asg.py and aliyun_ess.py: those speak one cloud's scaling API each (EC2 Auto Scaling,
+ESS); what a service needs of either is the same sequence — the image and pull role from the cloud's
+prepare, the zones' subnets / vSwitches, the host script as user-data (the service key's hash in it, never
+the key; a registry login by the instance role, since a host launches long after any token from now has
+expired), the group behind the balancer's target / server group, its target-tracking rule on requests per
+host — and lives here once. A cloud hands over a GroupKit: its client and the few things that differ
+(how its spec, ref and metric are spelled, and its instances' lifecycle states). Refs travel as plain dicts
+(the service's row keeps them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..core.errors import UserError
+
+if TYPE_CHECKING:
+    from .balancer import BalancerRef
+    from .common import DeployConfig
+
+LEAVING, PENDING, IN_SERVICE = "leaving", "pending", "in-service"
+
+
+@dataclass(frozen=True)
+class Member:
+    instance_id: str
+    zone: str
+    state: str                  # pending / in-service / leaving (service_group's words)
+    health: str                 # the group's own health verdict
+
+
+@dataclass(frozen=True)
+class GroupKit:
+    """One cloud's scaling client and how its names are spelled (aws_asg.kit, aliyun_ess.kit)."""
+
+    client: Any                                     # ensure_group, sizes, set_size, put_target_tracking, ...
+    ref: type                                       # its GroupRef
+    spec: Callable[..., Any]                        # GroupSpec from the keyword arguments ensure() passes
+    metric: Callable[[BalancerRef, float], tuple[float, Any]]   # (target value in its unit, its Metric)
+    states: dict[str, str]                          # the cloud's lifecycle states -> LEAVING / PENDING / IN_SERVICE
+
+
+class ServiceGroups:
+    """check / ensure / members / size / resize / release / delete / tagged for one service's region."""
+
+    def __init__(self, config: DeployConfig | None, cloud: Any, prepare: Callable[[DeployConfig], Any],
+                 wrap_user_data: Callable[[str], str], kit: GroupKit) -> None:
+        """`cloud`: the region's vm.Cloud; `prepare`: the cloud module's (image, pull role, login);
+        `wrap_user_data`: what the cloud adds to every host's user-data (aws: the SSM agent check)."""
+        self.config, self.cloud, self.prepare, self.wrap, self.kit = config, cloud, prepare, wrap_user_data, kit
+
+    def check(self) -> None:
+        """Before any row: a token login cannot be in what a group launches later."""
+        if self.config is not None and self.config.registry_login == "token":
+            raise UserError("--min/--max: a scaling group launches hosts later, when a registry token from now has "
+                            "expired", hint="use --registry-login role (the default): hosts pull with their role")
+
+    def ensure(self, name: str, balancer: BalancerRef, sizes: tuple[int, int, int], target_requests: float,
+               tags: dict[str, str], drain_s: int, label: int) -> dict[str, str]:
+        """The group as the config says (made, or moved to a new template / configuration when it changed),
+        and its target-tracking rule on `target_requests` requests per host per minute."""
+        from . import hostscript, vm
+
+        config = self.config
+        if config is None:
+            raise UserError("a scaling group needs its service's config")
+        plan = self.prepare(config)
+        for note in plan.notes:
+            vm.say(note)
+        self.cloud.prepare_network(config.allow_from)
+        role = self.cloud.ensure_pull_role(plan.grant) if plan.grant is not None else None
+        zones = vm.service_zones_with(self.cloud, self.cloud.name, config)
+        networks = _networks(self.cloud)
+        job = hostscript.HostJob(label, plan.pull_ref, plan.registry, config.labels.get("ai.ngcx.min-driver", "0"),
+                                 config.gpu_mode, plan.login(), tuple(config.cmd), tuple(sorted(config.env.items())),
+                                 auth_hashes=config.key_hashes, tls=config.tls)
+        low, high, desired = sizes
+        spec = self.kit.spec(name=name, image_id=plan.host_image,
+                             user_data=self.wrap(hostscript.render(job, "user-data")),
+                             instance_type=plan.candidates[0].itype.name, networks=tuple(networks[z] for z in zones),
+                             balancer=balancer, min_size=low, max_size=high, desired=desired, tags=tags, role=role,
+                             security_group=self.cloud.security_group, drain_wait_s=max(30, drain_s))
+        ref = self.kit.client.ensure_group(spec)
+        value, metric = self.kit.metric(balancer, target_requests)
+        self.kit.client.put_target_tracking(ref, value, metric)
+        return asdict(ref)
+
+    def members(self, ref: dict[str, str]) -> list[Member]:
+        return [Member(m.instance_id, m.zone, self.kit.states.get(m.state, m.state.lower()), m.health)
+                for m in self.kit.client.instances(self.kit.ref(**ref))]
+
+    def size(self, ref: dict[str, str]) -> tuple[int, int, int] | None:
+        """(min, max, desired) as the group has them now (its rule moves desired); None: no such group."""
+        return self.kit.client.sizes(self.kit.ref(**ref))
+
+    def resize(self, ref: dict[str, str], low: int, high: int, desired: int) -> None:
+        self.kit.client.set_size(self.kit.ref(**ref), low, high, desired)
+
+    def release(self, ref: dict[str, str], instance_id: str) -> None:
+        self.kit.client.complete_lifecycle(self.kit.ref(**ref), instance_id)
+
+    def delete(self, ref: dict[str, str]) -> None:
+        self.kit.client.delete(self.kit.ref(**ref))
+
+    def tagged(self, tags: dict[str, str]) -> list[dict[str, str]]:
+        return [asdict(ref) for ref in self.kit.client.tagged(tags)]
+
+
+def _networks(cloud: Any) -> dict[str, str]:
+    """Zone -> the subnet (AWS) / vSwitch (Alibaba Cloud) id its hosts launch into."""
+    subnets = getattr(cloud, "subnets", None)
+    if subnets is not None:
+        return {zone: subnet.id for zone, subnet in subnets.items()}
+    return dict(getattr(cloud, "vswitches", None) or {})
