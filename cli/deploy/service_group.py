@@ -103,9 +103,13 @@ def _groups(module: ModuleType, config: DeployConfig | None) -> Any:
 
 
 def _keyed(svc: ServiceRecord, config: DeployConfig) -> DeployConfig:
-    """The config with the service key's hash (the row never keeps it): every host of the group accepts it."""
-    key = keys.get(svc.ref) if config.auth else None
-    return replace(config, key_hashes=(keys.digest(key),)) if key else config
+    """The config with the service key's hash (the row never keeps it): every host of the group accepts it.
+    A key missing here (an ngcx killed between the row and the key) was never given to any host: a new one is
+    made, never a group of hosts without a key."""
+    if not config.auth:
+        return config
+    key = keys.get(svc.ref) or keys.create(svc.ref)
+    return replace(config, key_hashes=(keys.digest(key),))
 
 
 # --- create ------------------------------------------------------------------------------------------------

@@ -15,23 +15,18 @@ port 8000). Time in the balancer's drains and the group runs at TIME_SCALE (an E
 
 from __future__ import annotations
 
-import shutil
-import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from emulators.aliyun_ecs import EcsEmulator
-from emulators.balancer_plane import HAPROXY
-from emulators.test_aliyun_ess import AK, SECRET, TIME_SCALE, balancer, call, members, servers, until
+from emulators.test_aliyun_ess import AK, SECRET, balancer, call, ess_cloud, members, servers, until
 from emulators.test_aws_autoscaling import ProcessHosts, replica_user_data
-from emulators.traffic import get
+from emulators.traffic import PacedLoad, get
 
 from ngcx.core.errors import UserError
 from ngcx.deploy.aliyun_ess import GroupRef, GroupSpec, Metric, ScalingGroups
-from support import missing
 
 OWNER = {"ngcx:owner": "ess-owner", "ngcx:service": "svc1"}
 IMAGE = "ubuntu_22_04_x64_20G_alibase_20240926.vhd"
@@ -40,15 +35,8 @@ OTHER_IMAGE = "ubuntu_24_04_x64_20G_alibase_20240923.vhd"
 
 @pytest.fixture(scope="module")
 def cloud() -> Iterator[tuple[EcsEmulator, ProcessHosts]]:
-    if shutil.which(HAPROXY) is None:
-        missing("haproxy not installed (apt: haproxy; scripts/setup.sh installs it)")
-    hosts = ProcessHosts()
-    with EcsEmulator(hosts, access_keys={AK: SECRET}, boot_seconds=0.05, start_seconds=0.05) as emulator:
-        alb = emulator.alb
-        alb.provision_seconds, alb.job_seconds, alb.health_scale, alb.drain_scale = 0.1, 0.05, 0.1, TIME_SCALE
-        emulator.ess.time_scale = TIME_SCALE
-        yield emulator, hosts
-        assert emulator.host_errors == [] and emulator.ess.errors == [] and emulator.alb.plane_errors == []
+    with ess_cloud() as made:
+        yield made
 
 
 @pytest.fixture(scope="module")
@@ -159,37 +147,6 @@ def test_an_error_is_one_line_without_the_secret(cloud, groups, monkeypatch) -> 
     assert "SignatureDoesNotMatch" in text and "\n" not in str(caught.value) and "wrong-secret" not in text
 
 
-class Load:
-    """Requests through the balancer at about `rate` per second, for at most `limit_s` and `limit` requests;
-    every non-200 or error is a failure."""
-
-    def __init__(self, address: tuple[str, int], limit_s: float = 90.0, limit: int = 5000) -> None:
-        self.address, self.rate, self.limit = address, 2.0, limit
-        self.deadline = time.monotonic() + limit_s
-        self.seen: Counter[str] = Counter()
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set() and time.monotonic() < self.deadline and \
-                sum(self.seen.values()) + len(self.failures) < self.limit:
-            started = time.monotonic()
-            try:
-                status, body = get(self.address, timeout=10)
-                if status == 200:
-                    self.seen[body] += 1
-                else:
-                    self.failures.append(f"{status}: {body[:80]}")
-            except OSError as exc:
-                self.failures.append(f"{type(exc).__name__}: {exc}")
-            self._stop.wait(max(0.0, 1 / self.rate - (time.monotonic() - started)))
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(15)
-
 
 def test_target_tracking_on_real_requests_scales_out_and_back_in_without_a_failed_request(cloud, groups,
                                                                                             net) -> None:
@@ -199,7 +156,7 @@ def test_target_tracking_on_real_requests_scales_out_and_back_in_without_a_faile
     until(lambda: get(net["address"])[0] == 200, "the balancer sends it requests")
     rule = groups.put_target_tracking(ref, 1.0, Metric())    # 1 request per emulated second per server
     assert groups.put_target_tracking(ref, 1.0) == rule      # changed in place, not a second rule
-    load = Load(net["address"])
+    load = PacedLoad(net["address"])
     try:
         started = time.monotonic()
         load.rate = 40.0                                      # ~2 per emulated second on one server: 2 wanted

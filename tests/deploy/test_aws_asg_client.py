@@ -13,9 +13,7 @@ balancer and the group runs at TIME_SCALE (an AWS minute is 3 s), so the scaling
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,7 +31,7 @@ from emulators.test_aws_autoscaling import (
     replica_user_data,
 )
 from emulators.test_aws_emulator import until
-from emulators.traffic import get
+from emulators.traffic import PacedLoad
 
 from ngcx.core.errors import UserError
 from ngcx.deploy import aws_asg
@@ -186,34 +184,6 @@ def test_an_error_is_one_line_without_the_secret(groups) -> None:
     assert "SignatureDoesNotMatch" in text and "\n" not in text and "wrong-secret" not in text
 
 
-class Load:
-    """Requests through the balancer at about `rate` per second; every non-200 or error is a failure."""
-
-    def __init__(self, address: tuple[str, int]) -> None:
-        self.address, self.rate = address, 2.0
-        self.seen: Counter[str] = Counter()
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            started = time.monotonic()
-            try:
-                status, body = get(self.address, timeout=10)
-                if status == 200:
-                    self.seen[body] += 1
-                else:
-                    self.failures.append(f"{status}: {body[:80]}")
-            except OSError as exc:
-                self.failures.append(f"{type(exc).__name__}: {exc}")
-            self._stop.wait(max(0.0, 1 / self.rate - (time.monotonic() - started)))
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(15)
-
 
 def test_target_tracking_on_real_requests_scales_out_and_back_in_without_a_failed_request(cloud, groups,
                                                                                             net) -> None:
@@ -223,7 +193,7 @@ def test_target_tracking_on_real_requests_scales_out_and_back_in_without_a_faile
     until("it serves", lambda: healthy(emulator, net["group"]).get(first.instance_id) == "healthy", timeout=20)
     metric = aws_asg.requests_per_target(net["balancer"], net["group"])
     groups.put_target_tracking(ref, 60.0, metric)          # 60 requests per target per (3 s) minute
-    load = Load(net["address"])
+    load = PacedLoad(net["address"])
     try:
         started = time.monotonic()
         load.rate = 40.0                                    # ~120 per period on one target: 2 wanted

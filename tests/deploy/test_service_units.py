@@ -113,3 +113,30 @@ def test_a_cloud_service_without_a_certificate_is_refused_before_its_row_or_key_
         service.create(DeployConfig(cloud=cloud, image="x", pull_ref="r/x@sha256:" + "c" * 64, registry="r",
                                     labels={}, model=None), 3, service.Options(), print)
     assert store.services(include_gone=True) == [] and keys.get("s1") is None
+
+
+@pytest.mark.parametrize("args, message", [
+    (["deployments", "stop", "s1"], "service s1 is a scaling group: stop is not built"),
+    (["deployments", "start", "s1"], "service s1 is a scaling group: start is not built"),
+    (["deployments", "logs", "s1"], "service s1 is a scaling group: logs is not built"),
+    (["deployments", "rotate-key", "s1"], "service s1 is a scaling group: key rotation is not built"),
+    (["deployments", "rollback", "s1"], "service s1 is a scaling group: rollback is not built"),
+    (["deployments", "scale", "s1", "3"], "service s1 is autoscaled: give its bounds, not a count"),
+    (["deployments", "scale", "s1", "--min", "0", "--max", "3"], "--min 0 (scale to zero) is not built yet"),
+    (["deployments", "scale", "s2", "--min", "1", "--max", "3"], "service s2 has a fixed count: give COUNT"),
+])
+def test_what_an_autoscaled_service_does_not_do_yet_is_one_line_and_changes_nothing(state, args, message):
+    """An autoscaled service (service_group.py) refuses what is not built for scaling groups in one line, before
+    any cloud call (no credentials here), and its row stays as it was; a fixed service refuses --min/--max."""
+    group = {"min_size": 1, "max_size": 2, "target_requests": 60.0, "ref": {"name": "g", "template_id": "lt-1",
+                                                                            "version": "1"}}
+    made = store.create_service("aws", "us-east-1", 1, {"image": "x", "group": group})
+    store.update_service(made.id, status=READY, pid=None)
+    fixed = store.create_service("local", None, 2, {"image": "x"})
+    store.update_service(fixed.id, status=READY, pid=None)
+    done = subprocess.run([sys.executable, "-m", "ngcx", *args], capture_output=True, text=True, timeout=120,
+                          env={"NGCX_STATE_DIR": str(state / "state"), "PATH": "/usr/bin:/bin", "HOME": str(state)})
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr
+    assert len([ln for ln in done.stderr.splitlines() if ln.startswith("ngcx: error")]) == 1
+    assert store.service(made.id).status == READY and store.service(made.id).config["group"] == group

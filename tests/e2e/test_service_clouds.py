@@ -55,7 +55,16 @@ def svc_cloud(request, tmp_path_factory) -> Iterator[tuple[Cloud, str, dict[str,
     if not _can_bind_443():
         pytest.skip("the emulated balancers listen on 443 of 127.0.100.x: needs root or CAP_NET_BIND_SERVICE")
     cloud: Cloud = request.getfixturevalue(request.param)
-    folder = tmp_path_factory.mktemp(f"{cloud.name}-ca")
+    certificate, ca = balancers_on_loopback(cloud, tmp_path_factory.mktemp(f"{cloud.name}-ca"))
+    try:
+        yield cloud, certificate, {"SSL_CERT_FILE": str(ca)}, ca
+    finally:
+        balancers_back(cloud)
+
+
+def balancers_on_loopback(cloud: Cloud, folder: Path) -> tuple[str, Path]:
+    """The cloud's balancers on their own loopback addresses, on TIME_SCALE, and one CA-signed certificate for
+    every such address registered with the cloud (ACM import / the ALB emulator's store): (its id, the CA)."""
     ca, cert, key = certs().ca_signed(folder, [str(ip) for ip in LOOPBACK_NET.hosts()])
     emulator = cloud.emulator
     if cloud.name == "aws":
@@ -65,18 +74,19 @@ def svc_cloud(request, tmp_path_factory) -> Iterator[tuple[Cloud, str, dict[str,
         acm = boto3.client("acm", endpoint_url=emulator.endpoint, region_name=cloud.env["AWS_DEFAULT_REGION"],
                            aws_access_key_id=cloud.env["AWS_ACCESS_KEY_ID"],
                            aws_secret_access_key=cloud.env["AWS_SECRET_ACCESS_KEY"])
-        certificate = acm.import_certificate(Certificate=cert.read_bytes(), PrivateKey=key.read_bytes(),
-                                             CertificateChain=ca.read_bytes())["CertificateArn"]
-    else:
-        alb = emulator.alb
-        alb.own_addresses = True
-        alb.provision_seconds, alb.job_seconds, alb.health_scale, alb.drain_scale = 0.5, 0.2, TIME_SCALE, TIME_SCALE
-        certificate = alb.add_certificate(cert.read_bytes(), key.read_bytes())
-    yield cloud, certificate, {"SSL_CERT_FILE": str(ca)}, ca
+        return acm.import_certificate(Certificate=cert.read_bytes(), PrivateKey=key.read_bytes(),
+                                      CertificateChain=ca.read_bytes())["CertificateArn"], ca
+    alb = emulator.alb
+    alb.own_addresses = True
+    alb.provision_seconds, alb.job_seconds, alb.health_scale, alb.drain_scale = 0.5, 0.2, TIME_SCALE, TIME_SCALE
+    return alb.add_certificate(cert.read_bytes(), key.read_bytes()), ca
+
+
+def balancers_back(cloud: Cloud) -> None:
     if cloud.name == "aws":
-        emulator.elbv2.own_addresses, emulator.elbv2.time_scale = False, 1.0
+        cloud.emulator.elbv2.own_addresses, cloud.emulator.elbv2.time_scale = False, 1.0
     else:
-        emulator.alb.own_addresses = False
+        cloud.emulator.alb.own_addresses = False
 
 
 def payload(project: Path) -> tuple[bytes, Any]:

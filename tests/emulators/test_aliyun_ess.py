@@ -16,6 +16,7 @@ running the user-data with sh). Time in the balancer's drains and the group runs
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import shutil
 import time
@@ -47,8 +48,9 @@ def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-@pytest.fixture(scope="module")
-def cloud() -> Iterator[tuple[EcsEmulator, ProcessHosts]]:
+@contextlib.contextmanager
+def ess_cloud() -> Iterator[tuple[EcsEmulator, ProcessHosts]]:
+    """The ECS emulator with ALB and ESS on fast clocks, its hosts processes (shared with the client's tests)."""
     if shutil.which(HAPROXY) is None:
         missing("haproxy not installed (apt: haproxy; scripts/setup.sh installs it)")
     hosts = ProcessHosts()
@@ -58,6 +60,12 @@ def cloud() -> Iterator[tuple[EcsEmulator, ProcessHosts]]:
         emulator.ess.time_scale = TIME_SCALE
         yield emulator, hosts
         assert emulator.host_errors == [] and emulator.ess.errors == [] and emulator.alb.plane_errors == []
+
+
+@pytest.fixture(scope="module")
+def cloud() -> Iterator[tuple[EcsEmulator, ProcessHosts]]:
+    with ess_cloud() as made:
+        yield made
 
 
 def call(emu: EcsEmulator, action: str, version: str = ESS, secret: str = SECRET, **params: Any) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Test traffic through an emulated balancer's data plane: one request, who answered a batch, a live process.
+"""Test traffic through an emulated balancer's data plane: one request, who answered a batch, a paced load, a
+live process.
 
 Shared by the emulators' own tests and the product's balancer tests (tests/deploy), which send their
 requests to the address the emulator's `balancer_address()` names. http.client never asks a proxy.
@@ -9,6 +10,8 @@ from __future__ import annotations
 import http.client
 import importlib.util
 import ssl
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
@@ -72,3 +75,35 @@ def get_tls(address: tuple[str, int], path: str = "/", timeout: float = 10) -> t
         return reply.status, reply.read().decode(), der
     finally:
         conn.close()
+
+
+class PacedLoad:
+    """GETs through a balancer at about `rate` per second on one thread, for at most `limit_s` seconds and
+    `limit` requests (every load loop is bounded); every answer but 200, and every error, is a failure."""
+
+    def __init__(self, address: tuple[str, int], rate: float = 2.0, limit_s: float = 90.0, limit: int = 5000) -> None:
+        self.address, self.rate, self.limit = address, rate, limit
+        self.deadline = time.monotonic() + limit_s
+        self.seen: Counter[str] = Counter()
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and time.monotonic() < self.deadline and \
+                sum(self.seen.values()) + len(self.failures) < self.limit:
+            started = time.monotonic()
+            try:
+                status, body = get(self.address, timeout=10)
+                if status == 200:
+                    self.seen[body] += 1
+                else:
+                    self.failures.append(f"{status}: {body[:80]}")
+            except OSError as exc:
+                self.failures.append(f"{type(exc).__name__}: {exc}")
+            self._stop.wait(max(0.0, 1 / self.rate - (time.monotonic() - started)))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(15)
