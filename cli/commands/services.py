@@ -68,7 +68,7 @@ def deploy_group(config: Any, registry: str | None, scaling: tuple[int | None, i
     low, high, target_requests = scaling
     if config.cloud in ("local", "any"):
         raise UserError(f"--min/--max with --cloud {config.cloud}: a scaling group is a cloud's",
-                        hint="--cloud aws, or --cloud kubernetes --dry-run for an HPA")
+                        hint="--cloud aws or aliyun, or --cloud kubernetes --dry-run for an HPA")
     config.pushes = pushes(config.image, registry)
     config.pull_ref, config.registry = config.pick_push(lambda _host: True) or (None, None)
     port, drain, interval, certificate = balancer
