@@ -1,4 +1,4 @@
-"""`ngcx deploy --cloud aws|aliyun --min 1 --max 3 --certificate ID`, for real: an autoscaled service of the
+"""`ngcx deploy --cloud aws|aliyun --min 1 --max 2 --certificate ID`, for real: an autoscaled service of the
 example project — its replicas an EC2 Auto Scaling / ESS group launched from the baked host image behind the
 part-1 ALB — under a load step from 1 to 8 times, then back.
 
@@ -37,7 +37,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 TIME_SCALE = 0.1
 RATE = 4.0                # requests/s per client: 24 per emulated minute
-TARGET = 60               # requests per host per emulated minute: 1 client (24) fits one host, 8 (192) need 3+
+TARGET = 60               # requests per host per emulated minute: 1 client (24) fits one host, 8 (192) need more
+MAX = 2                   # the step asks for 4 hosts, the group stops at 2 (one host boots: CI time)
 STEP_MAX_S = 240.0
 GONE = ("terminated", "shutting-down", "deleted", "")
 
@@ -89,7 +90,7 @@ def test_an_autoscaled_service_follows_a_load_step_out_and_back_in_with_no_faile
         monkeypatch.setenv(name, value)
     body, _ = payload(cloud.project)
     base = ("deploy", "--cloud", cloud.name, "--gpu", cloud.gpu, "--gpu-mode", "auto", "--certificate", certificate)
-    made = cloud.ngcx(*base, "--min", "1", "--max", "3", "--target-requests", str(TARGET), env=tls_env)
+    made = cloud.ngcx(*base, "--min", "1", "--max", str(MAX), "--target-requests", str(TARGET), env=tls_env)
     assert made.returncode == 0, made.stderr[-3000:]
     url = made.stdout.strip().splitlines()[-1]
     assert urlsplit(url).scheme == "https", url
@@ -137,7 +138,7 @@ def test_an_autoscaled_service_follows_a_load_step_out_and_back_in_with_no_faile
 
     # new bounds: the desired count follows into them (the group launches the second host: not waited for here,
     # the scale-out above showed a launched host serving)
-    moved = cloud.ngcx("deployments", "scale", ref, "--min", "2", "--max", "3", env=tls_env)
+    moved = cloud.ngcx("deployments", "scale", ref, "--min", "2", "--max", "2", env=tls_env)
     assert moved.returncode == 0, moved.stderr[-2000:]
     assert show(cloud, ref)["replicas"] == 2 and show(cloud, ref)["config"]["group"]["min_size"] == 2
     wait_for("the group's second host", lambda: len(hosts(cloud, ref)) == 2, timeout=60)
