@@ -185,16 +185,10 @@ def _hosts(env: dict[str, str], number: int) -> list[dict[str, str]]:
     round's environment (its state store and the emulator's endpoint and keys)."""
     from ngcx.deploy import service_group, store
 
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    from .deploy_phases import environ
+
+    with environ(env):
         return service_group.members(store.service(number))
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _until(check: Any) -> float:

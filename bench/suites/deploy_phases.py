@@ -19,6 +19,7 @@ exported), the registry on 127.0.0.1:5000.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,6 +38,22 @@ sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "e2e")]
 START_S, LAUNCH_S = 16.4, 17.8      # cold-start.md [V1]: EC2 start-from-stopped and cold launch, pending -> running
 AK, AWS_KEY, SECRET = "LTAIbenchKey", "AKIANGCXBENCH0000001", "bench-secret-not-printed"
 PHASES = ("api", "boot", "pull", "start", "ready")
+
+
+@contextlib.contextmanager
+def environ(env: dict[str, str]) -> Iterator[None]:
+    """This process's environment with `env` on top, put back after (in-process calls of the library that read
+    the round's state store and the emulator's endpoint and keys from it)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def ngcx(cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -115,20 +115,12 @@ def _stop_host(cloud: str, emu: Any, env: dict[str, str], instance_id: str) -> N
                      aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"]
                      ).stop_instances(InstanceIds=[instance_id], Force=True)
     else:
-        import os
-
         from ngcx.clouds.aliyun import Api
 
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
+        from .deploy_phases import environ
+
+        with environ(env):
             Api(REGION[cloud]).ecs("StopInstance", {"InstanceId": instance_id, "ForceStop": "true"}, write=True)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if any(i["id"] == instance_id and _state(i) == "stopped" for i in emu.instances()):
