@@ -593,6 +593,23 @@ class BalancerPlane:
             rows = _table(proxy.run(f"show servers state {proxy.backend}"), " ")
             return sorted(f"{row['srv_addr']}:{row['srv_port']}" for row in rows)
 
+    def counts(self, listener_name: str) -> tuple[int, int]:
+        """(requests, refused) the listener's back haproxy has seen since it started: its backend's `stot` and
+        `econ`. `refused` is what no target took: a request while no server is up (haproxy's own 503, ALB's
+        HTTPCode_ELB_503_Count) or a connection that failed (retried elsewhere when a server was left). The
+        scaling emulators read the balancer's CloudWatch / CloudMonitor metrics from these. A rebuilt back
+        haproxy (rebuild()) starts again at zero: callers taking differences treat a drop as a restart."""
+        with self._lock:
+            proxy = self._proxies.get(listener_name)
+            if proxy is None:
+                return 0, 0
+            rows = _table(proxy.run(f"show stat {proxy.backend} 2 -1"), ",")
+        return (sum(int(r.get("stot") or 0) for r in rows), sum(int(r.get("econ") or 0) for r in rows))
+
+    def listeners(self) -> list[str]:
+        with self._lock:
+            return list(self._proxies)
+
     def pids(self, listener_name: str | None = None) -> list[int]:
         """The haproxy processes running now (a listener's or all; for tests and diagnostics)."""
         with self._lock:
