@@ -27,6 +27,17 @@ Metric: QPS per backend server of the ALB server group, or a custom CloudMonitor
 ESS_QPS, the rule's MetricName for the ALB metric, is a guess (the console calls it "(ALB) QPS per Backend
 Server"; the API name was not found in the reference); the emulator uses the same name.
 
+Scale to zero (issue 22 item 2): set_idle_stop puts the group in recycle mode (ESS "economical mode",
+ModifyScalingGroup ScalingPolicy recycle; release is the default): a scale-in stops its instances
+(StopCharging, the disk kept) and they stay in the group as `Stopped`; a scale-out starts them first, so a
+wake is a boot, not a new machine. put_wake makes the wake path: a SimpleScalingRule `<group>-wake`
+(QuantityChangeInCapacity +1) and an alarm task `<group>-wake` (CreateAlarm) that runs it while the service's
+ALB answers 503s of its own (no replica up): WAKE_METRIC, CloudMonitor's acs_alb LoadBalancerHTTPCode503
+(Count/s, Dimension loadBalancerId), Average > 0 over one 60 s period. Guessed: that an ESS system alarm task
+takes that ALB metric (CloudMonitor has it; ESS's list of system metrics for alarm tasks was not found), and
+the request spellings AlarmAction.N / Dimension.N.* (aliyun-python-sdk-ess's CreateAlarmRequest). Alarm tasks
+outlive DeleteScalingGroup (the reference says so), so delete removes the group's alarm tasks first.
+
 Calls go through cli/clouds/aliyun.py's Api (ngcx's own retries: reads and settings that are safe to repeat
 always, creates only with their token; errors one line with the code and the action, never a secret); what
 is already gone counts as done. "Real parts only": tests run this with the real aliyun-python-sdk-core
@@ -55,6 +66,9 @@ ESS_QPS = "AlbQpsPerBackendServer"     # a guess, see the module docstring
 PAGE_SIZE = 50                         # ESS's largest page
 TOKEN_TRIES = 8                        # generations of one spec.name (made, deleted, made again)
 GONE = "InvalidScalingGroupId.NotFound"
+ALARM_GONE = "InvalidAlarmTaskId.NotFound"
+RULE_GONE = "InvalidScalingRuleId.NotFound"
+WAKE_METRIC = "LoadBalancerHTTPCode503"   # the ALB's own 503s (a guess as an alarm task's metric, see above)
 
 
 @dataclass(frozen=True)
@@ -242,6 +256,64 @@ class ScalingGroups:
         return self._create("CreateScalingRule", params, "ScalingRuleId", lambda rule_id: bool(self._all(
             "DescribeScalingRules", "ScalingRules", "ScalingRule", **{"ScalingRuleIds.1": rule_id})))
 
+    # --- scale to zero ---------------------------------------------------------------------------------
+
+    def set_idle_stop(self, ref: GroupRef, on: bool) -> None:
+        """Recycle mode on (ScalingPolicy recycle: scaled-in instances are stopped and started again first) or
+        off (release: scaled-in instances are released; Stopped ones stay until a scale-out starts them)."""
+        self._set("ModifyScalingGroup", ScalingGroupId=ref.group_id, ScalingPolicy="recycle" if on else "release")
+
+    def put_wake(self, ref: GroupRef, balancer: BalancerRef | None, on: bool) -> None:
+        """On: the rule and alarm task `<group>-wake` that add one instance while the balancer answers 503s
+        itself (found by name first; one of each). Off: both deleted; absent is done."""
+        name = f"{ref.name}-wake"
+        alarms = [a for a in self._alarms(ref.group_id) if a.get("Name") == name]
+        rules = self._all("DescribeScalingRules", "ScalingRules", "ScalingRule", ScalingGroupId=ref.group_id,
+                          **{"ScalingRuleNames.1": name})
+        if not on or balancer is None:
+            if on:
+                raise UserError(f"group {ref.name}: waking from zero needs the service's balancer")
+            for alarm in alarms:
+                self._gone("DeleteAlarm", ALARM_GONE, AlarmTaskId=alarm["AlarmTaskId"])
+            for rule in rules:
+                self._gone("DeleteScalingRule", RULE_GONE, ScalingRuleId=rule["ScalingRuleId"])
+            return
+        wanted = _wake_alarm(self._wake_rule(ref, name, rules), balancer)
+        same = [a for a in alarms if _same_alarm(a, wanted)][:1]
+        for alarm in alarms:
+            if alarm not in same:                 # changed settings, or a second one of a race
+                self._gone("DeleteAlarm", ALARM_GONE, AlarmTaskId=alarm["AlarmTaskId"])
+        if not same:
+            self.api.ess("CreateAlarm", {"ScalingGroupId": ref.group_id, "Name": name, **wanted}, write=True)
+        elif str(same[0].get("Enable", True)).lower() == "false":
+            self._set("EnableAlarm", AlarmTaskId=same[0]["AlarmTaskId"])
+
+    def _wake_rule(self, ref: GroupRef, name: str, rules: list[dict[str, Any]]) -> str:
+        """The wake rule's ScalingRuleAri (made, or set back to +1)."""
+        settings = {"AdjustmentType": "QuantityChangeInCapacity", "AdjustmentValue": 1}
+        if rules:
+            if (rules[0].get("AdjustmentType"), int(rules[0].get("AdjustmentValue") or 0)) != tuple(settings.values()):
+                self._set("ModifyScalingRule", ScalingRuleId=rules[0]["ScalingRuleId"], **settings)
+            return str(rules[0]["ScalingRuleAri"])
+        params = {"ScalingGroupId": ref.group_id, "ScalingRuleName": name, "ScalingRuleType": "SimpleScalingRule",
+                  **settings}
+        rule_id = self._create("CreateScalingRule", params, "ScalingRuleId", lambda made: bool(self._rules_by_id(made)))
+        return str(self._rules_by_id(rule_id)[0]["ScalingRuleAri"])
+
+    def _rules_by_id(self, rule_id: str) -> list[dict[str, Any]]:
+        return self._all("DescribeScalingRules", "ScalingRules", "ScalingRule", **{"ScalingRuleIds.1": rule_id})
+
+    def _alarms(self, group_id: str) -> list[dict[str, Any]]:
+        return self._all("DescribeAlarms", "AlarmList", "Alarm", ScalingGroupId=group_id)
+
+    def _gone(self, action: str, code: str, **params: Any) -> None:
+        """A delete; what is already gone (`code`) is done."""
+        try:
+            self._set(action, **params)
+        except AliyunError as exc:
+            if exc.code != code:
+                raise
+
     def sizes(self, ref: GroupRef) -> tuple[int, int, int] | None:
         """(min, max, desired) as the group has them now; None: no such group."""
         group = self._find(ref.name)
@@ -282,11 +354,13 @@ class ScalingGroups:
     # --- delete, gc --------------------------------------------------------------------------------------
 
     def delete(self, ref: GroupRef) -> None:
-        """The group with ForceDelete: its instances leave the server group and are released, its configurations,
-        rules and hooks go with it. A group already gone is done."""
+        """The group's alarm tasks, then the group with ForceDelete: its instances (Stopped ones too) leave the
+        server group and are released, its configurations, rules and hooks go with it. Already gone is done."""
         group_id = ref.group_id or str((self._find(ref.name) or {}).get("ScalingGroupId") or "")
         if not group_id:
             return
+        for alarm in self._alarms(group_id):      # alarm tasks outlive DeleteScalingGroup
+            self._gone("DeleteAlarm", ALARM_GONE, AlarmTaskId=alarm["AlarmTaskId"])
         try:
             self._set("DeleteScalingGroup", ScalingGroupId=group_id, ForceDelete=True)
         except AliyunError as exc:
@@ -341,7 +415,7 @@ class ScalingGroups:
 
 # --- the kit vm_groups.py drives --------------------------------------------------------------------------
 STATES = {"Pending": "pending", "Pending:Wait": "pending", "InService": "in-service", "Removing": "leaving",
-          "Removing:Wait": "leaving", "Standby": "leaving", "Protected": "in-service"}
+          "Removing:Wait": "leaving", "Standby": "leaving", "Protected": "in-service", "Stopped": "stopped"}
 
 
 def kit(api: Api) -> Any:
@@ -363,6 +437,24 @@ def kit(api: Api) -> Any:
 def _server_group(spec: GroupSpec) -> dict[str, Any]:
     return {"ServerGroups.1.ServerGroupId": spec.server_group_id, "ServerGroups.1.Port": spec.port,
             "ServerGroups.1.Weight": spec.weight, "ServerGroups.1.Type": "ALB"}
+
+
+def _wake_alarm(rule_ari: str, balancer: BalancerRef) -> dict[str, Any]:
+    """CreateAlarm's settings for the wake: any 503 of the balancer's own in a minute runs the rule."""
+    return {"MetricType": "system", "MetricName": WAKE_METRIC, "Statistics": "Average", "ComparisonOperator": ">",
+            "Threshold": 0, "EvaluationCount": 1, "Period": 60, "AlarmAction.1": rule_ari,
+            "Dimension.1.DimensionKey": "loadBalancerId", "Dimension.1.DimensionValue": balancer.balancer_id}
+
+
+def _same_alarm(found: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    dimensions = {d.get("DimensionKey"): d.get("DimensionValue")
+                  for d in (found.get("Dimensions") or {}).get("Dimension") or []}
+    return (found.get("MetricName"), found.get("Statistics"), found.get("ComparisonOperator"),
+            float(found.get("Threshold") or 0), int(found.get("EvaluationCount") or 0), int(found.get("Period") or 0),
+            (found.get("AlarmActions") or {}).get("AlarmAction"), dimensions) == (
+        wanted["MetricName"], wanted["Statistics"], wanted["ComparisonOperator"], float(wanted["Threshold"]),
+        wanted["EvaluationCount"], wanted["Period"], [wanted["AlarmAction.1"]],
+        {"loadBalancerId": wanted["Dimension.1.DimensionValue"]})
 
 
 def _config_data(spec: GroupSpec) -> dict[str, Any]:

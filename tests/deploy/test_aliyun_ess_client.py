@@ -6,7 +6,10 @@ configuration the group launches from; delete leaves nothing and may run twice; 
 killed ngcx left; a lost answer makes no duplicate; a group of another owner is refused; a rejected
 credential is one line without the secret; and target tracking on the ALB's real request counts (requests
 through the emulator's haproxy) scales the group out from 1 to 2 under load and back in when it drops,
-draining through the lifecycle hook, with zero failed requests.
+draining through the lifecycle hook, with zero failed requests. Scale to zero: a recycle-mode group scaled
+to 0 keeps its instance Stopped (economical mode); requests to the ALB then get 503 and the wake alarm task
+(put_wake, twice: one rule, one alarm) starts that same instance again, which serves; put_wake off and delete
+leave nothing.
 
 The double is aliyun_ecs.EcsEmulator with its ALB (aliyun_alb.py) and ESS (aliyun_ess.py); the hosts are
 ProcessHosts (a process per instance on its own loopback address, running the user-data: a tiny replica on
@@ -15,18 +18,31 @@ port 8000). Time in the balancer's drains and the group runs at TIME_SCALE (an E
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from emulators.aliyun_ecs import EcsEmulator
-from emulators.test_aliyun_ess import AK, SECRET, balancer, call, ess_cloud, members, servers, until
+from emulators.test_aliyun_ess import (
+    AK,
+    ECS,
+    SECRET,
+    RestartableHosts,
+    balancer,
+    call,
+    ess_cloud,
+    members,
+    servers,
+    until,
+)
 from emulators.test_aws_autoscaling import ProcessHosts, replica_user_data
 from emulators.traffic import PacedLoad, get
 
 from ngcx.core.errors import UserError
-from ngcx.deploy.aliyun_ess import GroupRef, GroupSpec, Metric, ScalingGroups
+from ngcx.deploy.aliyun_ess import WAKE_METRIC, GroupRef, GroupSpec, Metric, ScalingGroups
+from ngcx.deploy.balancer import BalancerRef
 
 OWNER = {"ngcx:owner": "ess-owner", "ngcx:service": "svc1"}
 IMAGE = "ubuntu_22_04_x64_20G_alibase_20240926.vhd"
@@ -35,7 +51,7 @@ OTHER_IMAGE = "ubuntu_24_04_x64_20G_alibase_20240923.vhd"
 
 @pytest.fixture(scope="module")
 def cloud() -> Iterator[tuple[EcsEmulator, ProcessHosts]]:
-    with ess_cloud() as made:
+    with ess_cloud(RestartableHosts()) as made:         # machines that stop and start (recycle mode)
         yield made
 
 
@@ -181,3 +197,54 @@ def test_target_tracking_on_real_requests_scales_out_and_back_in_without_a_faile
     assert [d[1:3] for d in emu.ess.decisions if d[0] == "ngcx-svc-t"][:2] == [(1, 2), (2, 1)], emu.ess.decisions
     assert members(emu, ref.group_id) == {m.instance_id: "InService" for m in groups.instances(ref)}
     print(f"scale-out {scaled_out_s:.1f} s, scale-in {scaled_in_s:.1f} s, requests {sum(load.seen.values())}")
+
+
+def _wake_parts(emu: EcsEmulator, ref: GroupRef) -> tuple[list[str], list[str]]:
+    """(the group's rules named <group>-wake, its alarm tasks) as the emulated ESS has them."""
+    rules = call(emu, "DescribeScalingRules", ScalingGroupId=ref.group_id)["ScalingRules"]["ScalingRule"]
+    alarms = call(emu, "DescribeAlarms", ScalingGroupId=ref.group_id)["AlarmList"]["Alarm"]
+    return ([r["ScalingRuleId"] for r in rules if r["ScalingRuleName"] == f"{ref.name}-wake"],
+            [a["AlarmTaskId"] for a in alarms])
+
+
+def test_scale_to_zero_keeps_the_instance_stopped_and_the_wake_alarm_starts_it_again_on_503s(cloud,
+                                                                                           groups) -> None:
+    emu, hosts = cloud
+    net = balancer(emu, "ess-wake")                          # its own: only this group's instance behind it
+    lb = BalancerRef(net["lb"], net["group"], "", "")
+    ref = groups.ensure_group(spec_for(net, "ngcx-svc-z", desired=1, max_size=1, drain_wait_s=600))
+    groups.set_idle_stop(ref, True)
+    groups.put_wake(ref, lb, True)
+    groups.put_wake(ref, lb, True)                           # idempotent: one rule, one alarm task
+    rules, alarms = _wake_parts(emu, ref)
+    assert len(rules) == 1 and len(alarms) == 1
+    [alarm] = call(emu, "DescribeAlarms", AlarmTaskId=alarms[0])["AlarmList"]["Alarm"]
+    assert (alarm["MetricName"], alarm["Dimensions"]["Dimension"][0]["DimensionValue"]) == (WAKE_METRIC, net["lb"])
+    [member] = until(lambda: [m for m in groups.instances(ref) if m.state == "InService"], "one serving")
+    until(lambda: get(net["address"])[0] == 200, "it serves through the balancer")
+
+    groups.set_size(ref, 0, 1, 0)                            # idle: scale to zero, through the drain hook
+    until(lambda: member.instance_id not in servers(emu, net["group"]), "drained out of the server group")
+    groups.complete_lifecycle(ref, member.instance_id)
+    until(lambda: [(m.instance_id, m.state) for m in groups.instances(ref)] == [(member.instance_id, "Stopped")],
+          "kept, Stopped")
+    [view] = call(emu, "DescribeInstances", ECS, InstanceIds=json.dumps([member.instance_id]))["Instances"]["Instance"]
+    assert (view["Status"], view["StoppedMode"]) == ("Stopped", "StopCharging")
+    assert not hosts.alive(member.instance_id) and groups.sizes(ref) == (0, 1, 0)
+
+    started = time.monotonic()
+    until(lambda: get(net["address"])[0] == 200, "requests get 503 until the wake alarm started it", timeout=40)
+    woke_s = time.monotonic() - started
+    assert [(m.instance_id, m.state) for m in groups.instances(ref)] == [(member.instance_id, "InService")]
+    assert groups.sizes(ref) == (0, 1, 1) and member.instance_id in hosts.starts
+    assert [d[1:3] for d in emu.ess.decisions if d[0] == "ngcx-svc-z"] == [(0, 1)]
+
+    groups.put_wake(ref, lb, False)
+    groups.put_wake(ref, lb, False)                          # absent is done
+    assert _wake_parts(emu, ref) == ([], [])
+    groups.put_wake(ref, lb, True)
+    groups.delete(ref)                                       # the alarm task too (it outlives the group on ESS)
+    assert call(emu, "DescribeAlarms", ScalingGroupId=ref.group_id)["AlarmList"]["Alarm"] == []
+    assert groups.sizes(ref) is None
+    until(lambda: not hosts.alive(member.instance_id), "its machine is released")
+    print(f"woken by 503s in {woke_s:.1f} s")

@@ -28,6 +28,16 @@ Emulated (names as the ESS API reference and aliyun-python-sdk-ess's requests sp
   `Removing:Wait` while a SCALE_IN lifecycle hook's action is Pending (DescribeLifecycleActions by activity;
   CompleteLifecycleAction by hook id + token, CONTINUE or ABANDON; HeartbeatTimeout x time_scale ends it as
   Timeout), else `Removing`; it is released (DeleteInstances Force) once both the drain and the wait are over.
+- Recycle mode (economical mode; ScalingPolicy of Create/ModifyScalingGroup: release (default), recycle,
+  forceRelease, forceRecycle): after the drain and the wait, a victim is stopped instead (StopInstance
+  StoppedMode StopCharging: its machine really stops, its disk is kept) and stays in the group as `Stopped`
+  (DescribeScalingInstances lists it; StoppedCapacity counts it). A scale-out starts Stopped instances first
+  (StartInstance: the machine boots again, `Pending` until it runs and is back in every server group, then
+  `InService`) and launches new ones only for the rest (or for those whose start ECS refused, e.g. NoStock).
+  DesiredCapacity, MinSize and MaxSize count only the instances that are not Stopped. ForceDelete releases
+  the Stopped ones too.
+- Alarm tasks (CreateAlarm, DescribeAlarms, Enable/Disable/DeleteAlarm) on the ALB's 503 count or a metric a
+  test puts, and ExecuteScalingRule of simple rules: aliyun_ess_alarms.py (its docstring says what and how).
 - Create/Describe/Modify/DeleteLifecycleHook; Create/Describe/Modify/DeleteScalingRule; ListTagResources
   (ResourceType scalinggroup).
 - Target tracking (ScalingRuleType TargetTrackingScalingRule), evaluated every `period_s` = 60 x time_scale
@@ -38,16 +48,21 @@ Emulated (names as the ESS API reference and aliyun-python-sdk-ess's requests sp
   `scale_in_periods` periods below and only without DisableScaleIn; no decision while an instance is Pending
   (warm-up). Decisions go to `decisions`.
 Not emulated: scaling groups of launch templates or ECI, CLB/NLB/RDS attachments, SCALE_OUT hooks (accepted,
-stored, not waited on), ROLLBACK, notifications and OOS, scheduled/event-triggered tasks, simple/step/
-predictive rule execution (ExecuteScalingRule), health checks replacing instances (HealthStatus says Healthy
-while the ECS instance runs), Standby/Protected, cooldowns, instance weights, spot, multi-AZ policies; a
-failed launch (the activity says why) is not tried again until the group's next change or decision.
+stored, not waited on), ROLLBACK, notifications and OOS, scheduled tasks, step/predictive rule execution,
+health checks replacing instances (HealthStatus says Healthy while the ECS instance runs),
+Standby/Protected, cooldowns, instance weights, spot, multi-AZ policies, StopInstanceTimeout, the force*
+policies' forced stop/release (they behave as release/recycle); a failed launch (the activity says why) is
+not tried again until the group's next change or decision.
 Guessed (the reference does not say, or the name is not known for certain): QPS_METRIC's name; the error
 codes NotFound-style `InvalidScalingGroupId.NotFound`, `InvalidScalingConfigurationId.NotFound`,
 `InvalidLifecycleHookId.NotFound`, `InvalidScalingRuleId.NotFound`, `LifecycleActionToken.NotFound` (no
 Pending action with that token), `IncorrectScalingGroupStatus` (delete with instances, enable without a
 configuration), `*.Duplicate` for names in use; DescribeScalingGroups shows Tags and takes ScalingGroupIds.N
-and ScalingGroupName; scale-in drains and waits side by side (ESS removes from the balancer first).
+and ScalingGroupName; scale-in drains and waits side by side (ESS removes from the balancer first); in
+recycle mode TotalCapacity counts the Stopped instances, MinSize/MaxSize/DesiredCapacity do not, a Stopped
+instance's HealthStatus is Unhealthy, the policy can be changed both ways by ModifyScalingGroup (Stopped
+instances of a group switched to release stay and are still started first), a victim that is not Running
+when its wait ends is released, Stopped ones are started oldest first.
 """
 
 from __future__ import annotations
@@ -58,7 +73,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .aliyun_ess_scaling import Activity, Group, LifecycleAction, Scaling, new_id
+from .aliyun_ess_alarms import Alarm, Alarms, simple_settings
+from .aliyun_ess_scaling import RECYCLE, Activity, Group, LifecycleAction, Scaling, new_id
 from .aliyun_rpc import Action, ApiError, as_bool, as_int, indexed, invalid, iso_now, page, repeated, required
 
 if TYPE_CHECKING:
@@ -66,7 +82,10 @@ if TYPE_CHECKING:
 
 ESS_VERSION = "2014-08-28"
 ESS_IDEMPOTENT = frozenset({"CreateScalingGroup", "CreateScalingConfiguration", "CreateScalingRule",
-                            "CompleteLifecycleAction"})
+                            "CompleteLifecycleAction", "ExecuteScalingRule"})
+POLICIES = ("release", "forceRelease", *RECYCLE)                # ScalingPolicy (the instance reclaim mode)
+
+
 def not_found(kind: str, resource_id: str) -> ApiError:
     return ApiError(404, f"Invalid{kind}.NotFound", f"The specified {kind} {resource_id!r} does not exist.")
 
@@ -108,7 +127,7 @@ class Rule:
     adjustment: tuple[str, int]
 
 
-class Ess(Scaling):
+class Ess(Alarms, Scaling):
     """ESS state and actions over an EcsEmulator (its lock, workers, instances and ALB)."""
 
     def __init__(self, ecs: EcsEmulator, *, time_scale: float = 1.0, scale_in_periods: int = 3) -> None:
@@ -123,6 +142,7 @@ class Ess(Scaling):
         self._rules: dict[str, Rule] = {}
         self._activities: dict[str, Activity] = {}
         self._actions: dict[str, LifecycleAction] = {}
+        self._alarms: dict[str, Alarm] = {}
         self._counts: dict[str, int] = {}                         # listener -> requests its plane sent so far
         self._controller: threading.Thread | None = None
         self.actions: dict[str, Action] = {
@@ -138,7 +158,7 @@ class Ess(Scaling):
             "CompleteLifecycleAction": self._complete, "DescribeLifecycleActions": self._describe_actions,
             "DescribeScalingActivities": self._describe_activities, "CreateScalingRule": self._create_rule,
             "DescribeScalingRules": self._describe_rules, "ModifyScalingRule": self._modify_rule,
-            "DeleteScalingRule": self._delete_rule, "ListTagResources": self._list_tags}
+            "DeleteScalingRule": self._delete_rule, "ListTagResources": self._list_tags, **self.alarm_actions()}
 
     def put_metric(self, group_id: str, name: str, value: float) -> None:
         """What the hosts would publish to CloudMonitor: the value a rule on `name` reads next period."""
@@ -183,9 +203,16 @@ class Ess(Scaling):
         if any(not key or key.startswith(("aliyun", "acs:")) for key in tags) or len(tags) > 20:
             raise invalid("Tags", "1..20 tags, keys not starting with aliyun or acs:.")
         group = Group(new_id("asg-"), name, low, high, desired, switches, attached, tags,
-                      as_int(params, "DefaultCooldown", 300, 0, 86400))
+                      as_int(params, "DefaultCooldown", 300, 0, 86400), policy=self._policy(params, "release"))
         self._groups[group.id] = group
         return {"ScalingGroupId": group.id}
+
+    @staticmethod
+    def _policy(params: Mapping[str, str], current: str) -> str:
+        policy = params.get("ScalingPolicy") or current
+        if policy not in POLICIES:
+            raise invalid("ScalingPolicy", "Expected release, recycle, forceRelease or forceRecycle.")
+        return policy
 
     def _server_groups(self, params: Mapping[str, str]) -> list[dict[str, Any]]:
         attached = []
@@ -221,6 +248,7 @@ class Ess(Scaling):
                 "TotalCapacity": len(states), "ActiveCapacity": states.count("InService"),
                 "PendingCapacity": states.count("Pending"), "RemovingCapacity": states.count("Removing"),
                 "RemovingWaitCapacity": states.count("Removing:Wait"), "GroupType": "ECS",
+                "StoppedCapacity": states.count("Stopped"), "ScalingPolicy": g.policy,
                 "RemovalPolicies": {"RemovalPolicy": ["OldestScalingConfiguration", "OldestInstance"]},
                 "HealthCheckType": "ECS", "MultiAZPolicy": "PRIORITY",
                 "Tags": {"Tag": [{"Key": k, "Value": v} for k, v in g.tags.items()]}}
@@ -243,6 +271,7 @@ class Ess(Scaling):
         group.min, group.max, group.desired = low, high, desired
         group.config_id = config or group.config_id
         group.name = params.get("ScalingGroupName") or group.name
+        group.policy = self._policy(params, group.policy)
         self._converge(group, "ModifyScalingGroup")
         return {}
 
@@ -445,6 +474,7 @@ class Ess(Scaling):
                 "ScalingRuleAri": f"ari:acs:ess:{self.ecs.region}:1:scalingrule/{rule.id}"}
 
     def _tracking(self, rule: Rule, params: Mapping[str, str]) -> None:
+        simple_settings(rule, params)
         rule.metric = params.get("MetricName", rule.metric)
         rule.disable_scale_in = as_bool(params, "DisableScaleIn", rule.disable_scale_in)
         if params.get("TargetValue"):

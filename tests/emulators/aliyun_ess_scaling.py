@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 QPS_METRIC = "AlbQpsPerBackendServer"        # "(ALB) QPS per Backend Server" (the API name is a guess)
 LIVE = ("Pending", "InService")
+RECYCLE = ("recycle", "forceRecycle")        # ScalingPolicy values that keep scaled-in instances Stopped
 
 
 def new_id(prefix: str) -> str:
@@ -83,6 +84,7 @@ class Group:
     created: str = field(default_factory=iso_now)
     members: dict[str, Member] = field(default_factory=dict)
     below: int = 0
+    policy: str = "release"                  # ScalingPolicy: release / recycle (economical mode) / force*
 
 
 class Scaling:
@@ -118,7 +120,9 @@ class Scaling:
             return
         live = [m for m in group.members.values() if m.state in LIVE]
         if len(live) < group.desired:
-            self._launch(group, group.desired - len(live), cause)
+            missing = group.desired - len(live) - self._restart(group, group.desired - len(live), cause)
+            if missing > 0:
+                self._launch(group, missing, cause)
         elif len(live) > group.desired:
             order = sorted(live, key=lambda m: (m.config_id == group.config_id, m.created))
             self._remove(group, order[:len(live) - group.desired], cause)
@@ -137,6 +141,24 @@ class Scaling:
             if activity.done >= activity.total:
                 activity.ended = iso_now()
                 activity.status = "Successful" if activity.status == "InProgress" else activity.status
+
+    def _restart(self, group: Group, count: int, cause: str) -> int:
+        """Recycle mode: up to `count` Stopped members started again (StartInstance), oldest first, each Pending
+        until it runs and is back in the server groups; how many started (a refused start counts as not)."""
+        stopped = sorted((m for m in group.members.values() if m.state == "Stopped"), key=lambda m: m.created)
+        if not stopped[:count]:
+            return 0
+        activity, started = self._activity(group, "Add", len(stopped[:count]), cause), 0
+        for member in stopped[:count]:
+            activity.instances.append(member.instance_id)
+            try:
+                self.ecs._start_instances({"InstanceId.1": member.instance_id})
+            except ApiError as exc:
+                self._step(activity, f"{member.instance_id}: {exc.code}: {exc.message}")
+                continue
+            member.state, started = "Pending", started + 1
+            self.ecs._spawn(self._bring_in, group, member, activity)
+        return started
 
     def _launch(self, group: Group, count: int, cause: str) -> None:
         config = self._configs[group.config_id]
@@ -259,11 +281,34 @@ class Scaling:
             if not self.ecs._sleep_until(time.monotonic() + 0.05):
                 return
         with self._lock:
-            group.members.pop(member.instance_id, None)
-            if member.instance_id in self.ecs._instances:
-                self.ecs._delete_instances({"InstanceId.1": member.instance_id, "Force": "true"})
+            inst = self.ecs._instances.get(member.instance_id)
+            recycle = activity is not None and group.policy in RECYCLE and self._groups.get(group.id) is group \
+                and inst is not None and inst.status == "Running"
+            if recycle:                   # economical mode: stopped, its disk kept, still the group's
+                self.ecs._stop_instances({"InstanceId.1": member.instance_id, "StoppedMode": "StopCharging",
+                                          "ForceStop": "true"})
+            else:
+                group.members.pop(member.instance_id, None)
+                if inst is not None:
+                    self.ecs._delete_instances({"InstanceId.1": member.instance_id, "Force": "true"})
+        if recycle and not self._stopped(member):
+            return
         if activity is not None:
             self._step(activity)
+
+    def _stopped(self, member: Member) -> bool:
+        """Wait until the ECS instance is Stopped, then the member is `Stopped`; False: the emulator closes."""
+        while True:
+            with self._lock:
+                inst = self.ecs._instances.get(member.instance_id)
+                if inst is None or inst.status == "Stopped":
+                    if inst is not None and member.state == "Removing":
+                        member.state = "Stopped"
+                    return True
+                if inst.status not in ("Stopping", "Running"):      # started again meanwhile
+                    return True
+            if not self.ecs._sleep_until(time.monotonic() + 0.05):
+                return False
 
     # --- the target-tracking controller ------------------------------------------------------------
 
@@ -281,6 +326,10 @@ class Scaling:
                     self._track(rule)
                 except Exception as exc:  # reported; the next period tries again
                     self._failed(rule.id, exc)
+            self._evaluate_alarms()
+
+    def _evaluate_alarms(self) -> None:
+        """The alarm tasks' period (aliyun_ess_alarms.py overrides this)."""
 
     def _track(self, rule: Any) -> None:
         with self._lock:

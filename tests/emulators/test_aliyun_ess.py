@@ -18,7 +18,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import shutil
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -48,12 +50,41 @@ def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+class RestartableHosts(ProcessHosts):
+    """ProcessHosts whose machines also stop (the process ends; its script and address stay: the disk) and
+    start again (the boot script runs again on the same address): ESS's recycle mode stops and starts them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopped: dict[str, str] = {}         # instance -> its address while stopped
+        self.starts: list[str] = []               # instances started again, in order
+
+    def stop(self, instance_id: str) -> None:
+        with self._lock:
+            address = self.machines[instance_id][0]
+        self._kill(instance_id)
+        with self._lock:
+            self.stopped[instance_id] = address
+
+    def start(self, instance_id: str) -> str:
+        with self._lock:
+            address = self.stopped.pop(instance_id)
+        log = (self.folder / f"{instance_id}.log").open("ab")
+        process = subprocess.Popen(["sh", str(self.folder / f"{instance_id}.sh")],
+                                   env={**os.environ, "HOST_ADDRESS": address, "INSTANCE_ID": instance_id},
+                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with self._lock:
+            self.machines[instance_id] = (address, process)
+            self.starts.append(instance_id)
+        return address
+
+
 @contextlib.contextmanager
-def ess_cloud() -> Iterator[tuple[EcsEmulator, ProcessHosts]]:
+def ess_cloud(hosts: ProcessHosts | None = None) -> Iterator[tuple[EcsEmulator, ProcessHosts]]:
     """The ECS emulator with ALB and ESS on fast clocks, its hosts processes (shared with the client's tests)."""
     if shutil.which(HAPROXY) is None:
         missing("haproxy not installed (apt: haproxy; scripts/setup.sh installs it)")
-    hosts = ProcessHosts()
+    hosts = hosts if hosts is not None else ProcessHosts()
     with EcsEmulator(hosts, access_keys={AK: SECRET}, boot_seconds=0.05, start_seconds=0.05) as emulator:
         alb = emulator.alb
         alb.provision_seconds, alb.job_seconds, alb.health_scale, alb.drain_scale = 0.1, 0.05, 0.1, TIME_SCALE
