@@ -11,14 +11,16 @@ What moto 5 keeps (checked by experiment, moto 5.2.5): launch templates and thei
 groups with LaunchTemplate (+ Version), TargetGroupARNs, VPCZoneIdentifier, min/max/desired, health check
 type and grace period, tags; SetDesiredCapacity / UpdateAutoScalingGroup launch instances in its EC2 state
 (image of the resolved template version) and register them in the groups' target groups; PutScalingPolicy
-(TargetTrackingConfiguration stored, DescribePolicies), PutLifecycleHook (DescribeLifecycleHooks),
-DetachInstances, DescribeScalingActivities (detaches only), PutMetricData (CloudWatch).
+(TargetTrackingConfiguration and StepAdjustments stored, DescribePolicies), PutLifecycleHook
+(DescribeLifecycleHooks), AttachInstances / DetachInstances, DescribeScalingActivities (detaches only),
+PutWarmPool's configuration (DescribeWarmPool), CloudWatch's PutMetricData and metric alarms.
 What moto lacks: it never runs user-data for a group's instances nor gives them the template's instance profile
 (they launch inside moto, not through RunInstances); it says InService at once; it terminates scale-in victims
 at once, never deregisters them from target groups, knows no lifecycle waits (CompleteLifecycleAction:
 NotImplemented, a 500); it reports every instance's LaunchTemplate Version as "1" for "$Latest"; it puts every
 instance in the first subnet; it evaluates no policy; DeleteAutoScalingGroup without ForceDelete removes a group
-that has instances.
+that has instances; PutScalingPolicy answers without PolicyARN; a warm pool never has an instance; no balancer
+publishes a metric and no alarm is evaluated.
 
 What this module adds:
 - Machines: after every successful call that may launch (Create/Update/SetDesiredCapacity, and the
@@ -51,9 +53,19 @@ What this module adds:
   below. No cooldowns (target tracking on AWS uses none either); warm-up: no decision while an instance is
   Pending (AWS counts warming instances' capacity without their metric). Scale-in protection of instances is
   honoured (moto's ProtectedFromScaleIn flag); the controller's actions are recorded in `decisions`.
+- Warm pools (aws_warm_pool.py, its docstring says what exactly): PutWarmPool prepares stopped instances
+  (Warmed:Pending, Warmed:Stopped), a scale-out starts and attaches them before moto launches new ones, a
+  scale-in victim returns to the pool (ReuseOnScaleIn) instead of being terminated, DescribeWarmPool lists
+  them, DeleteWarmPool and DeleteAutoScalingGroup ForceDelete terminate them.
+- The balancers' CloudWatch metrics and alarms (aws_alarms.py): every period, RequestCount and
+  HTTPCode_ELB_503_Count of each ALB (in the regions this emulator has seen a call for) into moto's
+  CloudWatch; metric alarms whose actions name a scaling policy are evaluated (StateValue set in moto) and,
+  while in ALARM, run their StepScaling policy through `_set` (warm pool first); PutScalingPolicy answers
+  PolicyARN.
 Not emulated: zone balancing (moto's first subnet), replacing unhealthy instances (HealthCheckType ELB is
-stored, not acted on), launching lifecycle hooks, warm pools, instance refresh, mixed instance policies,
-step and simple scaling policies, DescribeScalingActivities for launches and terminations.
+stored, not acted on), launching lifecycle hooks, instance refresh, mixed instance policies, simple scaling
+policies and ExecutePolicy (moto's own, without machines), DescribeScalingActivities for launches and
+terminations.
 """
 
 from __future__ import annotations
@@ -66,7 +78,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .aws_alarms import AlarmActions
 from .aws_elbv2 import members
+from .aws_warm_pool import WarmPools
 from .aws_wire import (
     AwsError,
     WireRequest,
@@ -135,6 +149,10 @@ class AutoScaling:
             "RecordLifecycleActionHeartbeat": self._heartbeat,
             "DescribeAutoScalingGroups": self._describe,
         }
+        self.pool = WarmPools(self)                              # aws_warm_pool.py
+        self.alarms = AlarmActions(self)                         # aws_alarms.py
+        self._handlers.update(self.pool.handlers())
+        self._handlers["PutScalingPolicy"] = self.alarms.put_policy
         emulator.routes.append(self.route)
         emulator.closers.append(self.close)
 
@@ -229,7 +247,8 @@ class AutoScaling:
         return answer
 
     def _resize(self, request: WireRequest) -> WireResponse:
-        """Shrink first (the emulator's victims, drained), then let moto carry out the call (it grows)."""
+        """Shrink first (the emulator's victims, drained), or start warm pool instances, then let moto carry out
+        the call (it launches what is still missing)."""
         region, name, params = request.region, request.params.get("AutoScalingGroupName", ""), request.params
         with self._scale_lock:
             group = self._group(region, name)
@@ -245,9 +264,12 @@ class AutoScaling:
                 target = int(desired) if desired is not None else min(max(
                     int(child_text(group, "DesiredCapacity") or 0), low), high)
                 self._shrink(region, group, target)
+                self.pool.attach(region, group, target)     # warm pool first, moto launches the rest
             answer = self.ec2._forward(request)
             if answer.ok:
                 self._sync(region, name)
+        if answer.ok:
+            self.pool.reconcile(region, name)
         return answer
 
     def _shrink(self, region: str, group: ET.Element, target: int) -> None:
@@ -316,6 +338,13 @@ class AutoScaling:
         else:
             return
         with self._lock:
+            victim = self._victims.get(instance_id)
+        if victim is not None and self.pool.takes(victim):
+            self.pool.park(victim)                        # ReuseOnScaleIn: back to the warm pool, stopped
+            with self._lock:
+                self._victims.pop(instance_id, None)
+            return
+        with self._lock:
             victim = self._victims.pop(instance_id, None)
         if victim is None:
             return
@@ -329,7 +358,8 @@ class AutoScaling:
             with self._lock:
                 waiting = [v.instance_id for v in self._victims.values() if v.group == name and v.region == region]
             ids = [child_text(m, "InstanceId") for m in members(group, "Instances")] if group is not None else []
-            if group is not None and (ids or waiting) and request.params.get("ForceDelete") != "true":
+            warm = self.pool.instances(region, name)
+            if group is not None and (ids or waiting or warm) and request.params.get("ForceDelete") != "true":
                 raise AwsError(400, "ResourceInUse", "You cannot delete an AutoScalingGroup while there are instances "
                                                      "or pending Spot instance request(s) still in the group.")
             answer = self.ec2._forward(request)
@@ -338,6 +368,7 @@ class AutoScaling:
             with self._lock:
                 for i in waiting:
                     self._victims.pop(i, None)
+        self.pool.drop(region, name)
         if waiting:
             params = {f"InstanceId.{n}": i for n, i in enumerate(waiting, start=1)}
             self.ec2._need_upstream().ec2(region, "TerminateInstances", params)
@@ -415,11 +446,12 @@ class AutoScaling:
             with self._lock:
                 regions = sorted(self._regions)
             for region in regions:
-                try:
-                    self._evaluate(region)
-                except Exception as exc:  # reported; the next period tries again
-                    with self._lock:
-                        self.errors.append(f"{region}: {type(exc).__name__}: {exc}"[:500])
+                for step in (self.alarms.tick, self._evaluate, self.pool.reconcile_region):
+                    try:
+                        step(region)
+                    except Exception as exc:  # reported; the next period tries again
+                        with self._lock:
+                            self.errors.append(f"{region}: {step.__name__}: {type(exc).__name__}: {exc}"[:500])
 
     def _evaluate(self, region: str) -> None:
         root = self._moto(region, "DescribePolicies", {})
@@ -456,14 +488,17 @@ class AutoScaling:
             self._below[name] = 0
 
     def _set(self, region: str, name: str, before: int, after: int, metric: float) -> None:
+        """A controller's (or an alarm's) resize, as a SetDesiredCapacity call: drained victims or the warm pool."""
         with self._lock:
             self.decisions.append((name, before, after, metric))
         with self._scale_lock:
             group = self._group(region, name)
             if group is not None:
                 self._shrink(region, group, after)
+                self.pool.attach(region, group, after)
             self._moto(region, "SetDesiredCapacity", {"AutoScalingGroupName": name, "DesiredCapacity": str(after)})
             self._sync(region, name)
+        self.pool.reconcile(region, name)
 
     def _metric(self, region: str, group: ET.Element, config: ET.Element, serving: int) -> float | None:
         predefined = child(config, "PredefinedMetricSpecification")
@@ -482,15 +517,9 @@ class AutoScaling:
 
     def _requests(self, balancer_arn: str) -> int:
         """Requests the balancer's plane sent to its targets since the last period (haproxy's backend `stot`:
-        the front opens one back connection per request). Read through the plane's haproxy stats socket, the
-        only way in: BalancerPlane has no public counter (a `requests()` there would be better)."""
-        from .balancer_plane import _table
-
+        the front opens one back connection per request), from BalancerPlane.counts."""
         plane = self.ec2.elbv2.plane(balancer_arn)
-        total = 0
-        for proxy in list(getattr(plane, "_proxies", {}).values()):
-            rows = _table(proxy.run(f"show stat {proxy.backend} 2 -1"), ",")
-            total += sum(int(r.get("stot") or 0) for r in rows)
+        total = sum(plane.counts(listener)[0] for listener in plane.listeners())
         with self._lock:
             before = self._counts.get(balancer_arn, 0)
             self._counts[balancer_arn] = total
