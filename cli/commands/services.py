@@ -200,7 +200,9 @@ def _show_group(svc: Any) -> None:
     for key, value in (*((k, svc.as_json().get(k)) for k in ("ref", "cloud", "status", "replicas", "endpoint",
                                                                "name", "image", "version", "detail")),
                        ("scaling", f"{scaling.min_size}..{scaling.max_size} hosts, "
-                                   f"{scaling.target_requests:g} requests per host per minute")):
+                                   f"{scaling.target_requests:g} requests per host per minute"
+                                   + ("; idle, to zero (stopped hosts, woken by a request)" if scaling.to_zero
+                                      else ""))):
         if value not in (None, ""):
             print(f"{key:14} {value}")
     table(None, ("host", "zone", "state", "health", "balancer"),

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 HOOK = "ngcx-drain"
 TERMINATING = "autoscaling:EC2_INSTANCE_TERMINATING"
 OWNER_TAG = "ngcx:owner"
+WAKE_WARMUP_S = 300               # the wake policy adds no second host for the same breach while one starts
 PAGE_SIZE = 100                    # DescribeAutoScalingGroups' largest page
 GONE_CODES = frozenset({"InvalidLaunchTemplateId.NotFound", "InvalidLaunchTemplateName.NotFoundException",
                         "InvalidLaunchTemplateId.Malformed"})
@@ -221,6 +222,59 @@ class AutoScalingGroups:
                             PolicyType="TargetTrackingScaling", TargetTrackingConfiguration=config)
         return str(answer.get("PolicyARN") or "")
 
+    def set_idle_stop(self, ref: GroupRef, on: bool) -> None:
+        """Scale-in to a warm pool of stopped hosts (on) or to terminated ones (off).
+
+        Why a warm pool: a stopped EC2 instance bills only its EBS volumes, and keeps the image's layers, so a
+        wake-up starts it (no launch, no pull) instead of booting a new one. ReuseOnScaleIn returns a host
+        that scales in to the pool, after its drain and the terminating hook. The pool's size is AWS's
+        default (MaxGroupPreparedCapacity unset: the group's max minus its desired), so the pool may also
+        prepare stopped hosts up to the max ahead of need; each costs only its disk."""
+        if on:
+            self._call("put_warm_pool", AutoScalingGroupName=ref.name, PoolState="Stopped", MinSize=0,
+                       InstanceReusePolicy={"ReuseOnScaleIn": True})
+            return
+        try:
+            self._call("delete_warm_pool", AutoScalingGroupName=ref.name, ForceDelete=True)
+        except AwsError as exc:                    # no pool (or no group): nothing to delete
+            if exc.code not in ("ValidationError", "ResourceInUse") or "warm pool" not in str(exc).lower():
+                raise
+
+    def put_wake(self, ref: GroupRef, balancer: BalancerRef, on: bool, warmup_s: int = WAKE_WARMUP_S) -> None:
+        """A step policy (+1 host) on an alarm on the balancer's own 503s: the wake-up from zero hosts (on);
+        both removed (off).
+
+        Why this signal: with no host in service the target-tracking metric (requests per target) has no
+        datapoints, so target tracking never scales out from zero; the balancer answers every request 503
+        itself (ALB: "no registered targets") and counts them in HTTPCode_ELB_503_Count. The alarm is
+        CloudWatch's, the policy the group's: the wake-up runs with no ngcx. The alarm is not part of the
+        group (DeleteAutoScalingGroup leaves it): delete() removes it by name."""
+        name = f"{ref.name}-wake"
+        if not on:
+            self._delete_wake(ref)
+            return
+        label = balancer.balancer_id.partition(":loadbalancer/")[2]
+        if not label.startswith("app/"):
+            raise UserError(f"not an ALB ARN: {balancer.balancer_id!r}")
+        policy = self._call("put_scaling_policy", AutoScalingGroupName=ref.name, PolicyName=name,
+                            PolicyType="StepScaling", AdjustmentType="ChangeInCapacity", MetricAggregationType="Sum",
+                            EstimatedInstanceWarmup=warmup_s,
+                            StepAdjustments=[{"MetricIntervalLowerBound": 0.0, "ScalingAdjustment": 1}])
+        self.api.call("cloudwatch", "put_metric_alarm", AlarmName=name, Namespace="AWS/ApplicationELB",
+                      MetricName="HTTPCode_ELB_503_Count", Dimensions=[{"Name": "LoadBalancer", "Value": label}],
+                      Statistic="Sum", Period=60, EvaluationPeriods=1, Threshold=1.0,
+                      ComparisonOperator="GreaterThanOrEqualToThreshold", TreatMissingData="notBreaching",
+                      AlarmActions=[policy["PolicyARN"]],
+                      AlarmDescription=f"wakes {ref.name} from zero hosts: a request got the balancer's 503")
+
+    def _delete_wake(self, ref: GroupRef) -> None:
+        self.api.call("cloudwatch", "delete_alarms", AlarmNames=[f"{ref.name}-wake"])    # absent: no error
+        try:
+            self._call("delete_policy", AutoScalingGroupName=ref.name, PolicyName=f"{ref.name}-wake")
+        except AwsError as exc:
+            if exc.code != "ValidationError":          # no such group or policy: gone already
+                raise
+
     def sizes(self, ref: GroupRef) -> tuple[int, int, int] | None:
         group = self._group(ref.name)
         if group is None:
@@ -228,9 +282,13 @@ class AutoScalingGroups:
         return int(group.get("MinSize", 0)), int(group.get("MaxSize", 0)), int(group.get("DesiredCapacity", 0))
 
     def instances(self, ref: GroupRef) -> list[Member]:
+        """The group's instances, then its warm pool's (stopped hosts kept for a wake-up)."""
         group = self._group(ref.name)
+        found = list((group or {}).get("Instances") or [])
+        if group is not None and group.get("WarmPoolConfiguration"):
+            found += self._call("describe_warm_pool", AutoScalingGroupName=ref.name).get("Instances") or []
         return [Member(i["InstanceId"], i.get("AvailabilityZone", ""), i.get("LifecycleState", ""),
-                       i.get("HealthStatus", "")) for i in (group or {}).get("Instances") or []]
+                       i.get("HealthStatus", "")) for i in found]
 
     def complete_lifecycle(self, ref: GroupRef, instance_id: str) -> None:
         """End the instance's Terminating:Wait now (its host is idle); no wait left is done, not an error."""
@@ -244,12 +302,14 @@ class AutoScalingGroups:
     # --- delete, gc --------------------------------------------------------------------------------------
 
     def delete(self, ref: GroupRef) -> None:
-        """The group (ForceDelete: its instances terminate, outstanding waits dropped), then its template."""
+        """The group (ForceDelete: its instances and its warm pool's terminate, outstanding waits dropped), its
+        wake alarm (not the group's: CloudWatch keeps it), then its template."""
         try:
             self._call("delete_auto_scaling_group", AutoScalingGroupName=ref.name, ForceDelete=True)
         except AwsError as exc:
             if exc.code != "ValidationError" or "not found" not in str(exc):
                 raise
+        self.api.call("cloudwatch", "delete_alarms", AlarmNames=[f"{ref.name}-wake"])
         template = {"LaunchTemplateId": ref.template_id} if ref.template_id else {"LaunchTemplateName": ref.name}
         try:
             self._call_ec2("delete_launch_template", **template)
@@ -314,7 +374,10 @@ def _has(found: list[dict[str, Any]] | None, wanted: dict[str, str]) -> bool:
 # --- the kit vm_groups.py drives --------------------------------------------------------------------------
 STATES = {"Pending": "pending", "Pending:Wait": "pending", "Pending:Proceed": "pending", "InService": "in-service",
           "Terminating": "leaving", "Terminating:Wait": "leaving", "Terminating:Proceed": "leaving",
-          "Terminated": "leaving", "Detaching": "leaving", "Detached": "leaving"}
+          "Terminated": "leaving", "Detaching": "leaving", "Detached": "leaving",
+          "Warmed:Pending": "warming", "Warmed:Pending:Wait": "warming", "Warmed:Pending:Proceed": "warming",
+          "Warmed:Stopped": "stopped", "Warmed:Running": "stopped", "Warmed:Terminating": "leaving",
+          "Warmed:Terminating:Wait": "leaving", "Warmed:Terminated": "leaving"}
 
 
 def kit(api: Api) -> Any:

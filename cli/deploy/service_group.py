@@ -23,9 +23,18 @@ on every host; not built yet, so not measured (issue 22's closing note).
 Intent first, as everywhere: the service row (with the group's sizes) exists before the balancer, the
 balancer before the group; the group's name is the service's (ngcx-svc-<owner>-<id>) and carries the
 service's tags, so `reconcile` finds and finishes it and `gc` deletes one no row names.
+Scale to zero (--min 0, issue 22 item 2): idle, the policy scales the group in to no host, and a host that
+scales in is stopped, not terminated (AWS: a warm pool in the Stopped state with ReuseOnScaleIn; ESS: the
+recycle scaling policy, StopCharging): the GPU is no longer billed, the disk with the image's layers stays. A
+request that comes while no host serves gets the balancer's own 503 — neither ALB can hold a request for
+the minute a host needs, nor add a Retry-After header to its own error page — and that 503 is the signal: an
+alarm on the balancer's 503 count (CloudWatch / an ESS alarm task) runs a +1 step rule, the cloud starts a
+stopped host, and the next requests are served. Clients retry on 503 (WAKE_NOTE says so at deploy). A deploy
+at --min 0 still waits for one host to serve, so the service is known to work before it first sleeps.
+
 A target offers `scaling_group(config)` (aws.py and aliyun.py: vm_groups.ServiceGroups over EC2 Auto Scaling /
-ESS) with check / ensure / members / size / resize / release / delete / tagged. Not built yet, refused in one
-line: --min 0 (scale to zero), rolling updates, stop/start, logs and key rotation of a group service.
+ESS) with check / ensure / members / size / resize / idle / release / delete / tagged. Not built yet, refused
+in one line: rolling updates, stop/start, logs and key rotation of a group service.
 """
 
 from __future__ import annotations
@@ -66,6 +75,8 @@ from .service import (
 POLL_S = 1.0
 BOOT_S = 600.0                 # on top of --ready-timeout: a group host boots before its container starts
 TARGET_REQUESTS = 600.0        # requests per replica per minute the policy keeps (10/s), --target-requests
+WAKE_NOTE = ("idle, it scales to zero stopped hosts; a request then gets the balancer's 503 and wakes one "
+             "(retry after about a minute)")
 
 
 @dataclass(frozen=True)
@@ -76,11 +87,19 @@ class Scaling:
     max_size: int
     target_requests: float = TARGET_REQUESTS
 
+    @property
+    def to_zero(self) -> bool:
+        """--min 0: idle hosts stop (their disk stays), a request wakes one (`idle` in vm_groups.py)."""
+        return self.min_size == 0
+
+    @property
+    def first(self) -> int:
+        """Hosts a deploy waits for: --min, and one at --min 0 (a service is shown to answer before it sleeps)."""
+        return max(1, self.min_size)
+
     def check(self) -> None:
-        if self.min_size == 0:
-            raise UserError("--min 0 (scale to zero) is not built yet", hint="use --min 1 or more")
-        if not 1 <= self.min_size <= self.max_size:
-            raise UserError(f"--min {self.min_size} --max {self.max_size}: need 1 <= min <= max")
+        if not 0 <= self.min_size <= self.max_size or self.max_size < 1:
+            raise UserError(f"--min {self.min_size} --max {self.max_size}: need 0 <= min <= max and max >= 1")
         if self.target_requests <= 0:
             raise UserError(f"--target-requests {self.target_requests:g}: needs a positive number of requests "
                             "per replica per minute")
@@ -124,12 +143,12 @@ def create(config: DeployConfig, scaling: Scaling, options: Options, say: Say) -
         module.check_service(config, options)
     config = with_version(config)
     row = dict(config_row(config, options), group=asdict(scaling))
-    svc = store.create_service(config.cloud, config.region, scaling.min_size, row)
+    svc = store.create_service(config.cloud, config.region, scaling.first, row)
     if config.auth:
         keys.create(svc.ref)
     try:
         svc = _ensure(module, svc, say)
-        _wait_serving(module, svc, scaling.min_size, config.ready_timeout + BOOT_S, say)
+        _wait_serving(module, svc, scaling.first, config.ready_timeout + BOOT_S, say)
         wait_answering(store.service(svc.id), config.ready_timeout)
     except BaseException as exc:
         _teardown(module, store.service(svc.id))
@@ -146,10 +165,13 @@ def _ensure(module: ModuleType, svc: ServiceRecord, say: Say) -> ServiceRecord:
     config, options = config_of(svc.config)
     scaling = scaling_of(svc)
     groups = _groups(module, _keyed(svc, config))
-    group = groups.ensure(svc.name, ref, (scaling.min_size, scaling.max_size, scaling.min_size),
+    group = groups.ensure(svc.name, ref, (scaling.min_size, scaling.max_size, scaling.first),
                           scaling.target_requests, tags_of(svc), options.drain_s, svc.id)
+    if scaling.to_zero:
+        groups.idle(group, ref, True)
     say(f"service {svc.ref}: scaling group {group['name']} ({scaling.min_size}..{scaling.max_size} hosts, "
-        f"{scaling.target_requests:g} requests per host per minute) behind {svc.endpoint}")
+        f"{scaling.target_requests:g} requests per host per minute) behind {svc.endpoint}"
+        + (f"; {WAKE_NOTE}" if scaling.to_zero else ""))
     return store.update_service(svc.id, config=dict(svc.config, group=dict(svc.config["group"], ref=group)))
 
 
@@ -220,13 +242,16 @@ def scale(svc: ServiceRecord, low: int, high: int, say: Say) -> ServiceRecord:
     desired = min(max(sizes[2], low), high)
     svc = store.update_service(svc.id, status=SVC_SCALING, pid=os.getpid())
     try:
+        if scaling.to_zero != scaling_of(svc).to_zero:
+            groups.idle(ref, ref_of(svc), scaling.to_zero)
         groups.resize(ref, low, high, desired)
     finally:
         svc = store.update_service(svc.id, status=READY, pid=None, replicas=desired,
                                    config=dict(svc.config, group=dict(svc.config["group"], min_size=low,
                                                                        max_size=high)))
     say(f"service {svc.ref}: {low}..{high} hosts, {desired} now"
-        + (f" ({sizes[2] - desired} draining out)" if desired < sizes[2] else ""))
+        + (f" ({sizes[2] - desired} draining out)" if desired < sizes[2] else "")
+        + (f"; {WAKE_NOTE}" if scaling.to_zero else ""))
     return svc
 
 

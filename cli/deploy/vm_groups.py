@@ -29,7 +29,7 @@ LEAVING, PENDING, IN_SERVICE = "leaving", "pending", "in-service"
 class Member:
     instance_id: str
     zone: str
-    state: str                  # pending / in-service / leaving (service_group's words)
+    state: str                  # pending / in-service / leaving / stopped / warming (service_group's words)
     health: str                 # the group's own health verdict
 
 
@@ -41,11 +41,11 @@ class GroupKit:
     ref: type                                       # its GroupRef
     spec: Callable[..., Any]                        # GroupSpec from the keyword arguments ensure() passes
     metric: Callable[[BalancerRef, float], tuple[float, Any]]   # (target value in its unit, its Metric)
-    states: dict[str, str]                          # the cloud's lifecycle states -> LEAVING / PENDING / IN_SERVICE
+    states: dict[str, str]                          # the cloud's lifecycle states -> LEAVING / PENDING / ...
 
 
 class ServiceGroups:
-    """check / ensure / members / size / resize / release / delete / tagged for one service's region."""
+    """check / ensure / members / size / resize / idle / release / delete / tagged for one service's region."""
 
     def __init__(self, config: DeployConfig | None, cloud: Any, prepare: Callable[[DeployConfig], Any],
                  wrap_user_data: Callable[[str], str], kit: GroupKit) -> None:
@@ -99,6 +99,18 @@ class ServiceGroups:
 
     def resize(self, ref: dict[str, str], low: int, high: int, desired: int) -> None:
         self.kit.client.set_size(self.kit.ref(**ref), low, high, desired)
+
+    def idle(self, ref: dict[str, str], balancer: BalancerRef, on: bool) -> None:
+        """Scale to zero (on): hosts that scale in stop and stay (AWS warm pool / ESS recycle mode: the disk
+        with the image's layers kept, the GPU no longer billed), and an alarm on the balancer's own 503s
+        adds a host back when a request finds none. Off: both gone, hosts that scale in terminate again."""
+        group = self.kit.ref(**ref)
+        if on:
+            self.kit.client.set_idle_stop(group, True)
+            self.kit.client.put_wake(group, balancer, True)
+        else:
+            self.kit.client.put_wake(group, balancer, False)
+            self.kit.client.set_idle_stop(group, False)
 
     def release(self, ref: dict[str, str], instance_id: str) -> None:
         self.kit.client.complete_lifecycle(self.kit.ref(**ref), instance_id)

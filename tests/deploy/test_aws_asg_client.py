@@ -31,6 +31,7 @@ from emulators.test_aws_autoscaling import (
     replica_user_data,
 )
 from emulators.test_aws_emulator import until
+from emulators.test_aws_warm_pool import RestartableHosts
 from emulators.traffic import PacedLoad
 
 from ngcx.core.errors import UserError
@@ -43,7 +44,7 @@ OTHER_AMI = "ami-0000000000000001"
 
 @pytest.fixture(scope="module")
 def cloud() -> Iterator[tuple[Ec2Emulator, AutoScaling, ProcessHosts]]:
-    hosts = ProcessHosts()
+    hosts = RestartableHosts()                  # machines that stop and start again (the warm pool's)
     with Ec2Emulator(hosts, access_keys={KEY: SECRET}, boot_seconds=0.05, start_seconds=0.05) as emulator:
         emulator.elbv2.time_scale = TIME_SCALE
         scaling = AutoScaling(emulator, time_scale=TIME_SCALE)
@@ -216,3 +217,46 @@ def test_target_tracking_on_real_requests_scales_out_and_back_in_without_a_faile
     assert load.failures == [], load.failures[:5]
     assert [d[1:3] for d in scaling.decisions if d[0] == "ngcx-svc-t"][:2] == [(1, 2), (2, 1)], scaling.decisions
     print(f"scale-out {scaled_out_s:.1f} s, scale-in {scaled_in_s:.1f} s, requests {sum(load.seen.values())}")
+
+
+def test_scale_to_zero_stops_the_host_into_the_warm_pool_and_the_balancers_503_wakes_it(cloud, groups, net) -> None:
+    """set_idle_stop + put_wake (what `--min 0` makes): the idle group scales in to a stopped host (EC2 says
+    stopped: no GPU billed), a request gets the balancer's 503, the alarm on it starts that same host, and it
+    serves. put_wake twice is one policy and one alarm; off and delete leave none."""
+    from ngcx.deploy.balancer import BalancerRef
+
+    emulator, scaling, hosts = cloud
+    balancer = BalancerRef(net["balancer"], net["group"], "", "")
+    ref = groups.ensure_group(spec_for(net, "ngcx-svc-z", min_size=0, desired=1, max_size=1, drain_wait_s=60))
+    [first] = until("one instance", lambda: groups.instances(ref))
+    until("it serves", lambda: healthy(emulator, net["group"]).get(first.instance_id) == "healthy", timeout=20)
+    groups.set_idle_stop(ref, True)
+    groups.put_wake(ref, balancer, True, warmup_s=300)
+    groups.put_wake(ref, balancer, True, warmup_s=300)
+    cloudwatch = groups.api.client("cloudwatch")
+    [alarm] = cloudwatch.describe_alarms(AlarmNamePrefix="ngcx-svc-z")["MetricAlarms"]
+    assert alarm["MetricName"] == "HTTPCode_ELB_503_Count" and len(alarm["AlarmActions"]) == 1
+    policies = groups.api.call("autoscaling", "describe_policies", AutoScalingGroupName="ngcx-svc-z")["ScalingPolicies"]
+    assert sorted(p["PolicyName"] for p in policies) == ["ngcx-svc-z-wake"]
+
+    groups.set_size(ref, 0, 1, 0)                                   # what the idle policy does
+    asleep = until("the host stopped in the warm pool", lambda: [
+        m for m in groups.instances(ref) if m.state == "Warmed:Stopped"], timeout=40, every=0.2)
+    assert [m.instance_id for m in asleep] == [first.instance_id]
+    assert aws_asg.STATES["Warmed:Stopped"] == "stopped"
+    load = PacedLoad(net["address"], rate=2.0, limit_s=60)
+    try:
+        until("a 503 from the balancer", lambda: any(f.startswith("503") for f in load.failures), timeout=10)
+        until("the same host back in service and answering", lambda: load.seen, timeout=40, every=0.2)
+    finally:
+        load.stop()
+    assert [(m.instance_id, m.state) for m in groups.instances(ref)] == [(first.instance_id, "InService")]
+    assert {f[:3] for f in load.failures} == {"503"}, load.failures[:5]
+    assert [d[1:3] for d in scaling.decisions if d[0] == "ngcx-svc-z"] == [(0, 1)], scaling.decisions
+
+    groups.put_wake(ref, balancer, False)
+    assert cloudwatch.describe_alarms(AlarmNamePrefix="ngcx-svc-z")["MetricAlarms"] == []
+    groups.put_wake(ref, balancer, True)
+    groups.delete(ref)
+    assert cloudwatch.describe_alarms(AlarmNamePrefix="ngcx-svc-z")["MetricAlarms"] == []
+    assert _count(groups, "ngcx-svc-z") == (0, 0)

@@ -122,7 +122,7 @@ def test_a_cloud_service_without_a_certificate_is_refused_before_its_row_or_key_
     (["deployments", "rotate-key", "s1"], "service s1 is a scaling group: key rotation is not built"),
     (["deployments", "rollback", "s1"], "service s1 is a scaling group: rollback is not built"),
     (["deployments", "scale", "s1", "3"], "service s1 is autoscaled: give its bounds, not a count"),
-    (["deployments", "scale", "s1", "--min", "0", "--max", "3"], "--min 0 (scale to zero) is not built yet"),
+    (["deployments", "scale", "s1", "--min", "3", "--max", "2"], "--min 3 --max 2: need 0 <= min <= max"),
     (["deployments", "scale", "s2", "--min", "1", "--max", "3"], "service s2 has a fixed count: give COUNT"),
 ])
 def test_what_an_autoscaled_service_does_not_do_yet_is_one_line_and_changes_nothing(state, args, message):
