@@ -41,7 +41,8 @@ ingestion delay and the alarm's evaluation cadence come on top of every figure a
 Targets: FACTOR x the one-client level, so one client fits one host and 8 clients need more: requests
 RATE x 60 x FACTOR per minute (set by the operator, as --target-requests is); in-flight and queue time FACTOR x
 what one client gave in this round's one-client phase (measured: a custom metric's target has to be).
-The figures: per rule, seconds from the step to the alarm's breach (at this round's real clock phase, and the
+Every sample interval of every round is kept in bench/results/signals-samples.csv (signals.json holds the
+figures). The figures: per rule, seconds from the step to the alarm's breach (at this round's real clock phase, and the
 mean over every phase of the clock relative to the step), and each signal's own rise time (first sample above
 its target), so what the signal adds and what publication and evaluation add are told apart.
 """
@@ -367,15 +368,34 @@ def run(result: SuiteResult, work: Path, out: Path) -> None:
         raise SuiteSkipped(f"needs the test extras (numpy, onnx, onnxruntime): {exc}") from None
     sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "e2e")]
     root = _project(work)
-    rounds = []
+    rounds: list[dict] = []
+    samples: list[tuple[int, dict]] = []
     for n in range(max(result.repeat, 1)):
         print(f"bench: signals round {n + 1}: {ONE_S:g} s at 1 client, {STEP_S:g} s at 8", file=sys.stderr)
         done = one_round(root, work)
         rounds.append({"figures": figures(done), "steady": steady(done), "targets": done["targets"],
                        "step_utc": time.strftime("%H:%M:%S", time.gmtime(done["step"])),
-                       "step_second_of_minute": round(done["step"] % 60, 1), "requests": done["requests"],
-                       "points": [{k: round(v, 4) for k, v in p.items()} for p in done["points"]]})
+                       "step_second_of_minute": round(done["step"] % 60, 1), "requests": done["requests"]})
+        samples.append((n + 1, done))
     _fill(result, rounds)
+    result.extra["samples_file"] = os.path.relpath(write_samples(out, samples), ROOT)
+
+
+SAMPLE_COLUMNS = ("round", "t_utc", "s_from_step", "dt_s", "completed", "requests_per_s", "inflight", "queue_ms",
+                  "pending")
+
+
+def write_samples(out: Path, samples: list[tuple[int, dict]]) -> Path:
+    """Every round's sample intervals as CSV (signals-samples.csv beside signals.json): the rules can be
+    re-applied to them without re-running."""
+    lines = [",".join(SAMPLE_COLUMNS)]
+    for number, done in samples:
+        lines += [f"{number},{p['t']:.3f},{p['t'] - done['step']:.3f},{p['dt']:.3f},{p['count']:.0f},"
+                  f"{p['requests']:.2f},{p['inflight']:.4f},{p['queue_ms']:.3f},{p['pending']:.0f}"
+                  for p in done["points"]]
+    path = out / "signals-samples.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def _fill(result: SuiteResult, rounds: list[dict]) -> None:
