@@ -145,8 +145,28 @@ def test_an_autoscaled_service_follows_a_load_step_out_and_back_in_with_no_faile
     refused = cloud.ngcx("deployments", "scale", ref, "3")
     assert refused.returncode == 2 and "give its bounds, not a count" in refused.stderr
 
-    # destroy: no group, template, balancer or host of the service is left
     instance_ids = {h["instance_id"] for h in hosts(cloud, ref)} | {first["instance_id"]}
+
+    # scale to zero: idle, the group scales in to no host and its hosts stop, disks kept (warm pool / recycle
+    # mode); a request then gets the balancer's own 503, whose alarm starts a stopped host: the service answers
+    asleep = cloud.ngcx("deployments", "scale", ref, "--min", "0", "--max", "2", env=tls_env)
+    assert asleep.returncode == 0 and "scales to zero" in asleep.stderr, asleep.stderr[-2000:]
+    stopped = wait_for("both hosts stopped, none serving", lambda: (found := hosts(cloud, ref)) and len(found) == 2
+                       and all(h["state"] == "stopped" for h in found) and found)
+    sleeping = {h["instance_id"] for h in stopped}
+    machines = {i["id"]: state_of(i) for i in cloud.emulator.instances()}
+    assert all(machines.get(i) == "stopped" for i in sleeping), machines      # the GPU no longer billed
+    assert show(cloud, ref)["replicas"] == 0
+    wake_s, answers = wake_up(url, key, body, context)
+    assert answers[0] == 503 and answers[-1] == 200 and set(answers) <= {200, 503}, answers
+    woke = [h for h in hosts(cloud, ref) if h["state"] == "in-service"]
+    assert woke and {h["instance_id"] for h in woke} <= sleeping, (woke, sleeping)  # started, none launched
+    print(f"{cloud.name} group at --min 0: both hosts stopped when idle; the first request got the balancer's 503, "
+          f"a stopped host served {wake_s:.1f} s later ({len(answers)} tries, alarm period {scaling.period_s:.0f} s)")
+    instance_ids |= sleeping
+
+    # destroy: no group, template, balancer or host of the service is left (stopped ones included)
+    instance_ids |= {h["instance_id"] for h in hosts(cloud, ref)}
     gone = cloud.ngcx("deployments", "destroy", ref, "--yes")
     assert gone.returncode == 0, gone.stderr[-2000:]
     from ngcx.deploy import target
@@ -182,6 +202,37 @@ def test_an_autoscaled_service_follows_a_load_step_out_and_back_in_with_no_faile
     assert not [item for item in listed if item["id"] == again["name"] or item.get("status") == "scaling group"]
     assert cloud.ngcx("deployments", "destroy", killed.ref, "--yes").returncode == 0
     assert target(cloud.name).scaling_group().tagged({"ngcx:service": str(killed.id)}) == []
+
+
+def wake_up(url: str, key: str, body: bytes, context: ssl.SSLContext, timeout: float = STEP_MAX_S,
+            ) -> tuple[float, list[int]]:
+    """A small request a second (the model's metadata, with the key) until one is answered 200, then one
+    inference that must be answered 200 too (bounded): (seconds from the first try, every status).
+
+    Why not the inference from the first try: a balancer with no target answers 503 as soon as it has the
+    headers and closes, so a client still sending a large body sees the connection end, not the 503 (the
+    emulated ALB's haproxy does; what ALB does with an unread body is not documented)."""
+    import http.client
+
+    parts, answers = urlsplit(url), []
+    started = time.monotonic()
+
+    def call(method: str, path: str, data: bytes | None) -> int:
+        conn = http.client.HTTPSConnection(parts.hostname, parts.port or 443, timeout=30, context=context)
+        try:
+            conn.request(method, path, data, {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    while time.monotonic() - started < timeout:
+        answers.append(call("GET", "/v2/models/convnet", None))
+        if answers[-1] == 200:
+            woke = time.monotonic() - started
+            answers.append(call("POST", "/v2/models/convnet/infer", body))
+            return woke, answers
+        time.sleep(1.0)
+    raise AssertionError(f"no 200 within {timeout:.0f} s of the first request to a service at zero: {answers[-5:]}")
 
 
 def _service_of(cloud: Cloud, url: str) -> str:
