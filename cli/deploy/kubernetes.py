@@ -148,9 +148,10 @@ def check_options(options: Options) -> None:
         if options.replicas is not None:
             raise UserError("--replicas with --min/--max", hint="--replicas is a fixed count; --min/--max let the "
                                                                  "autoscaler choose between them")
-        if low < 1:
-            raise UserError("--min 0 on Kubernetes needs scale-to-zero (KServe serverless or KEDA), not built yet",
-                            hint="use --min 1")
+        if low < 1 and not options.kserve:
+            raise UserError("--min 0 on Kubernetes: a Deployment's HPA cannot scale to zero (HPAScaleToZero is an "
+                            "alpha gate)", hint="add --kserve (Knative holds the first request while a pod starts), "
+                                                "or use --min 1")
         if high < low:
             raise UserError(f"--max {high} is below --min {low}")
     out = options.out
@@ -255,7 +256,8 @@ def values(config: DeployConfig, options: Options, name: str, provider: str, kin
         "labels": {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "ngcx"},
         "annotations": {"ngcx.ai/image": config.image, "ngcx.ai/gpu-kinds": ",".join(kinds),
                         "ngcx.ai/node-labels": provider},
-        "replicas": replicas, "min_replicas": replicas, "max_replicas": most, "autoscaled": autoscaled,
+        "replicas": max(1, replicas), "min_replicas": max(1, replicas), "max_replicas": most, "autoscaled": autoscaled,
+        "kserve_min": replicas, "serverless": replicas == 0,
         "pending_per_pod": PENDING_PER_POD, "gpus": GPUS_PER_POD, "terms": terms, "run_as": RUN_AS,
         "plan_cache": PLAN_CACHE, "keys_mount": KEYS_MOUNT, "secret": f"{name}-keys" if digest else None,
         "key_name": key_name, "key_hashes": [digest] if digest else [],

@@ -80,7 +80,8 @@ def test_every_gpu_kind_of_both_offers_tables_has_node_label_values():
 
 @pytest.fixture(scope="module")
 def every_manifest(tmp_path_factory) -> dict[str, dict[str, Any]]:
-    """Every distinct manifest of the matrix: provider x GPU kind x (--kserve) x (--replicas 2 | --min 1 --max 4)."""
+    """Every distinct manifest of the matrix: provider x GPU kind x (--kserve) x (--replicas 2 | --min 1 --max 4),
+    and --kserve --min 0 --max 4 (Serverless)."""
     state = tmp_path_factory.mktemp("state")
     old = os.environ.get("NGCX_STATE_DIR")
     os.environ["NGCX_STATE_DIR"] = str(state)
@@ -88,7 +89,8 @@ def every_manifest(tmp_path_factory) -> dict[str, dict[str, Any]]:
         unique: dict[str, dict[str, Any]] = {}
         for provider, gpu in _matrix():
             for kserve in (False, True):
-                for scale in ({"replicas": 2}, {"min_replicas": 1, "max_replicas": 4}, {}):
+                for scale in ({"replicas": 2}, {"min_replicas": 1, "max_replicas": 4}, {},
+                              *([{"min_replicas": 0, "max_replicas": 4}] if kserve else [])):
                     out = tmp_path_factory.mktemp("out") / "k8s"
                     _, docs = _write(out, gpu, provider, kserve=kserve, **scale)
                     for rel, doc in docs.items():
@@ -257,12 +259,19 @@ def test_scaling_manifests(tmp_path):
     assert hpa["metrics"][0]["pods"]["metric"]["name"] == "nv_inference_pending_request_count"
     predictor = auto["kserve/inferenceservice.yaml"]["spec"]["predictor"]
     assert (predictor["minReplicas"], predictor["maxReplicas"]) == (2, 5)
+    assert auto["kserve/inferenceservice.yaml"]["metadata"]["annotations"][
+        "serving.kserve.io/deploymentMode"] == "RawDeployment"
+    _, idle = _write(tmp_path / "idle", "T4", "eks", min_replicas=0, max_replicas=3, kserve=True)
+    served = idle["kserve/inferenceservice.yaml"]          # Knative scales it to zero and holds the first request
+    assert (served["spec"]["predictor"]["minReplicas"], served["spec"]["predictor"]["maxReplicas"]) == (0, 3)
+    assert served["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Serverless"
+    assert idle["03-hpa.yaml"]["spec"]["minReplicas"] == 1   # the plain Deployment's HPA cannot go to zero
 
 
 @pytest.mark.parametrize("flags, words", [
     ({"provider": "gke"}, "unknown --node-labels"),
     ({"min_replicas": 1}, "--min and --max go together"),
-    ({"min_replicas": 0, "max_replicas": 2}, "scale-to-zero"),
+    ({"min_replicas": 0, "max_replicas": 2}, "cannot scale to zero"),
     ({"min_replicas": 3, "max_replicas": 2}, "below --min"),
     ({"replicas": 2, "min_replicas": 1, "max_replicas": 2}, "--replicas with --min/--max"),
 ])
@@ -330,8 +339,9 @@ def test_cli_writes_the_folder_and_shows_no_key_off_a_terminal(monkeypatch, caps
     (["--cloud", "aws", "--min", "1"], "--min and --max go together"),
     (["--cloud", "aws", "--min", "1", "--max", "3", "--replicas", "2"], "--min/--max with --replicas"),
     (["--cloud", "local", "--min", "1", "--max", "3"], "a scaling group is a cloud's"),
-    (["--cloud", "aws", "--min", "0", "--max", "3"], "(scale to zero) is not built yet"),
-    (["--cloud", "aws", "--min", "3", "--max", "2"], "need 1 <= min <= max"),
+    (["--cloud", "kubernetes", "--dry-run", "-o", "DIR", "--gpu", "A10", "--min", "0", "--max", "3"],
+     "a Deployment's HPA cannot scale to zero"),
+    (["--cloud", "aws", "--min", "3", "--max", "2"], "need 0 <= min <= max"),
     (["--cloud", "aws", "-o", "DIR"], "for --cloud kubernetes"),
 ])
 def test_cli_mistakes_are_one_line_exit_2(monkeypatch, capsys, tmp_path, args, words):
