@@ -76,7 +76,7 @@ POLL_S = 1.0
 BOOT_S = 600.0                 # on top of --ready-timeout: a group host boots before its container starts
 TARGET_REQUESTS = 600.0        # requests per replica per minute the policy keeps (10/s), --target-requests
 WAKE_NOTE = ("idle, it scales to zero stopped hosts; a request then gets the balancer's 503 and wakes one "
-             "(retry after about a minute)")
+             "(clients retry on 503: the wake takes the balancer's metric minute, the alarm and a host's start)")
 
 
 @dataclass(frozen=True)
