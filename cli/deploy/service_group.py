@@ -15,10 +15,13 @@ then only reads it. What differs from a fixed service (service.py) follows from 
 The signal is requests per replica at the balancer — AWS's ALBRequestCountPerTarget (per minute, the unit
 of --target-requests), ESS's QPS per ALB backend server (per second: the target / 60). The cloud publishes it
 with no agent on the host, and for a GPU replica a request is the unit of work (one inference, batched by the
-runtime). The alternative the issue names, the runtime's in-flight requests published per host as a custom
-metric, can react sooner on AWS only where it is high-resolution (target tracking reads 10 s periods of a
-high-resolution custom metric; the ALB metric is per minute), and needs a publisher and PutMetricData rights
-on every host; not built yet, so not measured (issue 22's closing note).
+runtime). Measured against the alternative the issue names (`python -m bench signals`, BENCHMARKS.md#signals:
+the real runtime under a 1 -> 8 client step, each cloud's alarm rule applied to the sampled series): requests
+and the runtime's in-flight count rise in the same half-second sample (in-flight is throughput x latency), and
+at the same one-minute period their alarms fire alike (168 s vs 158 s, medians); queue time rises late (the
+batcher merges waiting requests) and is a saturation signal. Only a 10 s high-resolution custom metric is faster
+(26 s), and that exists on AWS only (ESS alarm tasks take no period under 60 s) and needs a publisher with
+PutMetricData rights on every host and custom-metric fees: not built; requests per target is the default.
 
 Intent first, as everywhere: the service row (with the group's sizes) exists before the balancer, the
 balancer before the group; the group's name is the service's (ngcx-svc-<owner>-<id>) and carries the
