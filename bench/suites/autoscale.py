@@ -14,7 +14,10 @@ CA-signed certificate):
   group's scale-out decision (the cloud's target tracking, not ngcx) and to a new host healthy in the balancer;
 - back to 1 client: the time to the scale-in decision (a host leaves: deregistered, draining) and the drain
   (from leaving to gone: the deregistration delay, 30 s at TIME_SCALE, and the lifecycle hook);
-- destroy. Zero failed requests or the suite stops.
+- no load: `ngcx deployments scale sN --min 0`: the time until every host is stopped (the policy scales in to
+  zero, each host drains and stops into the warm pool / ESS recycle mode), then one request a second: the time
+  from the first (the balancer's 503) to the first 200 (the 503 alarm's step rule started a stopped host);
+- destroy. Zero failed requests under load or the suite stops (503s at zero are the design, counted apart).
 What is emulated, not real: the API-side launch delay, the balancer's and the group's clock at TIME_SCALE
 (an AWS minute, the policy's period, is 6 s; AWS seconds = these / TIME_SCALE for the decision and drain
 figures, not for the host's own boot, pull and model load, which are real). AWS's own alarms need 3
@@ -59,6 +62,16 @@ NOTES = [
     "asks for 2 more); the scale-in with whether a host is still booting when the load drops (target tracking "
     "makes no decision while an instance warms up, as AWS), then 3 periods below the target.",
     "The ratio says what the policy's detection adds to a host's own start (a 1-host service made from nothing).",
+    "Scale to zero (`scale sN --min 0` with no load): `asleep` is until every host is stopped (3 periods below "
+    "the target, the drain, the lifecycle hook, the stop: warm pool on AWS, ESS recycle mode); `wake` is from the "
+    "first request (the balancer's own 503) to the first 200: the 503 alarm's one-minute period (6 s here), the "
+    "start of a stopped host (its disk and the image's layers kept: no launch, no pull) and the balancer's health "
+    "checks. On a real cloud add the ALB metric's own publication delay (about a minute) and a GPU instance's "
+    "start from stopped (tens of seconds to minutes); the emulated start is a container's.",
+    "Idle cost (the offers tables' list prices; disk prices from the clouds' price pages): a stopped host bills its "
+    "100 GiB root disk, on AWS gp3 $0.08/GiB-month = $0.011/h against $1.006/h for a running g5.xlarge; on Alibaba "
+    "Cloud ESSD about $0.14/GiB-month (an estimate) = $0.019/h against $1.85/h for ecs.gn7i-c8g1.2xlarge. The "
+    "balancer bills either way.",
 ]
 
 
@@ -82,6 +95,8 @@ def run(result: SuiteResult, work: Path, out: Path) -> None:
             "ready": (f"{cloud}: load step 1 -> 8 clients -> a new host healthy in the balancer", "target tracking"),
             "scale_in": (f"{cloud}: load back to 1 client -> a host leaving (draining)", "target tracking"),
             "drain": (f"{cloud}: a leaving host drained and gone", "deregistration delay + lifecycle hook"),
+            "asleep": (f"{cloud}: idle, scale --min 0 -> every host stopped", "ngcx deployments scale sN --min 0"),
+            "wake": (f"{cloud}: at zero, the first request (503) -> the first 200", "the 503 alarm's +1 rule"),
         }
         by = {}
         for key, (name, command) in figures.items():
@@ -175,9 +190,28 @@ def _round(root: Path, env: dict[str, str], scaling: Any, base: tuple[str, ...],
         steady.settle(10)
     if steady.errors or step.errors:
         raise SystemExit(f"failed requests under the load step: {(steady.errors + step.errors)[:5]}")
+    asleep_s, wake_s, answers = _to_zero_and_back(root, env, ref, number, (svc["endpoint"], key, body, context))
     ngcx(root, env, "deployments", "destroy", ref, "--yes")
     return {"made": made_s, "decide": t_decide - t_step, "ready": t_ready - t_step, "scale_in": t_leave - t_drop,
-            "drain": t_gone - t_leave, "requests": float(steady.total() + step.total())}
+            "drain": t_gone - t_leave, "asleep": asleep_s, "wake": wake_s, "wake_tries": float(len(answers)),
+            "requests": float(steady.total() + step.total())}
+
+
+def _to_zero_and_back(root: Path, env: dict[str, str], ref: str, number: int,
+                      call: tuple[str, str, bytes, Any]) -> tuple[float, float, list[int]]:
+    """`scale --min 0` on the idle service: seconds until every host is stopped, then from the first request
+    (the balancer's 503) to the first 200 (a stopped host started by the 503 alarm), and every status seen."""
+    from e2e.test_service_groups import wake_up
+
+    from .deploy_phases import ngcx
+
+    started = time.monotonic()
+    ngcx(root, env, "deployments", "scale", ref, "--min", "0", "--max", "3")
+    asleep = _until(lambda: (found := _hosts(env, number)) and all(h["state"] == "stopped" for h in found))
+    wake_s, answers = wake_up(*call, timeout=STEP_MAX_S)
+    if answers[0] != 503 or set(answers) - {200, 503}:
+        raise SystemExit(f"a service at zero answered {answers}: the first must be the balancer's 503, then 200")
+    return asleep - started, wake_s, answers
 
 
 def _hosts(env: dict[str, str], number: int) -> list[dict[str, str]]:
