@@ -29,7 +29,6 @@ from emulators.test_aliyun_ess import (
     AK,
     ECS,
     SECRET,
-    RestartableHosts,
     balancer,
     call,
     ess_cloud,
@@ -51,7 +50,7 @@ OTHER_IMAGE = "ubuntu_24_04_x64_20G_alibase_20240923.vhd"
 
 @pytest.fixture(scope="module")
 def cloud() -> Iterator[tuple[EcsEmulator, ProcessHosts]]:
-    with ess_cloud(RestartableHosts()) as made:         # machines that stop and start (recycle mode)
+    with ess_cloud() as made:
         yield made
 
 

@@ -31,7 +31,6 @@ from emulators.test_aws_autoscaling import (
     replica_user_data,
 )
 from emulators.test_aws_emulator import until
-from emulators.test_aws_warm_pool import RestartableHosts
 from emulators.traffic import PacedLoad
 
 from ngcx.core.errors import UserError
@@ -44,7 +43,7 @@ OTHER_AMI = "ami-0000000000000001"
 
 @pytest.fixture(scope="module")
 def cloud() -> Iterator[tuple[Ec2Emulator, AutoScaling, ProcessHosts]]:
-    hosts = RestartableHosts()                  # machines that stop and start again (the warm pool's)
+    hosts = ProcessHosts()
     with Ec2Emulator(hosts, access_keys={KEY: SECRET}, boot_seconds=0.05, start_seconds=0.05) as emulator:
         emulator.elbv2.time_scale = TIME_SCALE
         scaling = AutoScaling(emulator, time_scale=TIME_SCALE)

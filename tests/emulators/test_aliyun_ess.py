@@ -18,9 +18,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import os
 import shutil
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -48,35 +46,6 @@ PRODUCTS = {ESS: "Ess", ALB: "Alb", ECS: "Ecs"}
 def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(name, raising=False)
-
-
-class RestartableHosts(ProcessHosts):
-    """ProcessHosts whose machines also stop (the process ends; its script and address stay: the disk) and
-    start again (the boot script runs again on the same address): ESS's recycle mode stops and starts them."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stopped: dict[str, str] = {}         # instance -> its address while stopped
-        self.starts: list[str] = []               # instances started again, in order
-
-    def stop(self, instance_id: str) -> None:
-        with self._lock:
-            address = self.machines[instance_id][0]
-        self._kill(instance_id)
-        with self._lock:
-            self.stopped[instance_id] = address
-
-    def start(self, instance_id: str) -> str:
-        with self._lock:
-            address = self.stopped.pop(instance_id)
-        log = (self.folder / f"{instance_id}.log").open("ab")
-        process = subprocess.Popen(["sh", str(self.folder / f"{instance_id}.sh")],
-                                   env={**os.environ, "HOST_ADDRESS": address, "INSTANCE_ID": instance_id},
-                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        with self._lock:
-            self.machines[instance_id] = (address, process)
-            self.starts.append(instance_id)
-        return address
 
 
 @contextlib.contextmanager

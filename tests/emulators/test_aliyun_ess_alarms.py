@@ -7,7 +7,7 @@ balancer's 503 count runs the group's simple rule and the same instance starts a
 balancer; ExecuteScalingRule of a TotalCapacity rule stops it again; ForceDelete releases the stopped one; the
 alarm task outlives the group (as the reference says) until DeleteAlarm.
 
-The machines are RestartableHosts (test_aliyun_ess.py: processes that stop and start again on their address).
+The machines are ProcessHosts (test_aws_autoscaling.py: processes that stop and start again on their address).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from emulators.aliyun_ecs import EcsEmulator
 from emulators.aliyun_ess_alarms import WAKE_METRIC
 from emulators.test_aliyun_ess import (
     ECS,
-    RestartableHosts,
     balancer,
     call,
     ess_cloud,
@@ -32,12 +31,13 @@ from emulators.test_aliyun_ess import (
     servers,
     until,
 )
+from emulators.test_aws_autoscaling import ProcessHosts
 from emulators.traffic import get
 
 
 @pytest.fixture(scope="module")
-def cloud() -> Iterator[tuple[EcsEmulator, RestartableHosts]]:
-    hosts = RestartableHosts()
+def cloud() -> Iterator[tuple[EcsEmulator, ProcessHosts]]:
+    hosts = ProcessHosts()
     with ess_cloud(hosts) as (emulator, _):
         yield emulator, hosts
 

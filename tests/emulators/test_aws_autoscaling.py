@@ -75,26 +75,32 @@ def replica_user_data(tag: str) -> str:
 class ProcessHosts:
     """A HostBackend whose machines are processes on loopback addresses 127.0.61.N, running the user-data."""
 
-    def __init__(self) -> None:
+    def __init__(self, first: int = 10) -> None:
+        """`first`: addresses start after 127.0.61.<first> (a module of its own may keep apart from others')."""
         self.machines: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}
+        self.addresses: dict[str, str] = {}       # every machine's address, stopped ones too (their "disk")
         self.deleted: list[str] = []
+        self.starts: list[str] = []               # machines started again after a stop, in order
         self.folder = Path(tempfile.mkdtemp(prefix="process-hosts-"))
         self._lock = threading.Lock()
-        self._next = 10
+        self._next = first
 
     def create(self, instance_id: str, image_id: str, user_data: bytes) -> str:
         with self._lock:
             self._next += 1
-            address = f"127.0.61.{self._next}"
-        script = self.folder / f"{instance_id}.sh"
-        script.write_bytes(user_data)
-        log = (self.folder / f"{instance_id}.log").open("wb")
-        process = subprocess.Popen(["sh", str(script)], env={**os.environ, "HOST_ADDRESS": address,
-                                                             "INSTANCE_ID": instance_id},
+            address = self.addresses[instance_id] = f"127.0.61.{self._next}"
+        (self.folder / f"{instance_id}.sh").write_bytes(user_data)
+        self._boot(instance_id, address)
+        return address
+
+    def _boot(self, instance_id: str, address: str) -> None:
+        """Run the machine's user-data on its address (a first boot, or a start after a stop)."""
+        log = (self.folder / f"{instance_id}.log").open("ab")
+        process = subprocess.Popen(["sh", str(self.folder / f"{instance_id}.sh")],
+                                   env={**os.environ, "HOST_ADDRESS": address, "INSTANCE_ID": instance_id},
                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         with self._lock:
             self.machines[instance_id] = (address, process)
-        return address
 
     def alive(self, instance_id: str) -> bool:
         with self._lock:
@@ -110,7 +116,12 @@ class ProcessHosts:
             found[1].wait(10)
 
     def start(self, instance_id: str) -> str:
-        raise RuntimeError("process hosts do not stop and start")
+        """A stopped machine boots again on its own address (a warm pool's, ESS recycle mode's start)."""
+        address = self.addresses[instance_id]
+        self._boot(instance_id, address)
+        with self._lock:
+            self.starts.append(instance_id)
+        return address
 
     def stop(self, instance_id: str) -> None:
         self._kill(instance_id)

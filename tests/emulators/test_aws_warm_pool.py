@@ -14,8 +14,6 @@ a CloudWatch period is 6 s, a 20 s deregistration delay 2 s.
 from __future__ import annotations
 
 import base64
-import os
-import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -41,33 +39,6 @@ from emulators.traffic import get, spread
 TIME_SCALE = 0.1
 
 
-class RestartableHosts(ProcessHosts):
-    """ProcessHosts whose machines stop (the process ends) and start again (the user-data runs again on the
-    machine's own address)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._next = 120                       # addresses of their own next to test_aws_autoscaling's
-        self.addresses: dict[str, str] = {}
-        self.starts: list[str] = []
-
-    def create(self, instance_id: str, image_id: str, user_data: bytes) -> str:
-        address = super().create(instance_id, image_id, user_data)
-        self.addresses[instance_id] = address
-        return address
-
-    def start(self, instance_id: str) -> str:
-        address = self.addresses[instance_id]
-        log = (self.folder / f"{instance_id}.log").open("ab")
-        process = subprocess.Popen(["sh", str(self.folder / f"{instance_id}.sh")],
-                                   env={**os.environ, "HOST_ADDRESS": address, "INSTANCE_ID": instance_id},
-                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        with self._lock:
-            self.machines[instance_id] = (address, process)
-            self.starts.append(instance_id)
-        return address
-
-
 @pytest.fixture(autouse=True)
 def no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in PROXY_VARS:
@@ -75,8 +46,8 @@ def no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="module")
-def cloud() -> Iterator[tuple[Ec2Emulator, AutoScaling, RestartableHosts]]:
-    hosts = RestartableHosts()
+def cloud() -> Iterator[tuple[Ec2Emulator, AutoScaling, ProcessHosts]]:
+    hosts = ProcessHosts(first=120)           # addresses of their own next to test_aws_autoscaling's
     with Ec2Emulator(hosts, access_keys={KEY: SECRET}, boot_seconds=0.05, start_seconds=0.05) as emulator:
         emulator.elbv2.time_scale = TIME_SCALE
         scaling = AutoScaling(emulator, time_scale=TIME_SCALE)
