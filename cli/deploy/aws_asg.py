@@ -20,6 +20,9 @@ duplicate (a name in use under another owner is refused):
 Target tracking (put_target_tracking) is on a Metric: requests per target from the balancer
 (ALBRequestCountPerTarget: resource label from the balancer's and target group's ARNs) or a custom
 CloudWatch metric the hosts publish (namespace, name, dimensions, statistic).
+Scale to zero (service_group's --min 0): set_idle_stop makes the group's warm pool (Stopped, ReuseOnScaleIn),
+put_wake a +1 step policy on a CloudWatch alarm on the ALB's own 503s; delete removes that alarm too (it
+outlives the group).
 
 Calls go through cli/clouds/aws.py's Api (botocore retries off, ngcx's own: throttling always, 5xx only
 for calls safe to repeat; errors one line with the AWS code and the action, never a secret); what is
