@@ -144,6 +144,13 @@ def serving(root: Path, work: Path) -> Iterator[int]:
         log.close()
 
 
+def _get(port: int, path: str) -> tuple[int, str]:
+    """One GET to the local runtime (tests/emulators/traffic.get: the suite put tests/ on the path in run())."""
+    from emulators.traffic import get
+
+    return get(("127.0.0.1", port), path)
+
+
 def _wait_ready(port: int, proc: subprocess.Popen) -> None:
     deadline = time.monotonic() + READY_S
     while time.monotonic() < deadline:
@@ -154,16 +161,6 @@ def _wait_ready(port: int, proc: subprocess.Popen) -> None:
                 return
         time.sleep(0.2)
     raise RuntimeError(f"ngcx-runtime serve not ready within {READY_S:.0f} s")
-
-
-def _get(port: int, path: str) -> tuple[int, str]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", path)
-        reply = conn.getresponse()
-        return reply.status, reply.read().decode()
-    finally:
-        conn.close()
 
 
 def scrape(port: int) -> dict[str, float]:

@@ -25,24 +25,18 @@ from emulators.aws_ec2 import Ec2Emulator
 from emulators.test_aws_autoscaling import (
     AMI,
     KEY,
-    PROXY_VARS,
     SECRET,
     ProcessHosts,
     boto,
     healthy,
     make_balancer,
+    no_proxy,  # noqa: F401  (autouse: this module's tests run without the machine's proxy)
     replica_user_data,
 )
 from emulators.test_aws_emulator import until
 from emulators.traffic import get, spread
 
 TIME_SCALE = 0.1
-
-
-@pytest.fixture(autouse=True)
-def no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in PROXY_VARS:
-        monkeypatch.delenv(var, raising=False)
 
 
 @pytest.fixture(scope="module")
