@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 # Each module of commands/ exposes register(app: typer.Typer). Order = order in `ngcx --help`.
 COMMAND_MODULES = (
     "init", "catalog", "render", "base", "build", "lock", "test", "push", "login", "run",
-    "deploy", "deployments", "hosts", "images", "doctor",
+    "deploy", "deployments", "hosts", "images", "dashboard", "doctor",
 )
 
 # Command (or group) name as typed -> the module whose register() adds it. Static so that picking
@@ -34,7 +34,8 @@ COMMAND_MODULES = (
 COMMAND_OWNERS = {
     "init": "init", "catalog": "catalog", "render": "render", "base": "base", "build": "build",
     "lock": "lock", "test": "test", "push": "push", "login": "login", "logout": "login", "run": "run",
-    "deploy": "deploy", "deployments": "deployments", "hosts": "hosts", "images": "images", "doctor": "doctor",
+    "deploy": "deploy", "deployments": "deployments", "hosts": "hosts", "images": "images", "dashboard": "dashboard",
+    "doctor": "doctor",
 }
 
 def stage_modules(names: Iterable[str] | None = None) -> Iterator[tuple[str, ModuleType]]:

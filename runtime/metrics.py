@@ -3,7 +3,10 @@
 Why Triton's names (nv_inference_*, nv_gpu_*, nv_energy_consumption; labels model="..." and
 version="..." or gpu_uuid="..."): dashboards and alerts written for Triton work against
 ngcx-runtime unchanged, and batching efficiency reads as nv_inference_count / nv_inference_exec_count
-(inferences per engine call).
+(inferences per engine call). One family is ours, not Triton's:
+nv_inference_request_duration_histogram_us, successful requests' durations in fixed buckets
+(batching.REQUEST_BUCKETS_US, 100 us .. 60 s), because the cumulative duration counter gives only a
+mean and a dashboard wants p50/p99 (histogram_quantile over the bucket deltas between two scrapes).
 
 Why the text format is written here: the runtime ships in images whose only Python dependency is
 numpy; prometheus_client is used by the tests alone, to parse what this module writes.
@@ -13,13 +16,16 @@ key, as /metrics of the serving port needs), for an unknown path too, and speaks
 serving port's certificate when one is configured.
 
 Cost: the counters are the batcher's Stats (batching.py): one uncontended lock per request and per
-batch on the hot path. A scrape snapshots them under that lock for a few microseconds; NVML is
-read only when scraped, and a host without NVML simply has no nv_gpu_* families.
+batch on the hot path; the histogram adds a bisect on a 19-tuple and one list increment inside the
+request's lock, no lock of its own. A scrape snapshots them under that lock for a few microseconds;
+NVML is read only when scraped, and a host without NVML simply has no nv_gpu_* families.
 
 Semantics (Triton's): durations are cumulative microseconds; request duration counts successful
 requests from the start of reading the body to the answer being ready; queue, compute input
 (merge), compute infer (engine) and compute output (split) durations are each successful
-request's share of the batch it ran in, so a batch of 8 adds its engine time 8 times.
+request's share of the batch it ran in, so a batch of 8 adds its engine time 8 times. The
+histogram observes the same request durations: its _count is nv_inference_request_success and its
+_sum nv_inference_request_duration_us, read in the same snapshot.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
+from .batching import REQUEST_BUCKETS_US
 from .protocol import ProtocolError
 from .tls import TlsServerMixin
 
@@ -59,6 +66,9 @@ INFERENCE: tuple[tuple[str, str, str, str, int], ...] = (
     ("nv_inference_compute_output_duration_us", "counter",
      "Cumulative inference compute output duration in microseconds", "compute_output_ns", 1000),
 )
+HISTOGRAM = ("nv_inference_request_duration_histogram_us", "histogram",
+             "Duration of successful inference requests in microseconds (ngcx-runtime; not in Triton)")
+_LE: tuple[str, ...] = (*(str(us) for us in REQUEST_BUCKETS_US), "+Inf")
 PENDING = ("nv_inference_pending_request_count", "gauge",
            "Instantaneous number of pending requests awaiting execution per-model")
 GPU: tuple[tuple[str, str, str], ...] = (
@@ -103,6 +113,10 @@ def render(models: Iterable[ModelSample], gpus: GpuGauges | None = None) -> str:
         lines += [f"# HELP {metric} {text}", f"# TYPE {metric} {kind}"]
         for m in models:
             lines.append(f"{metric}{_labels(model=m.name, version=m.version)} {int(m.stats.get(key, 0)) // divisor}")
+    metric, kind, text = HISTOGRAM
+    lines += [f"# HELP {metric} {text}", f"# TYPE {metric} {kind}"]
+    for m in models:
+        lines += _histogram(metric, m)
     metric, kind, text = PENDING
     lines += [f"# HELP {metric} {text}", f"# TYPE {metric} {kind}"]
     lines += [f"{metric}{_labels(model=m.name, version=m.version)} {m.pending}" for m in models]
@@ -113,6 +127,20 @@ def render(models: Iterable[ModelSample], gpus: GpuGauges | None = None) -> str:
             lines += [f"# HELP {metric} {text}", f"# TYPE {metric} {kind}"]
             lines += [f"{metric}{_labels(gpu_uuid=uuid)} {_number(v)}" for uuid, v in rows]
     return "\n".join(lines) + "\n"
+
+
+def _histogram(metric: str, m: ModelSample) -> list[str]:
+    """One model version's _bucket lines (cumulative, le in microseconds), _sum and _count."""
+    counts = m.stats.get("request_buckets") or [0] * len(_LE)
+    name, version = escape(m.name), escape(m.version)
+    lines, total = [], 0
+    for le, n in zip(_LE, counts, strict=True):
+        total += int(n)
+        lines.append(f'{metric}_bucket{{model="{name}",version="{version}",le="{le}"}} {total}')
+    labels = _labels(model=m.name, version=m.version)
+    lines.append(f"{metric}_sum{labels} {int(m.stats.get('request_ns', 0)) // 1000}")
+    lines.append(f"{metric}_count{labels} {total}")
+    return lines
 
 
 class GpuGauges:

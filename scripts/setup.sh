@@ -3,7 +3,8 @@
 #
 #   1. apt packages: Docker Engine (docker.io), a real OCI registry (docker-registry),
 #      debootstrap (offline base images), apache2-utils (htpasswd for the auth-registry tests),
-#      haproxy (the data plane of the emulated load balancers; its system service is stopped and disabled)
+#      haproxy (the data plane of the emulated load balancers; its system service is stopped and disabled),
+#      chromium (the headless browser the `ngcx dashboard` tests drive with playwright)
 #   2. dockerd running (started in the background when `docker info` fails; no systemd needed)
 #   3. an unauthenticated registry on 127.0.0.1:5000 (own config + storage + log)
 #   4. the repo's virtualenv .venv with ngcx installed editable plus test deps
@@ -38,7 +39,7 @@ as_root() {
 install_packages() {
     if [ "${NGCX_SKIP_APT:-0}" = 1 ]; then say "NGCX_SKIP_APT=1: not installing apt packages"; return; fi
     local pkgs=(docker.io docker-registry debootstrap apache2-utils ca-certificates curl
-                python3 python3-venv python3-pip tar haproxy)
+                python3 python3-venv python3-pip tar haproxy chromium)
     local missing=()
     for p in "${pkgs[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -242,23 +242,10 @@ def gc_cmd(yes: Annotated[bool, typer.Option("--yes", "-y", help="Delete without
            as_json: JsonOpt = False) -> None:
     """Find hosts and containers with ngcx's tags that no record owns (an interrupted deploy), offer to delete."""
     from ..core.output import emit_json
-    from ..deploy import TARGETS, store, target
-    from ..deploy.common import FAILED
+    from ..deploy import gc
 
-    for record in store.interrupted():   # their ngcx is gone: whatever they made is an orphan now
-        store.update(record.id, status=FAILED, pid=None,
-                     detail=f"interrupted while {record.status}; found by gc at {time.ctime()}")
-    found = []
-    for cloud in TARGETS:
-        module = target(cloud)
-        try:
-            items = module.orphans()
-        except UserError as exc:
-            if cloud != "local" and "credentials" in exc.message:
-                continue  # no credentials for this cloud: nothing of ours can be there
-            raise
-        found += [dict(item, cloud=cloud) for item in items]
-        found += [dict(item, cloud=cloud) for item in _orphan_balancers(cloud)]
+    gc.close_interrupted()
+    found = gc.find()
     if as_json:
         return emit_json(found)
     if not found:
@@ -268,31 +255,9 @@ def gc_cmd(yes: Annotated[bool, typer.Option("--yes", "-y", help="Delete without
         print(f"{item['cloud']:7} {item['id']:24} {item.get('status', '')} {item.get('type', item.get('name', ''))}")
     if not yes and not typer.confirm(f"delete these {len(found)}?"):
         raise typer.Exit(1)
-    from ..deploy.service import delete_orphan_balancer
-    from ..deploy.service_group import delete_orphan_group
-
     for item in found:
-        if item.get("status") == "balancer":
-            delete_orphan_balancer(item["cloud"], item)
-        elif item.get("status") == "scaling group":
-            delete_orphan_group(item["cloud"], item)
-        else:
-            target(item["cloud"]).delete_orphan(item)
+        gc.delete(item)
     print(f"ngcx: deleted {len(found)}", file=sys.stderr)
-
-
-def _orphan_balancers(cloud: str) -> list[dict[str, str]]:
-    """Scaling groups, then balancers, with this store's tags that no live service owns (a group goes first: it
-    holds its balancer's target group); a cloud without credentials has none of ours."""
-    from ..deploy.service import orphan_balancers
-    from ..deploy.service_group import orphan_groups
-
-    try:
-        return orphan_groups(cloud) + orphan_balancers(cloud)
-    except UserError as exc:
-        if cloud != "local" and "credentials" in exc.message:
-            return []
-        raise
 
 
 def _live(record, verb: str) -> None:

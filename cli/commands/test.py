@@ -1,10 +1,13 @@
 """`ngcx test`: an image's pins (or a project's examples) checked against what actually loads.
 
-test/image.py runs the probes in the image, project/check.py the examples; this module prints the table.
+test/image.py runs the probes in the image, project/check.py the examples; this module prints the table
+and records the run in the state store (the dashboard's image page shows it).
 """
 
 from __future__ import annotations
 
+import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
@@ -40,6 +43,7 @@ def register(app: typer.Typer) -> None:
         from ..core import output
         from ..workstation.host import resolve_image
 
+        started = time.monotonic()
         if ref is None:
             tag, checks, report = _project_checks(project_file, gpu, repeats)
         else:
@@ -57,8 +61,35 @@ def register(app: typer.Typer) -> None:
             passed = sum(c.status == PASS for c in checks)
             skipped = sum(c.status == SKIP for c in checks)
             print(f"{passed} passed, {len(failed)} failed, {skipped} skipped")
+        record_run(tag, checks, time.monotonic() - started)
         if failed:
             raise CheckFailed()
+
+
+STATUS_WORDS = {PASS: "passed", FAIL: "failed", SKIP: "skipped"}
+
+
+def record_run(tag: str, checks: list[Check], seconds: float) -> None:
+    """Keep this run's checks in the state store for `ngcx dashboard`'s image page, keyed by the image id.
+
+    Only what the table shows is kept (each check's name, status, expected, found, note, with any
+    user:password@ in a URL hidden), never the probe report. A store or engine that cannot take the record
+    is one warning line on stderr: the test's own result and exit code stand either way.
+    """
+    from docker.errors import DockerException
+
+    from ..core.engine import engine_client
+    from ..core.output import redact
+    from ..state import db as state
+
+    results = [{"name": redact(c.name), "status": STATUS_WORDS.get(c.status, "failed"),
+                "expected": redact(c.expected), "found": redact(c.found), "note": redact(c.note)} for c in checks]
+    try:
+        image_id = engine_client(timeout=60).images.get(tag).id
+        state.record_test(tag=tag, image_id=image_id, results=results, duration_s=round(seconds, 3))
+    except (UserError, DockerException) as exc:  # the store's faults are UserErrors; the image may be gone
+        reason = exc.line() if isinstance(exc, UserError) else str(exc).splitlines()[0][:160]
+        print(f"ngcx: warning: the test results of {tag} were not recorded: {reason}", file=sys.stderr)
 
 
 def _project_checks(project_file: Path | None, gpu: str, repeats: int) -> tuple[str, list[Check], dict[str, Any]]:

@@ -98,6 +98,16 @@ class Client:
         finally:
             self.key = key
 
+    def get(self, path: str) -> tuple[int, bytes]:
+        """GET path with the key (only over pinned or CA-verified TLS, as every keyed call): (status, body).
+        Any status comes back, not raised; a connection that failed or timed out is closed first."""
+        try:
+            status, _, data = self._request("GET", path)
+        except OSError:
+            self.close()                  # a timed-out answer may still arrive: never read it as the next one's
+            raise
+        return status, data
+
     def ready(self, model: str | None = None) -> bool:
         path = f"/v2/models/{model}/ready" if model else "/v2/health/ready"
         try:

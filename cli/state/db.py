@@ -15,17 +15,22 @@ refused, never moved aside: its deployments table may track billed instances thi
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import paths
 from ..core.errors import UserError
+
+_READER: ContextVar[bool] = ContextVar("ngcx_state_reader", default=False)   # reader() below
+READER_LOCK_TIMEOUT_S = 2.0   # a page waits this long for a store another process holds, then says so
 
 # Index i holds the SQL that brings the schema from version i to i+1. Append only.
 MIGRATIONS: tuple[str, ...] = (
@@ -104,6 +109,22 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE deployments ADD COLUMN service_id INTEGER;
     CREATE INDEX deployments_by_service ON deployments (service_id, status);
     """,
+    # 4: `ngcx test` results (the dashboard's image page): one row per run, each check in `results` (JSON),
+    # keyed by the image id tested, since a tag moves to the next build and its old results must not follow it.
+    """
+    CREATE TABLE tests (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        tag TEXT NOT NULL,
+        image_id TEXT NOT NULL,
+        passed INTEGER NOT NULL,
+        failed INTEGER NOT NULL,
+        skipped INTEGER NOT NULL,
+        results TEXT NOT NULL DEFAULT '[]',
+        duration_s REAL,
+        tested_at REAL NOT NULL
+    );
+    CREATE INDEX tests_by_image ON tests (image_id, tested_at);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -137,6 +158,15 @@ def connect() -> Iterator[sqlite3.Connection]:
     UserError line (see _as_user_error); a corrupt store is moved aside once and reopened fresh.
     """
     path = db_path()
+    if _READER.get():
+        conn = _open_reader(path)
+        try:
+            yield conn
+        except sqlite3.Error as exc:
+            raise (_corrupt(path, str(exc)) if _code(exc) in CORRUPT_CODES else _as_user_error(exc, path)) from None
+        finally:
+            conn.close()
+        return
     try:
         conn = _open(path)
     except sqlite3.DatabaseError as exc:
@@ -160,6 +190,52 @@ def connect() -> Iterator[sqlite3.Connection]:
         raise _as_user_error(exc, path) from None
     finally:
         conn.close()
+
+
+@contextmanager
+def reader() -> Iterator[None]:
+    """Within this block (and the tasks and to_thread calls it starts), connect() opens the store read-only.
+
+    Why (issue 23): `ngcx dashboard` reads the store for hours while commands write it. A reader connection in
+    WAL mode never blocks a writer, and it never repairs: a corrupt store is one line saying so (the next
+    command moves it aside, as always), not a store moved aside under a running deploy by a page view.
+    """
+    token = _READER.set(True)
+    try:
+        yield
+    finally:
+        _READER.reset(token)
+
+
+def _open_reader(path: Path) -> sqlite3.Connection:
+    """A read-only connection to a store of this ngcx's schema, or one UserError line."""
+    if not path.exists():
+        raise UserError(f"state database {path} is gone", hint="any ngcx command starts a fresh one")
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=READER_LOCK_TIMEOUT_S,
+                               isolation_level=None)
+    except sqlite3.Error as exc:
+        raise _as_user_error(exc, path) from None
+    conn.row_factory = sqlite3.Row
+    try:
+        verdict = conn.execute("PRAGMA quick_check").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+    except sqlite3.Error as exc:
+        conn.close()
+        if _code(exc) in CORRUPT_CODES:
+            raise _corrupt(path, str(exc)) from None
+        raise _as_user_error(exc, path) from None
+    if verdict != "ok" or version != SCHEMA_VERSION:
+        conn.close()
+        raise _corrupt(path, f"quick_check: {verdict}") if verdict != "ok" else UserError(
+            f"state database {path} has schema {version}, this ngcx reads {SCHEMA_VERSION}",
+            hint="run any ngcx command of this version (it migrates the store), then reload")
+    return conn
+
+
+def _corrupt(path: Path, why: str) -> UserError:
+    return UserError(f"state database {path} cannot be read: it is corrupt ({why})",
+                     hint="any ngcx command moves it aside and starts a fresh one (e.g. `ngcx deployments ls`)")
 
 
 def check() -> None:
@@ -322,16 +398,44 @@ def record_build(*, image: str, release: str, variant: str, tag: str, image_id: 
         return int(cur.lastrowid)
 
 
-def list_builds(image: str | None = None) -> list[Build]:
-    """All builds, newest first (optionally of one image)."""
+def list_builds(image: str | None = None, limit: int | None = None) -> list[Build]:
+    """All builds, newest first (optionally of one image; at most `limit`)."""
     sql = "SELECT * FROM builds"
-    args: tuple[str, ...] = ()
+    args: tuple[str | int, ...] = ()
     if image is not None:
         sql += " WHERE image = ?"
         args = (image,)
+    sql += " ORDER BY built_at DESC, id DESC"
+    if limit is not None:
+        sql += " LIMIT ?"
+        args += (max(0, limit),)
     with connect() as conn:
-        rows = conn.execute(sql + " ORDER BY built_at DESC, id DESC", args).fetchall()
+        rows = conn.execute(sql, args).fetchall()
     return [Build(**dict(row)) for row in rows]
+
+
+def latest_builds(limit: int | None = None) -> list[Build]:
+    """The newest build of each tag, newest first: one query (a window), however many builds the store holds."""
+    sql = ("SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY tag ORDER BY built_at DESC, id DESC) AS nth"
+           " FROM builds) WHERE nth = 1 ORDER BY built_at DESC, id DESC")
+    args: tuple[int, ...] = ()
+    if limit is not None:
+        sql += " LIMIT ?"
+        args = (max(0, limit),)
+    with connect() as conn:
+        rows = conn.execute(sql, args).fetchall()
+    return [Build(**{k: v for k, v in dict(row).items() if k != "nth"}) for row in rows]
+
+
+def build_of(ref: str) -> Build | None:
+    """The newest build whose tag is `ref`, or whose image id is `ref` (sha256:..., or its first 12+ hex digits)."""
+    hex_id = ref.removeprefix("sha256:")
+    id_pattern = f"sha256:{hex_id}%" if len(hex_id) >= 12 and all(c in "0123456789abcdef" for c in hex_id) else None
+    with connect() as conn:
+        row = conn.execute(
+            "SELECT * FROM builds WHERE tag = ? OR image_id = ? OR image_id LIKE ?"
+            " ORDER BY tag = ? DESC, built_at DESC, id DESC LIMIT 1", (ref, ref, id_pattern, ref)).fetchone()
+    return Build(**dict(row)) if row else None
 
 
 def latest_build(image: str, release: str, variant: str) -> Build | None:
@@ -362,3 +466,50 @@ def list_pushes(tag: str | None = None) -> list[Push]:
     with connect() as conn:
         rows = conn.execute(sql + " ORDER BY pushed_at DESC, id DESC", args).fetchall()
     return [Push(**dict(row)) for row in rows]
+
+
+@dataclass(frozen=True)
+class TestRun:
+    """One `ngcx test` run of one image: the counts, and each check as {name, status, expected, found, note}."""
+
+    __test__ = False  # not a pytest test class, though its name starts with Test
+
+    id: int
+    tag: str
+    image_id: str
+    passed: int
+    failed: int
+    skipped: int
+    results: list[dict]
+    duration_s: float | None
+    tested_at: float
+
+
+TEST_STATUSES = ("passed", "failed", "skipped")
+
+
+def record_test(*, tag: str, image_id: str, results: list[dict], duration_s: float | None = None,
+                tested_at: float | None = None) -> int:
+    """Store one finished `ngcx test` run; returns its id.
+
+    `results` holds one dict per check whose "status" is passed, failed or skipped; the counts are taken
+    from them, so they can never disagree. Callers pass only what the check table shows (never a secret).
+    """
+    counts = {status: sum(r.get("status") == status for r in results) for status in TEST_STATUSES}
+    with connect() as conn:
+        cur = conn.execute(
+            "INSERT INTO tests (tag, image_id, passed, failed, skipped, results, duration_s, tested_at)"
+            " VALUES (?,?,?,?,?,?,?,?)",
+            (tag, image_id, counts["passed"], counts["failed"], counts["skipped"],
+             json.dumps(results, ensure_ascii=False), duration_s, time.time() if tested_at is None else tested_at))
+        return int(cur.lastrowid)
+
+
+def latest_tests(image_id: str) -> TestRun | None:
+    """The newest `ngcx test` run of this exact image (by id), or None when it was never tested."""
+    with connect() as conn:
+        row = conn.execute("SELECT * FROM tests WHERE image_id = ? ORDER BY tested_at DESC, id DESC LIMIT 1",
+                           (image_id,)).fetchone()
+    if row is None:
+        return None
+    return TestRun(**{**dict(row), "results": json.loads(row["results"])})

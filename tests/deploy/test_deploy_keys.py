@@ -61,9 +61,11 @@ def tls_server(tmp_path_factory) -> Iterator[tuple[str, str]]:
         def do_GET(self) -> None:            # noqa: N802 - http.server's naming
             seen.append(self.headers.get("Authorization"))
             ok = self.headers.get("Authorization") == "Bearer right" or self.path.startswith("/v2/health/")
+            body = b"nv_inference_count 1\n" if ok and self.path == "/metrics" else b""
             self.send_response(200 if ok else 401)
-            self.send_header("Content-Length", "0")
+            self.send_header("Content-Length", str(len(body)))
             self.end_headers()
+            self.wfile.write(body)
 
         def log_message(self, *args: object) -> None:
             pass
@@ -89,6 +91,19 @@ def test_the_pinned_certificate_gets_the_key_and_any_other_gets_nothing(tls_serv
     wrong_pin = ("11" if pin[:2] != "11" else "22") + pin[2:]      # always another certificate's
     with pytest.raises(PinMismatch):
         Client(url, key="right", pin=wrong_pin).status("GET", "/v2")
+
+
+def test_get_returns_the_status_and_body_with_the_key_over_the_pinned_certificate_only(tls_server):
+    url, pin = tls_server
+    client = Client(url, timeout=5, key="right", pin=pin)
+    try:
+        assert client.get("/metrics") == (200, b"nv_inference_count 1\n")
+        assert client.get("/metrics") == (200, b"nv_inference_count 1\n"), "again on the kept-alive connection"
+    finally:
+        client.close()
+    assert Client(url, timeout=5, key="wrong", pin=pin).get("/metrics") == (401, b""), "a status, not raised"
+    with pytest.raises(ValueError, match="not pinned"):
+        Client(url, timeout=5, key="right").get("/metrics")
 
 
 def test_without_a_pin_the_client_asks_health_only_and_never_sends_the_key(tls_server):

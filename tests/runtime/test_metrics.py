@@ -144,6 +144,48 @@ def test_pending_requests_are_visible_while_they_wait(server):
     assert scrape(f"{server.url}/metrics")["nv_inference_pending_request_count"][LABELS] == 0
 
 
+HISTOGRAM = "nv_inference_request_duration_histogram_us"
+
+
+def test_the_request_duration_histogram_parses_is_cumulative_and_counts_every_success(server):
+    """p50/p99 come from scrapes: the buckets (le in microseconds, 100 us .. 60 s, then +Inf) are
+    cumulative, and _count / _sum are the success counter / the duration counter."""
+    n = 7
+    for i in range(n):
+        assert post(server.url, models.sample_inputs("conv", 1, seed=i)["input"]).status_code == 200
+    assert post(server.url, np.zeros((1, 3, 8, 16), np.float32)).status_code == 400   # a failure: not observed
+    r = requests.get(f"{server.url}/metrics", timeout=TIMEOUT)
+    fams = {f.name: f for f in parser.text_string_to_metric_families(r.text)}
+    hist = fams[HISTOGRAM]
+    assert hist.type == "histogram"
+    buckets = [(s.labels["le"], s.value) for s in hist.samples if s.name == f"{HISTOGRAM}_bucket"]
+    assert all(s.labels["model"] == "conv" and s.labels["version"] == "1" for s in hist.samples)
+    les = [float(le) for le, _ in buckets]
+    assert les[0] == 100 and les[-2] == 60_000_000 and les[-1] == float("inf") and 18 <= len(les) <= 24
+    assert les == sorted(les), "buckets in ascending le"
+    counts = [v for _, v in buckets]
+    assert all(a <= b for a, b in zip(counts, counts[1:], strict=False)), f"cumulative: {counts}"
+    (count,) = [s.value for s in hist.samples if s.name == f"{HISTOGRAM}_count"]
+    (total,) = [s.value for s in hist.samples if s.name == f"{HISTOGRAM}_sum"]
+    success = {s.name: s.value for s in fams["nv_inference_request_success"].samples}
+    assert count == counts[-1] == n == next(iter(success.values()))
+    assert total == fams["nv_inference_request_duration_us"].samples[0].value > 0
+    assert f"\n{HISTOGRAM}_bucket{{model=\"conv\",version=\"1\",le=\"100\"}} " in r.text
+
+
+def test_the_histogram_puts_each_duration_in_the_first_bucket_at_or_above_it():
+    from ngcx_runtime.batching import REQUEST_BUCKETS_US, Stats
+
+    stats = Stats()
+    for us in (1, 100, 101, 1_000, 59_000_000, 61_000_000):       # le is inclusive: 100 us goes in le="100"
+        stats.count_success(us * 1000)
+    fams = {f.name: f for f in parser.text_string_to_metric_families(render([ModelSample("m", "1",
+                                                                                       stats.snapshot(), 0)]))}
+    cum = {float(s.labels["le"]): s.value for s in fams[HISTOGRAM].samples if s.name.endswith("_bucket")}
+    assert cum[100] == 2 and cum[200] == 3 and cum[500] == 3 and cum[1000] == 4
+    assert cum[REQUEST_BUCKETS_US[-1]] == 5 and cum[float("inf")] == 6
+
+
 def test_label_values_are_escaped_so_any_model_name_parses():
     name = 'we"ird\\name\nwith newline'
     text = render([ModelSample(name, "2", {"success": 5, "request_ns": 12_345_678}, 1)])
@@ -155,6 +197,9 @@ def test_label_values_are_escaped_so_any_model_name_parses():
     assert fams["nv_inference_request_success"].type == "counter"
     assert '\nnv_inference_request_success{model="' in text, "Triton's sample name, without _total"
     assert fams["nv_inference_pending_request_count"].type == "gauge"
+    hist = {s.name: s for s in fams[HISTOGRAM].samples if "le" not in s.labels}
+    assert hist[f"{HISTOGRAM}_count"].value == 0, "a snapshot without buckets renders empty ones"
+    assert hist[f"{HISTOGRAM}_sum"].labels == {"model": name, "version": "2"}
 
 
 @pytest.mark.gpu

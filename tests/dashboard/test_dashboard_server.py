@@ -1,0 +1,106 @@
+"""`ngcx dashboard` as a network peer sees it: the token on every request, CSRF on every change, loopback Host,
+one line for a port in use, a banner (not a traceback) for a store that cannot be read.
+
+Each test runs the real command (uvicorn on a free loopback port) over a state store of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .running import Dashboard, until
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """A state store of the test's own, and no cloud credentials (the orphan search looks at the engine only)."""
+    return {"NGCX_STATE_DIR": str(tmp_path / "state"), "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "",
+            "ALIBABA_CLOUD_ACCESS_KEY_ID": "", "ALIBABA_CLOUD_ACCESS_KEY_SECRET": ""}
+
+
+def test_every_request_needs_the_token_and_the_first_visit_trades_it_for_a_cookie(env):
+    with Dashboard(env) as dash:
+        assert dash.base.startswith("http://127.0.0.1:")
+        for path in ("/", "/static/dashboard.js", "/api/overview", "/events", "/catalog"):
+            status, _, body = dash.call(path, auth=False)
+            assert status == 401 and b"needs its token" in body, (path, status)
+        status, _, _ = dash.call("/?token=wrong", auth=False)
+        assert status == 401
+
+        status, headers, _ = dash.call(f"/?token={dash.token}", auth=False)
+        assert status == 303 and headers["location"] == "/"          # the token leaves the address bar
+        cookie = headers["set-cookie"]
+        assert f"ngcx_dashboard_{dash.port}={dash.token}" in cookie
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
+
+        status, _, body = dash.call("/", auth=False, headers={"Cookie": f"ngcx_dashboard_{dash.port}={dash.token}"})
+        assert status == 200 and b"<h2>Deployments</h2>" in body
+        assert dash.call("/api/overview")[0] == 200                   # scripts: Authorization: Bearer
+
+
+def test_a_change_needs_the_pages_csrf_token_and_its_origin(env):
+    with Dashboard(env) as dash:
+        page = dash.call("/")[2].decode()
+        csrf = re.search(r'name="ngcx-csrf" content="([0-9a-f]+)"', page).group(1)
+        assert dash.call("/api/deployments/7/stop", method="POST")[0] == 403
+        assert dash.call("/api/deployments/7/stop", method="POST",
+                         headers={"X-NGCX-CSRF": csrf, "Origin": "http://evil.example"})[0] == 403
+        status, _, body = dash.call("/api/deployments/7/reboot", method="POST", headers={"X-NGCX-CSRF": csrf})
+        assert status == 409 and b"unknown action" in body
+        status, _, body = dash.call("/api/deployments/7/stop", method="POST",
+                                    headers={"X-NGCX-CSRF": csrf, "Origin": dash.base})
+        assert status == 202                                           # runs `ngcx deployments stop 7`
+        job = json.loads(body)["id"]
+        done = until(lambda: (j := json.loads(dash.call(f"/api/jobs/{job}")[2])) and j["rc"] is not None and j,
+                     30, what="the stop job's end")
+        assert done["rc"] == 2 and done["state"] == "failed"
+        assert any("no deployment 7" in line for line in done["lines"])   # the command's own one line
+
+
+def test_a_loopback_dashboard_refuses_a_foreign_host_header(env):
+    with Dashboard(env) as dash:
+        status, _, body = dash.call("/", headers={"Host": f"rebound.example:{dash.port}"})
+        assert status == 403 and b"loopback only" in body
+
+
+def test_a_second_dashboard_on_the_same_port_is_one_line(env):
+    with Dashboard(env) as dash:
+        second = subprocess.run([sys.executable, "-m", "ngcx", "dashboard", "--port", str(dash.port)],
+                                capture_output=True, text=True, timeout=60, env=dash.env)
+        assert second.returncode == 2
+        assert f"port {dash.port} on 127.0.0.1 is in use" in second.stderr and "Traceback" not in second.stderr
+        assert len(second.stderr.strip().splitlines()) <= 2                # the line and its hint
+        assert dash.call("/")[0] == 200                                    # the first one keeps serving
+
+
+def test_an_unreadable_store_is_a_banner_and_the_server_keeps_serving(env):
+    with Dashboard(env) as dash:
+        assert dash.call("/")[0] == 200
+        db = Path(env["NGCX_STATE_DIR"]) / "state.db"
+        original = db.read_bytes()
+        db.write_bytes(b"this is not a database" * 200)
+        for suffix in ("-wal", "-shm"):
+            Path(f"{db}{suffix}").unlink(missing_ok=True)
+        status, _, body = until(lambda: (r := dash.call("/")) and b"cannot be read" in r[2] and r, 10,
+                                what="the banner")
+        assert status == 503 and b"Traceback" not in body
+        assert db.read_bytes().startswith(b"this is not")                 # a reader never moves the store aside
+        assert dash.call("/static/dashboard.css")[0] == 200
+        db.write_bytes(original)
+        until(lambda: dash.call("/")[0] == 200, 10, what="recovery once the store is readable again")
+
+
+def test_unknown_pages_are_404_with_one_line(env):
+    with Dashboard(env) as dash:
+        status, _, body = dash.call("/deployments/99")
+        assert status == 404 and b"no deployment 99" in body
+        status, _, body = dash.call("/deployments/abc")
+        assert status == 404 and b"ids are numbers" in body
+        status, _, body = dash.call("/images/nosuch/image:tag")
+        assert status == 404 and b"nosuch/image:tag" in body
