@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -146,6 +147,8 @@ class Pages:
             text = f"(the logs did not come within {LOGS_TIMEOUT_S:.0f} s; trying again)"
         except UserError as exc:
             text = f"({exc.message})"
+        except Exception as exc:  # noqa: BLE001 - an engine's or a cloud's failure is this panel's text, not a 500
+            text = f"(the logs could not be read: {type(exc).__name__}: {str(exc)[:200]})"
         return PlainTextResponse(text)
 
     async def act(self, request: Request) -> Response:
@@ -287,4 +290,9 @@ def _when(ts: float | None) -> str:
     return "—" if not ts else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
-_FILTERS = {"duration": _duration, "size": _size, "money": _money, "when": _when}
+def _show(value: Any) -> str:
+    """A record's field as a reader wants it: JSON for mappings and lists, the text otherwise."""
+    return json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else str(value)
+
+
+_FILTERS = {"duration": _duration, "size": _size, "money": _money, "when": _when, "show": _show}

@@ -163,7 +163,8 @@ def connect() -> Iterator[sqlite3.Connection]:
         try:
             yield conn
         except sqlite3.Error as exc:
-            raise (_corrupt(path, str(exc)) if _code(exc) in CORRUPT_CODES else _as_user_error(exc, path)) from None
+            raise (_corrupt(path, str(exc)) if _code(exc) in CORRUPT_CODES
+                   else _as_user_error(exc, path, READER_LOCK_TIMEOUT_S)) from None
         finally:
             conn.close()
         return
@@ -224,7 +225,7 @@ def _open_reader(path: Path) -> sqlite3.Connection:
         conn.close()
         if _code(exc) in CORRUPT_CODES:
             raise _corrupt(path, str(exc)) from None
-        raise _as_user_error(exc, path) from None
+        raise _as_user_error(exc, path, READER_LOCK_TIMEOUT_S) from None
     if verdict != "ok" or version != SCHEMA_VERSION:
         conn.close()
         raise _corrupt(path, f"quick_check: {verdict}") if verdict != "ok" else UserError(
@@ -267,12 +268,13 @@ def _code(exc: sqlite3.Error) -> int:
     return (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
 
 
-def _as_user_error(exc: sqlite3.Error, path: Path) -> UserError:
+def _as_user_error(exc: sqlite3.Error, path: Path, waited: float | None = None) -> UserError:
     """One line naming the store, what happened and the fix; never the SQL or a traceback."""
     code = _code(exc)
     if code in (SQLITE_BUSY, SQLITE_LOCKED) or "locked" in str(exc):
+        waited = lock_timeout() if waited is None else waited
         return UserError(f"state database {path} is locked by another ngcx process "
-                         f"(waited {lock_timeout():.0f} s)", hint="wait for it to finish, then run the command again")
+                         f"(waited {waited:.0f} s)", hint="wait for it to finish, then run the command again")
     if code == SQLITE_FULL or "disk is full" in str(exc) or (code == SQLITE_IOERR and _low_disk(path)):
         return UserError(f"no space left on the device holding the state database {path}",
                          hint="free some space there (df -h), or set NGCX_STATE_DIR to a folder on another disk")

@@ -104,3 +104,22 @@ def test_unknown_pages_are_404_with_one_line(env):
         assert status == 404 and b"ids are numbers" in body
         status, _, body = dash.call("/images/nosuch/image:tag")
         assert status == 404 and b"nosuch/image:tag" in body
+
+
+def test_a_store_held_exclusively_is_a_locked_banner_until_it_is_released(env):
+    import sqlite3
+
+    with Dashboard(env) as dash:
+        assert dash.call("/")[0] == 200
+        holder = sqlite3.connect(Path(env["NGCX_STATE_DIR"]) / "state.db", isolation_level=None)
+        try:
+            holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+            holder.execute("BEGIN EXCLUSIVE")
+            holder.execute("INSERT INTO meta (key, value) VALUES ('held', 'by the test')")
+            status, _, body = until(lambda: (r := dash.call("/")) and b"is locked by another ngcx" in r[2] and r,
+                                    15, what="the locked banner")
+            assert status == 503 and b"Traceback" not in body
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        until(lambda: dash.call("/")[0] == 200, 15, what="the page once the store is released")

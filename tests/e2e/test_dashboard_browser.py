@@ -102,6 +102,10 @@ def world(aws, project, docker_client, tmp_path_factory) -> Iterator[dict[str, A
     bad = Misbehaving()
     made: list[int] = []
     try:
+        built = aws.ngcx("build")                                      # cached: records the build in this store
+        assert built.returncode == 0, built.stderr[-2000:]
+        tested = aws.ngcx("test", "ngcx-app/onnx-zero-code:latest")    # its results, for the image page
+        assert tested.returncode == 0, tested.stderr[-2000:]
         local = aws.ngcx("deploy", "--cloud", "local")
         assert local.returncode == 0, local.stderr[-2000:]
         on_aws = aws.deploy()
@@ -186,10 +190,14 @@ def test_the_deployment_page_charts_live_metrics_under_traffic(page, world):
     charts = page.locator("#charts")
     until(lambda: int(charts.get_attribute("data-points") or 0) >= 2, 30, what="the first chart points")
     key, _ = access(world["project"], local.endpoint, world["env"])
+    points = int(charts.get_attribute("data-points") or 0)
     with Load(local.endpoint, key, body(world["project"]), clients=2, rate=20) as load:
         load.settle(20)
         until(lambda: float(charts.get_attribute("data-last-rps") or 0) > 0, 20, what="requests/s above zero")
-    assert page.locator("#chart-latency .u-legend").inner_text()             # uPlot drew the p50 / p99 chart
+        until(lambda: int(charts.get_attribute("data-points") or 0) >= points + 8, 30, what="8 points under load")
+        assert float(charts.get_attribute("data-last-mean-ms") or 0) > 0          # the latency chart's figure
+    assert not page.locator("#chart-gpu_util").is_visible()                     # no NVML here: no GPU charts
+    assert page.locator(".no-gpu").is_visible()
     assert [s.inner_text().split()[0] for s in page.locator(".timeline .seg").all()] == \
         ["api", "boot", "pull", "start", "ready"]
     until(lambda: "ready" in page.locator("#logs").inner_text().lower(), 30, what="the log tail")
@@ -207,8 +215,12 @@ def test_the_cloud_deployment_page_is_scraped_through_its_key_and_pinned_tls(pag
 def test_image_and_catalog_pages_render(page, world):
     page.goto(f"{world['dash'].base}/images/{world['local'].image}")
     page.wait_for_selector("#pins")
-    assert "ai.ngcx" in page.locator("#pins").inner_text() or page.locator("#pins tr").count() > 1
-    assert page.locator("#layers tr").count() > 1
+    pins = page.locator("#pins").inner_text()
+    assert "cudnn" in pins and "onnxruntime" in pins                          # the image's pin labels
+    assert "0 failed" in page.locator("#tests").inner_text()                   # `ngcx test`'s recorded run
+    assert page.locator("#layers tbody tr").count() > 5
+    base_layer = page.locator("#layers tbody tr").first.locator("td").nth(3).inner_text()
+    assert base_layer.strip(), "the base layer is shared with the catalog images it came from"
     page.screenshot(path=str(world["shots"] / "image.png"), full_page=True)
     page.goto(f"{world['dash'].base}/catalog")
     assert page.locator("table.matrix tbody tr").count() >= 5
@@ -232,5 +244,5 @@ def test_destroy_from_the_page_removes_the_container(page, world, docker_client)
     page.click("button.act.destroy")
     page.click("#confirm-ok")
     page.wait_for_selector("#summary .status.destroyed", timeout=60_000)      # shown as it happens, no reload
-    assert "done" in page.locator("#jobs").inner_text()
+    page.wait_for_selector("#jobs .job.done", timeout=60_000)                  # the command's end, exit 0
     assert not docker_client.containers.list(all=True, filters={"id": local.container})

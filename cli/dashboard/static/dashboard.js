@@ -56,11 +56,13 @@ function alertLine(text) {
 // ------------------------------------------------------------------ charts
 
 const SERIES = {
-  rps: [["req/s", "#2f6fdf"]], latency: [["p50", "#2f6fdf"], ["p99", "#d9480f"]], queue_ms: [["queue", "#7048e8"]],
+  rps: [["req/s", "#2f6fdf"]], latency: [["p50", "#2f6fdf"], ["p99", "#d9480f"], ["mean", "#868e96"]],
+  queue_ms: [["queue", "#7048e8"]],
   batch: [["batch", "#0c8599"]], errors: [["errors/s", "#e03131"]], gpu_util: [["GPU %", "#2b8a3e"]],
   gpu_mem_gb: [["GB", "#5c940d"]], gpu_power_w: [["W", "#e8590c"]],
 };
-const FIELDS = {latency: ["p50_ms", "p99_ms"]};
+const FIELDS = {latency: ["p50_ms", "p99_ms", "mean_ms"]};
+const GPU = ["gpu_util", "gpu_mem_gb", "gpu_power_w"];   // shown once a point carries NVML's figures
 const WINDOW_S = 300;
 
 class Charts {
@@ -86,8 +88,10 @@ class Charts {
       while (cols[0].length && cols[0][0] < point.t - WINDOW_S) { cols.forEach((c) => c.shift()); }
       this.plots[key].setData(cols);
     }
+    if (point.gpu_util != null) { this.root.classList.add("gpu"); }
     this.root.dataset.points = String(this.data.rps ? this.data.rps[0].length : 0);
     this.root.dataset.lastRps = String(point.rps ?? "");
+    this.root.dataset.lastMeanMs = String(point.mean_ms ?? "");
   }
 }
 
