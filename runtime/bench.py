@@ -199,17 +199,31 @@ class _StdlibClient:
             raise RuntimeError(f"HTTP {resp.status}: {data[:200]!r}")
 
 
-def _client_factory(url: str, model: str, engine_inputs: list[TensorSpec], outputs: list[str]):
-    """tritonclient.http when installed (the stock client users run), else the stdlib client."""
-    try:
-        import tritonclient.http as httpclient
-    except ImportError:
+HTTP_CLIENTS = ("stdlib", "tritonclient")
+
+
+def _client_factory(url: str, model: str, engine_inputs: list[TensorSpec], outputs: list[str],
+                    client: str = "stdlib"):
+    """The HTTP client every served figure is measured with, chosen by the caller and named in each row.
+
+    Why not "tritonclient when installed": the same command then measured different things on different
+    machines (issue 24: ResNet-50 bs 256 served 1.2-1.7k img/s through tritonclient.http against 5-15k through
+    the stdlib client, whose binary-extension request is one send of the tensor's bytes). `stdlib` is the
+    default; `tritonclient` measures the stock client users run, and fails in one line where it is missing."""
+    if client not in HTTP_CLIENTS:
+        raise RuntimeUserError(f"--http-client {client!r}: use one of {', '.join(HTTP_CLIENTS)}")
+    if client == "stdlib":
 
         def make_std():
             c = _StdlibClient(url, model)
             return lambda feeds: c.infer(feeds, engine_inputs, outputs)
 
         return make_std, "http.client (binary tensor extension)"
+    try:
+        import tritonclient.http as httpclient
+    except ImportError:
+        raise RuntimeUserError("--http-client tritonclient: tritonclient is not installed here; "
+                               "pip install 'tritonclient[http]', or use --http-client stdlib") from None
     from .engine import NUMPY_TO_KSERVE
 
     host = url.split("://", 1)[-1].rstrip("/")
@@ -243,9 +257,10 @@ def bench_http(
     concurrency: list[int],
     duration: float,
     meter: EnergyMeter,
+    client: str = "stdlib",
 ) -> list[dict]:
     outputs = [o.name for o in engine.outputs]
-    make, client_name = _client_factory(url, model, engine.inputs, outputs)
+    make, client_name = _client_factory(url, model, engine.inputs, outputs, client)
     rows = []
     for b in batches:
         feeds = make_inputs(engine.inputs, b)
@@ -311,6 +326,7 @@ def bench(
     serve: bool = False,
     calibration: dict[str, np.ndarray] | None = None,
     backend: str | None = None,
+    http_client: str = "stdlib",
 ) -> dict[str, Any]:
     from . import plan as planmod
 
@@ -341,7 +357,8 @@ def bench(
             "results": bench_in_process(engine, batches, duration, meter),
         }
         if serve or url:
-            report["results"] += _bench_served(engine, url, batches, concurrency, duration, meter)
+            report["http_client"] = _client_factory(url or "", engine.name, [], [], http_client)[1]
+            report["results"] += _bench_served(engine, url, batches, concurrency, duration, meter, http_client)
     finally:
         meter.close()
     return report
@@ -354,14 +371,15 @@ def _bench_served(
     concurrency: list[int],
     duration: float,
     meter: EnergyMeter,
+    client: str = "stdlib",
 ) -> list[dict]:
     if url:
-        return bench_http(url, engine.name, engine, batches, concurrency, duration, meter)
+        return bench_http(url, engine.name, engine, batches, concurrency, duration, meter, client)
     from .serve import start_server
 
     max_batch = max(batches) if not engine.max_batch else None
     with start_server(engine, port=0, name=engine.name, max_batch=max_batch) as handle:
-        return bench_http(handle.url, handle.name, engine, batches, concurrency, duration, meter)
+        return bench_http(handle.url, handle.name, engine, batches, concurrency, duration, meter, client)
 
 
 def add_parser(subparsers) -> None:
@@ -374,6 +392,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--serve", action="store_true", help="start the KServe server in-process and bench it too")
     p.add_argument("--calibration-data", type=Path, help=".npz of inputs for the accuracy delta")
     p.add_argument("--backend", choices=("tensorrt", "onnxruntime", "pytorch"))
+    p.add_argument("--http-client", choices=HTTP_CLIENTS, default="stdlib",
+                   help="the client of the served figures, named in each row (tritonclient: the stock one)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -393,6 +413,7 @@ def run(args: argparse.Namespace) -> int:
         serve=args.serve,
         calibration=calib,
         backend=args.backend,
+        http_client=args.http_client,
     )
     if args.json:
         print(json.dumps(report, indent=2))
@@ -404,6 +425,8 @@ def run(args: argparse.Namespace) -> int:
         f"size: model {report['sizes']['model_bytes']} B, plan {report['sizes']['plan_bytes']} B; "
         f"energy: {report['energy']}"
     )
+    if "http_client" in report:
+        print(f"http client: {report['http_client']}")
     for k, v in (report["accuracy"].get("outputs") or {}).items():
         print(
             f"accuracy {k}: max abs err {v['max_abs_err']:.3g}, mean rel err {v['mean_rel_err']:.3g}"

@@ -30,6 +30,7 @@ access=AccessConfig(...) for keys, model control and TLS; load_engine(...) build
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import signal
 import sys
 import threading
@@ -308,7 +309,12 @@ def _default_name(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Listen at once, load (optimize on a cache miss), warm up, turn ready; serve until
-    SIGTERM/SIGINT, drain in-flight requests, exit 0. A load failure: one line, exit 2."""
+    SIGTERM/SIGINT, drain in-flight requests, exit 0. A load failure: one line, exit 2.
+
+    faulthandler first, in every server process (MPS children come through here too): a crash in native code
+    (CUDA, torch.compile's kernels, ONNX Runtime) then leaves every thread's Python stack on stderr, which the
+    container log or the bench's run log keeps (issue 24: ResNet-18 servers died with SIGSEGV, nothing logged)."""
+    faulthandler.enable(all_threads=True)
     batch_profile = _check_args(args)
     if (args.mps is not None or args.processes is not None) and not args.reuse_port:
         from . import mps

@@ -68,6 +68,18 @@ def test_bench_plan_reports_every_plaster_field(tmp_path, plan_cache):
             assert row["energy_j_per_inference"] > 0
         else:
             assert row["energy_j_per_inference"] is None
+    # the served figures' client is the stdlib one by default, on every machine, tritonclient installed or not
+    assert r["http_client"] == "http.client (binary tensor extension)"
+    assert {row["client"] for row in r["results"] if row["mode"] == "http"} == {r["http_client"]}
+
+
+def test_bench_measures_with_the_http_client_asked_for_and_names_it(tmp_path, plan_cache):
+    pytest.importorskip("tritonclient.http")
+    src = models.conv_net(tmp_path / "conv.onnx")
+    r = _bench(str(src), "--batch", "1", "--concurrency", "1", "--duration", "0.2", "--serve",
+               "--http-client", "tritonclient", cache=plan_cache)
+    assert r["http_client"] == "tritonclient.http (binary tensor extension)"
+    assert [row["client"] for row in r["results"] if row["mode"] == "http"] == [r["http_client"]]
 
 
 def test_bench_uses_calibration_data_for_the_accuracy_delta(tmp_path, plan_cache):

@@ -51,6 +51,31 @@ def _start(cmd: list[str]) -> tuple[subprocess.Popen, str, queue.Queue]:
 
 
 @pytest.mark.parametrize("front_end", list(FRONT_ENDS))
+def test_a_crash_in_native_code_leaves_every_threads_stack_in_the_log(tmp_path, front_end):
+    """A segfault (here: the signal a bad pointer in CUDA or a compiled kernel raises) is not silent."""
+    model = models.conv_net(tmp_path / "conv.onnx")
+    proc, _, lines = _start([*FRONT_ENDS[front_end], str(model), "--port", "0"])
+    proc.send_signal(signal.SIGSEGV)
+    assert proc.wait(30) == -signal.SIGSEGV
+    log = _drain(lines, proc)
+    assert "Fatal Python error: Segmentation fault" in log
+    assert "Thread 0x" in log and "File " in log                      # every thread's stack, with its files
+
+
+def _drain(lines: queue.Queue, proc: subprocess.Popen) -> str:
+    """Every line the (ended) process wrote."""
+    out = []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            out.append(lines.get(timeout=0.5))
+        except queue.Empty:
+            if proc.poll() is not None and lines.empty():
+                break
+    return "".join(out)
+
+
+@pytest.mark.parametrize("front_end", list(FRONT_ENDS))
 def test_sigterm_drains_the_in_flight_request_and_exits_0(tmp_path, front_end):
     model = models.conv_net(tmp_path / "conv.onnx")
     # A long queue delay keeps a lone request in flight long enough to send SIGTERM mid-request.

@@ -1,0 +1,148 @@
+"""Several ResNet-18 servers starting at once on one GPU, 20 starts in all, none dying (issue 24, item 4).
+
+What a user saw: twice, a ResNet-18 server died with SIGSEGV right after it said it was serving (once in the
+repo's own recorded run, bench/results/gpu/serving/serving_h100.json, phase resnet18_1inst_batch), with nothing
+logged. Here ROUNDS x AT_ONCE servers of one fp16 plan (PyTorch backend: torch.compile + CUDA graphs) start
+AT_ONCE at a time, as the serving bench's instances and MPS phases do, each takes concurrent traffic as soon as
+it is ready, and stops on SIGTERM with exit 0. Every server has faulthandler on (runtime/serve.py run()): a
+crash fails the test with every thread's stack from its log. Skipped with the reason where there is no GPU
+(this project's CI); run on the lent GPU: `python -m pytest tests/gpu` (tests/gpu/conftest.py sets the import
+path of a plain checkout).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+REPO = Path(__file__).resolve().parents[2]
+ROUNDS, AT_ONCE = 5, 4
+READY_S = 600.0
+REQUESTS, CLIENTS = 64, 8
+
+
+def _gpu() -> bool:
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("torchvision") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+needs_gpu = pytest.mark.skipif(not _gpu(), reason="needs torch + torchvision with a CUDA GPU (none here; runs on "
+                               "the lent GPU)")
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory) -> Path:
+    """ResNet-18 (random weights) as an fp16 plan with the serving bench's batch buckets."""
+    import torch
+    import torchvision
+
+    from ngcx_runtime.optimize import OptimizeOptions, optimize
+
+    work = tmp_path_factory.mktemp("resnet18")
+    torch.manual_seed(0)
+    net = torchvision.models.resnet18(weights=None).eval()
+    ep = torch.export.export(net, (torch.randn(2, 3, 224, 224),),
+                             dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=1024)},))
+    torch.export.save(ep, str(work / "resnet18.pt2"))
+    result = optimize(work / "resnet18.pt2", work / "plan", OptimizeOptions(precision="fp16",
+                      batch_profile=[1, 4, 16, 32], name="resnet18"), backend="pytorch")
+    return Path(result.plan_dir)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """`python -m ngcx_runtime.serve PLAN` on a free port, its whole log kept."""
+
+    def __init__(self, plan: Path) -> None:
+        self.port = _free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ngcx_runtime.serve", str(plan), "--port", str(self.port),
+             "--max-queue-delay-ms", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+        self.lines: list[str] = []
+        threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
+
+    def log(self) -> str:
+        return "".join(self.lines)[-6000:]
+
+    def ready(self) -> float:
+        started = time.monotonic()
+        while time.monotonic() - started < READY_S:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited {self.proc.returncode} while starting:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v2/models/resnet18/ready", timeout=2):
+                    return time.monotonic() - started
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError(f"not ready within {READY_S:.0f} s:\n{self.log()}")
+
+    def traffic(self) -> None:
+        """REQUESTS batch-1 inferences from CLIENTS threads: each answered 200 with 1000 logits."""
+        import numpy as np
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v2/models/resnet18", timeout=30) as res:
+            spec = json.loads(res.read())["inputs"][0]                 # the plan's input: its name and type
+        x = np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32)
+        body = json.dumps({"inputs": [{"name": spec["name"], "shape": [1, 3, 224, 224], "datatype": spec["datatype"],
+                                       "data": x.ravel().tolist()}]}).encode()
+
+        def one(_: int) -> int:
+            req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v2/models/resnet18/infer", data=body,
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=60) as res:
+                out = json.loads(res.read())["outputs"][0]
+                assert out["shape"] == [1, 1000], out["shape"]
+                return res.status
+
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            assert set(pool.map(one, range(REQUESTS))) == {200}, self.log()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+@needs_gpu
+def test_twenty_resnet18_starts_four_at_a_time_none_dies(plan):
+    seconds = []
+    for round_ in range(ROUNDS):
+        servers = [Server(plan) for _ in range(AT_ONCE)]
+        try:
+            for server in servers:
+                seconds.append(server.ready())
+            with ThreadPoolExecutor(AT_ONCE) as pool:
+                list(pool.map(lambda s: s.traffic(), servers))
+        finally:
+            codes = [server.stop() for server in servers]
+        crashed = [(s.proc.returncode, s.log()) for s in servers if s.proc.returncode != 0]
+        assert not crashed, f"round {round_ + 1}: {crashed[0][0]} (exit codes {codes}); its log:\n{crashed[0][1]}"
+    print(f"{len(seconds)} starts, ready in {min(seconds):.1f}-{max(seconds):.1f} s")
+    assert len(seconds) == ROUNDS * AT_ONCE == 20
