@@ -123,3 +123,34 @@ def test_a_store_held_exclusively_is_a_locked_banner_until_it_is_released(env):
             holder.execute("ROLLBACK")
             holder.close()
         until(lambda: dash.call("/")[0] == 200, 15, what="the page once the store is released")
+
+
+def test_a_busy_dashboard_never_makes_a_command_wait_for_the_store(env, monkeypatch):
+    """Commands write while pages are read: with no wait allowed for a lock (NGCX_STATE_LOCK_TIMEOUT=0), every
+    write still goes through, because the dashboard only ever holds read transactions (state/db.py reader())."""
+    import threading
+
+    from ngcx.deploy import store
+    from ngcx.deploy.common import DeployConfig
+
+    monkeypatch.setenv("NGCX_STATE_DIR", env["NGCX_STATE_DIR"])
+    with Dashboard(env) as dash:
+        stop, reads = threading.Event(), []
+
+        def read() -> None:
+            while not stop.is_set() and len(reads) < 2000:
+                reads.append(dash.call("/api/overview")[0])
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        monkeypatch.setenv("NGCX_STATE_LOCK_TIMEOUT", "0")
+        try:
+            until(lambda: len(reads) >= 3, 20, what="the first reads")
+            for n in range(40):
+                record = store.create_intent(DeployConfig(cloud="local", image=f"w{n}:latest", pull_ref=None,
+                                                          registry=None, labels={}, model=None))
+                store.mark_destroyed(record.id, "written while the dashboard reads")
+        finally:
+            stop.set()
+            reader.join(30)
+        assert set(reads) == {200} and len(reads) >= 3
