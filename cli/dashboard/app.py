@@ -72,7 +72,8 @@ def create(ctx: Context, port: int, hosts: set[str] | None) -> Any:
         Route("/events/deployments/{ref}", pages.deployment_events),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
-    app = Starlette(routes=routes, lifespan=pages.lifespan)
+    app = Starlette(routes=routes, lifespan=pages.lifespan,
+                    exception_handlers={NotFound: _not_found, BadQuery: _bad_query})
     app.add_middleware(GZipMiddleware, minimum_size=1024)
     return Guard(app, ctx.token, port, hosts)
 
@@ -139,7 +140,10 @@ class Pages:
 
     async def points(self, request: Request) -> Response:
         record_id = _record_id(request.path_params["ref"])
-        since = float(request.query_params.get("since", "0") or 0)
+        try:
+            since = float(request.query_params.get("since", "0") or 0)
+        except ValueError:
+            raise BadQuery("since= takes unix seconds, e.g. since=1795668302.5") from None
         return JSONResponse({"points": self.ctx.scrapers.points(record_id, since),
                              "health": self.ctx.health(record_id)})
 
@@ -204,7 +208,7 @@ class Pages:
         except NotFound as exc:
             status, problem = 404, str(exc)
         except UserError as exc:
-            status, problem = 503 if "state database" in exc.message else 404, exc.message
+            status, problem = _status_of(exc), exc.message
         watcher = self.ctx.watcher
         problem = problem or (watcher.problem if watcher else None)
         context = dict(found, problem=problem, csrf=csrf_of(self.ctx.token), now=time.time(), path=request.url.path)
@@ -243,7 +247,29 @@ class Pages:
 
 
 class NotFound(LookupError):
-    pass
+    """A page or API path naming something that is not there (404, one line)."""
+
+
+class BadQuery(ValueError):
+    """A query parameter that does not parse (400, one line)."""
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return PlainTextResponse(f"{exc}\n", status_code=404)
+
+
+async def _bad_query(request: Request, exc: Exception) -> Response:
+    return PlainTextResponse(f"{exc}\n", status_code=400)
+
+
+def _status_of(exc: UserError) -> int:
+    """A library's one-line error as an HTTP status: the store unreadable is 503, a bad reference 400, something
+    that is not there ("no deployment 7", "no local image …") 404, anything else (an invalid catalog) 503."""
+    if exc.message.startswith("state database"):
+        return 503
+    if "is not an image reference" in exc.message:
+        return 400
+    return 404 if exc.message.startswith("no ") else 503
 
 
 def _record_id(ref: str) -> int:

@@ -154,3 +154,17 @@ def test_a_busy_dashboard_never_makes_a_command_wait_for_the_store(env, monkeypa
             stop.set()
             reader.join(30)
         assert set(reads) == {200} and len(reads) >= 3
+
+
+BAD = ["/api/deployments/abc/points", "/api/deployments/1/points?since=yesterday", "/api/deployments/abc/logs",
+       "/events/deployments/abc", "/api/jobs/abc", "/api/jobs/99", "/deployments/s99", "/deployments/%00",
+       "/images/..%2F..%2Fcontainers%2Fjson", "/images/sha256:zz", "/static/../guard.py", "/nosuchpage"]
+
+
+def test_a_peers_bad_path_or_query_is_a_4xx_never_a_500(env):
+    with Dashboard(env) as dash:
+        for path in BAD:
+            status, _, body = dash.call(path)
+            assert 400 <= status < 500, (path, status, body[:300])
+            assert b"Traceback" not in body
+        assert dash.call("/")[0] == 200                                   # and the server keeps serving
