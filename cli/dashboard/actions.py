@@ -9,6 +9,7 @@ command to finish on its own, as a terminal's would. The page shows the command'
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -51,6 +52,8 @@ class Jobs:
     def start(self, verb: str, deployment: str) -> Job:
         if verb not in VERBS:
             raise JobRefused(f"unknown action {verb!r}: use one of {', '.join(VERBS)}")
+        if not re.fullmatch(r"s?[0-9]{1,9}", deployment):     # it becomes an argument of the command
+            raise JobRefused(f"{deployment[:40]!r} is not a deployment id (a number) or a service (s<number>)")
         with self._lock:
             if any(j.deployment == deployment and j.rc is None for j in self._jobs.values()):
                 raise JobRefused(f"deployment {deployment} already has an action running; wait for it to finish")

@@ -5,8 +5,8 @@ that the CSRF check covers), EventSource reconnects by itself, and it is a plain
 the token guard (guard.py) sees like any other request.
 
 What counts as a change: a commit to the state store (any ngcx command: a deploy, a state change, a build, a
-push, a test), a deployment's health turning, or an action's new output line. The watcher reads the store every
-WATCH_S through its own read-only connection (a reader never blocks a command's write in WAL mode) and bumps
+push, an `ngcx test` run), a deployment's health turning, or an action's new output line. The watcher reads the
+store every WATCH_S through its own read-only connection (a reader never blocks a command's write in WAL mode) and bumps
 `version`; each page's stream sends `change` and the page fetches its live parts again. WATCH_S = 0.5 s keeps a
 new deployment on screen within 2 s (issue 23) with a query of a few microseconds per tick.
 """
@@ -25,7 +25,7 @@ WATCH_S = 0.5
 HEARTBEAT_S = 15.0          # a comment line now and then: proxies and browsers keep the stream open
 FINGERPRINT = """SELECT (SELECT count(*) || ':' || coalesce(max(updated_at), 0) FROM deployments),
                         (SELECT count(*) || ':' || coalesce(max(updated_at), 0) FROM services),
-                        (SELECT count(*) FROM builds), (SELECT count(*) FROM pushes)"""
+                        (SELECT count(*) FROM builds), (SELECT count(*) FROM pushes), (SELECT count(*) FROM tests)"""
 
 
 class Watcher:
