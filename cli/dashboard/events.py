@@ -17,11 +17,13 @@ import asyncio
 import contextlib
 import json
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 WATCH_S = 0.5
+RESYNC_S = 10.0             # on_state also runs this often: a key rotated (keys/, not the store) reaches the scrapers
 HEARTBEAT_S = 15.0          # a comment line now and then: proxies and browsers keep the stream open
 FINGERPRINT = """SELECT (SELECT count(*) || ':' || coalesce(max(updated_at), 0) FROM deployments),
                         (SELECT count(*) || ':' || coalesce(max(updated_at), 0) FROM services),
@@ -39,17 +41,27 @@ class Watcher:
         self._changed = asyncio.Event()
 
     async def run(self) -> None:
+        """Every WATCH_S until cancelled; a tick that fails is a banner line, never the end of live updates."""
+        synced = 0.0
         while True:
-            store = await asyncio.to_thread(self._store_fingerprint)
-            now = (store, self.problem, self.parts())
-            if now != self._last:
-                if self._last is None or now[0] != self._last[0]:
-                    await asyncio.to_thread(self.on_state)
-                self._last = now
-                self.version += 1
-                self._changed.set()
-                self._changed = asyncio.Event()
+            try:
+                synced = await self._tick(synced)
+            except Exception as exc:  # noqa: BLE001 - one bad tick must not stop every page's updates
+                self.problem = f"the dashboard's watcher failed a tick ({type(exc).__name__}: {str(exc)[:200]})"
             await asyncio.sleep(WATCH_S)
+
+    async def _tick(self, synced: float) -> float:
+        store = await asyncio.to_thread(self._store_fingerprint)
+        now = (store, self.problem, self.parts())
+        if self._last is None or now[0] != self._last[0] or time.monotonic() - synced > RESYNC_S:
+            await asyncio.to_thread(self.on_state)
+            synced = time.monotonic()
+        if now != self._last:
+            self._last = now
+            self.version += 1
+            self._changed.set()
+            self._changed = asyncio.Event()
+        return synced
 
     async def changed(self, seen: int, timeout: float) -> int:
         if self.version == seen:
