@@ -24,6 +24,8 @@ import pytest
 from ngcx.dashboard import scrape
 from ngcx.dashboard.scrape import MetricsError, Scrapers, Target, parse, point, quantile
 
+from .running import until
+
 pytest.importorskip("prometheus_client")
 requests = pytest.importorskip("requests")
 pytest.importorskip("onnxruntime")
@@ -45,15 +47,8 @@ models = _runtime_models()
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> object:
-    """Poll predicate until it returns something truthy (returned); fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout:g} s: {what}")
-        time.sleep(0.02)
+    """running.until at a finer poll (the scrapers here tick every 0.1 s)."""
+    return until(predicate, timeout, every=0.02, what=what)
 
 
 @pytest.fixture(scope="module")
