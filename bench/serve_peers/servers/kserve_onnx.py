@@ -4,6 +4,7 @@
 KServe's own batching is a sidecar of its InferenceService (the agent), not in the ModelServer: none here."""
 
 import sys
+import uuid
 
 import numpy as np
 import onnxruntime as ort
@@ -28,7 +29,7 @@ class OnnxModel(Model):
         y = self.session.run([self.output], {self.input: x})[0]
         out = InferOutput(name=self.output, shape=list(y.shape), datatype="FP32")
         out.set_data_from_numpy(y, binary_data=False)
-        return InferResponse(model_name=self.name, infer_outputs=[out], response_id=payload.id)
+        return InferResponse(model_name=self.name, infer_outputs=[out], response_id=payload.id or str(uuid.uuid4()))
 
 
 if __name__ == "__main__":
