@@ -14,7 +14,7 @@ push_pull.py, and deploy_phases.py (the deploy measurement, also runnable alone)
 
 from __future__ import annotations
 
-from . import autoscale, build, cli, dashboard, deploy, project, push, runtime, security, service, signals
+from . import autoscale, build, cli, dashboard, deploy, project, push, runtime, security, serve_peers, service, signals
 
 SUITES = {
     "cli": cli.run,
@@ -28,4 +28,5 @@ SUITES = {
     "autoscale": autoscale.run,
     "signals": signals.run,
     "dashboard": dashboard.run,
+    "serve-peers": serve_peers.run,
 }

@@ -1,0 +1,223 @@
+"""serve-peers: ngcx-runtime against the servers a user would pick instead, side by side in one run (issue 24).
+
+Usage: `.venv/bin/python -m bench serve-peers --repeat 3` from the repository root (each peer's virtual environment
+is made on first use from PyPI, bench/serve_peers/peers.py; the suite puts tests/runtime on the import path for
+its models).
+
+Same ONNX models (tests/runtime/models.py: a small MLP and a small conv net), the same onnxruntime version and
+CPU provider under every server, the same batch limit and batching window where the peer batches, KServe v2 over
+HTTP. Per round, the servers run one at a time in a rotated order; each is checked for correct answers (against
+onnxruntime in this process) before it is timed. Points: CLIENTS closed-loop clients x JSON (and the binary tensor
+extension where the peer has it) x both models. Figures: requests/s, p50 / p99 latency, idle and peak RSS of the
+server's process session, and seconds from start to the first correct answer. Ratios: ngcx / the best peer, per
+point, from the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..core import ROOT, Measurement, Ratio, Stats, SuiteResult
+from ..serve_peers import load
+from ..serve_peers.peers import PEERS, Peer, command, ensure_venv
+
+CLIENTS = (1, 8, 32)
+SECONDS = 5.0
+MAX_BATCH, DELAY_MS = 32, 1.0
+READY_S = 180.0
+
+
+def _models(work: Path) -> dict[str, tuple[Path, np.ndarray]]:
+    sys.path.insert(0, str(ROOT / "tests" / "runtime"))
+    import models
+
+    return {"mlp": (models.mlp(work / "mlp.onnx"), models.sample_inputs("mlp", 1)["x"]),
+            "convnet": (models.conv_net(work / "convnet.onnx"), models.sample_inputs("conv", 1)["input"])}
+
+
+def _bodies(name: str, x: np.ndarray) -> dict[str, tuple[bytes, dict[str, str]]]:
+    """The request in JSON and with the binary tensor extension (same tensor)."""
+    tensor = {"name": name, "shape": list(x.shape), "datatype": "FP32"}
+    plain = json.dumps({"inputs": [dict(tensor, data=x.ravel().tolist())]}).encode()
+    header = json.dumps({"inputs": [dict(tensor, parameters={"binary_data_size": x.nbytes})]}).encode()
+    return {"json": (plain, {"Content-Type": "application/json"}),
+            "binary": (header + x.astype(np.float32).tobytes(), {"Content-Type": "application/octet-stream",
+                                                                 "Inference-Header-Content-Length": str(len(header))})}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _session_rss(sid: int) -> int:
+    """Resident bytes of every process in session `sid` (the server and whatever it started)."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == sid:
+                total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+class Server:
+    """One peer serving one model, started in its own session (so its whole tree is measured and stopped)."""
+
+    def __init__(self, peer: Peer, model: Path, work: Path, log: Path) -> None:
+        self.port = _free_port()
+        argv = command(peer, model, self.port, MAX_BATCH, DELAY_MS, work)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_PROXY": "*", "no_proxy": "*"}
+        self.log = log.open("a")
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=work,
+                                     start_new_session=True)
+
+    def first_answer(self, body: bytes, headers: dict[str, str]) -> tuple[float, dict]:
+        """Seconds until a 200 answer to `body`, and that answer."""
+        import http.client
+
+        while time.monotonic() - self.started < READY_S:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"exited {self.proc.returncode} while starting")
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+                conn.request("POST", "/v2/models/model/infer", body, headers)
+                reply = conn.getresponse()
+                data = reply.read()
+                conn.close()
+                if reply.status == 200:
+                    return time.monotonic() - self.started, json.loads(data)
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"no answer within {READY_S:.0f} s")
+
+    def rss(self) -> int:
+        return _session_rss(self.proc.pid)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.log.close()
+
+
+def _check(answer: dict, want: np.ndarray) -> None:
+    out = answer["outputs"][0]
+    got = np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _peak(server: Server, stop: threading.Event, peak: list[int]) -> None:
+    while not stop.wait(0.25):
+        peak[0] = max(peak[0], server.rss())
+
+
+def _one(peer: Peer, model: str, path: Path, x: np.ndarray, work: Path, log: Path) -> dict[str, Any]:
+    """One server: time to the first correct answer, idle RSS, then every point, peak RSS over them."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    want = session.run(None, {session.get_inputs()[0].name: x})[0]
+    bodies = _bodies(session.get_inputs()[0].name, x)
+    server = Server(peer, path, work, log)
+    row: dict[str, Any] = {"points": {}}
+    try:
+        row["ready_s"], answer = server.first_answer(*bodies["json"])
+        _check(answer, want)
+        row["idle_rss"] = server.rss()
+        stop, peak = threading.Event(), [row["idle_rss"]]
+        watcher = threading.Thread(target=_peak, args=(server, stop, peak), daemon=True)
+        watcher.start()
+        for encoding in ("json", "binary") if peer.binary else ("json",):
+            for clients in CLIENTS:
+                res = load.run(server.port, *bodies[encoding], clients, SECONDS)
+                row["points"][f"{model} {encoding} c{clients}"] = {
+                    "rps": res.rps, "p50_ms": res.percentile(0.5), "p99_ms": res.percentile(0.99),
+                    "errors": len(res.errors), "first_error": (res.errors or [""])[0]}
+        stop.set()
+        watcher.join(5)
+        row["peak_rss"] = peak[0]
+    finally:
+        server.stop()
+    return row
+
+
+def run(result: SuiteResult, work: Path, out: Path) -> None:
+    log = out / "serve-peers.log"
+    log.write_text("")
+    models = _models(work)
+    installed, missing = [], {}
+    for peer in PEERS.values():
+        reason = ensure_venv(peer, log)
+        (missing.__setitem__(peer.name, reason) if reason else installed.append(peer))
+    rounds: list[dict[str, dict]] = []
+    for r in range(result.repeat):
+        order = installed[r % len(installed):] + installed[:r % len(installed)]
+        this: dict[str, dict] = {}
+        for peer in order:
+            for model, (path, x) in models.items():
+                try:
+                    this[f"{peer.name} {model}"] = _one(peer, model, path, x, work, log)
+                except Exception as exc:  # noqa: BLE001 - a peer that fails is a row saying why, not a lost run
+                    this[f"{peer.name} {model}"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+        rounds.append(this)
+    _report(result, rounds, installed, missing)
+
+
+def _report(result: SuiteResult, rounds: list[dict[str, dict]], installed: list[Peer],
+            missing: dict[str, str]) -> None:
+    """Medians over rounds per (peer, point); ratios ngcx / best peer per point."""
+    series: dict[tuple[str, str, str], list[float]] = {}
+    for this in rounds:
+        for key, row in this.items():
+            peer = key.split()[0]
+            for point, fig in row.get("points", {}).items():
+                for figure in ("rps", "p50_ms", "p99_ms"):
+                    if fig[figure] is not None and not fig["errors"]:
+                        series.setdefault((peer, point, figure), []).append(fig[figure])
+            for figure in ("ready_s", "idle_rss", "peak_rss"):
+                if figure in row:
+                    series.setdefault((peer, key.split()[1], figure), []).append(float(row[figure]))
+    units = {"rps": ("req/s", "higher"), "p50_ms": ("ms", "lower"), "p99_ms": ("ms", "lower"),
+             "ready_s": ("s", "lower"), "idle_rss": ("MB", "lower"), "peak_rss": ("MB", "lower")}
+    ms = {}
+    for (peer, point, figure), values in sorted(series.items()):
+        unit, better = units[figure]
+        values = [v / 1e6 for v in values] if unit == "MB" else values
+        ms[(peer, point, figure)] = Measurement(f"{peer}: {point} {figure}", peer, unit, better, Stats.of(values))
+    result.measurements = list(ms.values())
+    result.ratios = []
+    for (peer, point, figure), m in ms.items():
+        if peer != "ngcx" or figure not in ("rps", "p50_ms"):
+            continue
+        others = [o for (p, pt, f), o in ms.items() if p != "ngcx" and pt == point and f == figure]
+        if others:
+            best = max(others, key=lambda o: o.wall.median) if figure == "rps" else min(others,
+                                                                                    key=lambda o: o.wall.median)
+            result.ratios.append(Ratio(f"{point} {figure}: ngcx / {best.tool}", m.name, best.name,
+                                       round(m.wall.median / best.wall.median, 3), better=m.better, unit=m.unit))
+    result.extra.update(peers=[p.name for p in installed], not_installed=missing, clients=list(CLIENTS),
+                        seconds=SECONDS, max_batch=MAX_BATCH, delay_ms=DELAY_MS,
+                        batching={p.name: p.batching for p in installed},
+                        errors={k: v["error"] for this in rounds for k, v in this.items() if "error" in v})
+    result.notes = [f"Not installed: {name}: {why}" for name, why in missing.items()]
