@@ -23,6 +23,8 @@ def draw(result: SuiteResult, file: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if result.suite == "serve-peers":
+        return _peers(plt, result, file)
     groups: dict[str, list] = {}
     for m in result.measurements:  # one panel per unit: seconds and bytes on one axis would say nothing
         groups.setdefault(m.unit, []).append(m)
@@ -59,3 +61,51 @@ def _panel(ax, unit: str, ms: list) -> None:
     ax.set_xlabel({"s": "seconds (lower is better)", "inf/s": "inferences/s (higher is better)"}.get(unit, label))
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(axis="x", alpha=0.3)
+
+
+PEER_COLORS = {"ngcx": "#76b900", "kserve": "#1f77b4", "mlserver": "#9467bd", "litserve": "#ff7f0e",
+               "rayserve": "#d62728"}
+
+
+def _peers(plt, result: SuiteResult, file: Path) -> Path:
+    """serve-peers: per point, one bar per server (req/s above, p50 below), whiskers min..max.
+
+    Why its own shape: the generic one-bar-per-measurement chart is 150 rows for this suite; a
+    grouped bar per point shows at a glance who serves most at each load."""
+    import numpy as np
+
+    figs: dict[str, dict[str, dict]] = {"rps": {}, "p50_ms": {}}
+    for m in result.measurements:                      # "<peer>: <model> <encoding> c<clients> <figure>"
+        peer, rest = m.name.split(": ", 1)
+        point, figure = rest.rsplit(" ", 1)
+        if figure in figs:
+            figs[figure].setdefault(point, {})[peer] = m.wall
+    peers = [p for p in PEER_COLORS if any(p in v for f in figs.values() for v in f.values())]
+    points = sorted(figs["rps"], key=lambda p: (p.split()[0], p.split()[1], int(p.split()[2][1:])))
+    fig, axes = plt.subplots(2, 1, figsize=(13, 8))
+    width = 0.8 / max(len(peers), 1)
+    for ax, (figure, label) in zip(axes, (("rps", "requests/s (higher is better)"),
+                                          ("p50_ms", "p50 latency, ms (lower is better, log scale)")), strict=True):
+        for i, peer in enumerate(peers):
+            xs, med, lo, hi = [], [], [], []
+            for j, point in enumerate(points):
+                st = figs[figure].get(point, {}).get(peer)
+                if st is not None:
+                    xs.append(j + (i - (len(peers) - 1) / 2) * width)
+                    med.append(st.median)
+                    lo.append(st.median - st.min)
+                    hi.append(st.max - st.median)
+            ax.bar(xs, med, width, yerr=[lo, hi], capsize=2, color=PEER_COLORS[peer], label=peer)
+        ax.set_xticks(np.arange(len(points)), points, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(label)
+        if figure == "p50_ms":
+            ax.set_yscale("log")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8, ncol=len(peers))
+    mach = result.machine
+    axes[0].set_title(f"serve-peers: medians of {result.repeat} rounds (whiskers min..max), {mach.get('cores')} cores "
+                      f"({result.started[:10]}, {mach.get('git_revision', '')})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(file, dpi=90)
+    plt.close(fig)
+    return file

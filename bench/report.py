@@ -67,6 +67,8 @@ READINGS = {  # (unit, better) -> (ngcx wins, ngcx loses)
     ("bytes", "lower"): ("ngcx as small or smaller", "ngcx larger"),
     ("MB", "lower"): ("ngcx as small or smaller", "ngcx larger"),
     ("bytes", "higher"): ("ngcx shares as much or more", "ngcx shares less"),
+    ("ms", "lower"): ("ngcx as fast or faster", "ngcx slower"),
+    ("req/s", "higher"): ("ngcx serves as many or more", "ngcx serves fewer"),
 }
 
 

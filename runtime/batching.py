@@ -10,7 +10,13 @@ are formed one at a time by a free instance and run side by side.
 Rules: requests merge only when every input has the same dtype and the same non-batch dims
 (the batch key); a batch never exceeds max_batch; the oldest request waits at most
 max_queue_delay_ms for company, unless the requests at hand add up to one of the preferred batch
-sizes (Triton's preferred_batch_size): then the largest such batch runs at once. Requests larger
+sizes (Triton's preferred_batch_size): then the largest such batch runs at once, or unless it is
+alone: after LONE_STREAK batches in a row that were one request with nothing else of the model in
+flight (Stats.in_flight: received and not yet answered), a request that again finds nothing else
+in flight runs at once. Why: a single client's request waits the whole window for company that
+cannot come (issue 24: 1 ms of a 2 ms round trip at 1 client; bench serve-peers). Under load some
+other request is always in flight, so the streak never builds and the window applies as before;
+the first request after a lull pays the window, as it did, until the streak builds again. Requests larger
 than max_batch are refused before they get here. Inputs are merged on dim 0; each output is split
 on its own batch axis (layout.py measured it at load: an LSTM's [time, batch, C] output splits on
 dim 1). If a merged batch's outputs still do not split (a layout the probe could not see, such as
@@ -45,6 +51,9 @@ REQUEST_BUCKETS_US: tuple[int, ...] = (
     100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 200_000, 500_000,
     1_000_000, 2_000_000, 5_000_000, 10_000_000, 20_000_000, 30_000_000, 60_000_000)
 _REQUEST_BUCKETS_NS: tuple[int, ...] = tuple(us * 1000 for us in REQUEST_BUCKETS_US)
+# Lone batches in a row before a lone request stops waiting for company (module docstring). Eight, not
+# one: a fresh server's first requests, and a burst after one warm-up request, still merge.
+LONE_STREAK = 8
 
 
 def _empty_buckets() -> list[int]:
@@ -77,22 +86,31 @@ class Stats:
     # successful requests per duration bucket, NOT cumulative: index i counts durations in
     # (REQUEST_BUCKETS_US[i-1], REQUEST_BUCKETS_US[i]]; the last one those above 60 s (+Inf)
     request_buckets: list[int] = field(default_factory=_empty_buckets)
+    in_flight: int = 0              # requests received and not yet answered (the batcher's "is company coming?")
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count_request(self) -> None:
         with self.lock:
             self.requests += 1
+            self.in_flight += 1
 
     def count_success(self, ns: int) -> None:
         """An answer is ready to send (counted before sending, so a client that got it sees it counted)."""
         with self.lock:
+            self.in_flight -= 1
             self.success += 1
             self.request_ns += ns
             self.request_buckets[bisect_left(_REQUEST_BUCKETS_NS, ns)] += 1
 
     def count_failure(self) -> None:
         with self.lock:
+            self.in_flight -= 1
             self.failed += 1
+
+    def count_abandoned(self) -> None:
+        """A request that ended as neither (a 500, a dropped connection): no longer in flight."""
+        with self.lock:
+            self.in_flight -= 1
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
@@ -193,6 +211,7 @@ class Batcher:
         self._queue: deque[_Pending] = deque()
         self._gathering = 0             # requests taken off the queue, waiting for company
         self._collecting = False        # an instance is forming a batch; the others wait for it
+        self._lone = 0                  # batches in a row that were one request with nothing else in flight
         self._cond = threading.Condition()
         self._stopping = False
         self._flush = False
@@ -266,9 +285,18 @@ class Batcher:
         Called with the condition held; waiting on it releases the lock so submitters can add.
         """
         first = self._queue.popleft()
-        group, total = [first], first.batch
         if not self.batchable:
-            return group
+            return [first]
+        if self._lone >= LONE_STREAK and not self._queue and self.stats.in_flight <= 1:
+            return [first]                          # alone: no company can come (module docstring)
+        group = self._gather(first)
+        alone = len(group) == 1 and self.stats.in_flight <= 1
+        self._lone = self._lone + 1 if alone else 0
+        return group
+
+    def _gather(self, first: _Pending) -> list[_Pending]:
+        """The first request plus same-key requests until full, a preferred size, or its delay has passed."""
+        group, total = [first], first.batch
         deadline = first.enqueued + self.delay_s
         try:
             while total < self.max_batch:

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from . import wirejson
 from .engine import BYTES, BYTES_DTYPE, KSERVE_TO_NUMPY, NUMPY_TO_KSERVE, TensorSpec
 
 # Datatypes the protocol knows but numeric engines cannot take: rejected with a clear message.
@@ -183,12 +184,12 @@ def parse_header(raw: bytes | bytearray | memoryview) -> dict[str, Any]:
     if not len(raw):
         raise ProtocolError("the request body is empty; send a JSON inference request with an 'inputs' list")
     try:
-        doc = json.loads(bytes(raw) if isinstance(raw, memoryview) else raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"malformed JSON in the request body: {exc}") from None
-    except RecursionError:
+        doc = wirejson.loads(raw)
+    except wirejson.NestedTooDeeply:
         raise ProtocolError("the JSON request body is nested too deeply; tensors need at most one "
                             "level per dimension (or send 'data' flat)") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"malformed JSON in the request body: {exc}") from None
     if not isinstance(doc, dict):
         raise ProtocolError("the request body must be a JSON object with an 'inputs' list")
     return doc
@@ -387,6 +388,7 @@ def build_response(model: str, version: str, req: InferRequest, results: dict[st
     """
     outs: list[dict[str, Any]] = []
     blobs: list[memoryview] = []
+    finite = True                   # no NaN / Infinity in the JSON data: the fast encoder may write it
     for name, binary in req.outputs:
         arr = results[name]
         if name in req.shm_outputs:
@@ -411,11 +413,12 @@ def build_response(model: str, version: str, req: InferRequest, results: dict[st
             blobs.append(memoryview(arr).cast("B") if arr.nbytes else memoryview(b""))
         else:
             entry["data"] = arr.reshape(-1).tolist()
+            finite = finite and (arr.dtype.kind != "f" or bool(np.isfinite(arr).all()))
         outs.append(entry)
     doc: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": outs}
     if req.id is not None:
         doc["id"] = req.id
-    header = json.dumps(doc, separators=(",", ":")).encode()
+    header = wirejson.dumps(doc, finite)
     if not blobs:
         return [header], None
     return [header, *blobs], len(header)

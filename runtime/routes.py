@@ -273,7 +273,8 @@ def infer_model(app: App, route: Route) -> ServedModel:
 @contextlib.contextmanager
 def counted(model: ServedModel) -> Iterator[None]:
     """Count one inference request in the model's statistics: a ProtocolError is a failure, a
-    return a success with its duration (anything else, a 500, is neither)."""
+    return a success with its duration (anything else, a 500, is neither). Between the two it is in
+    flight (Stats.in_flight), which the batcher reads to decide whether waiting for company can pay."""
     stats = model.stats
     start = time.monotonic_ns()
     stats.count_request()
@@ -281,6 +282,9 @@ def counted(model: ServedModel) -> Iterator[None]:
         yield
     except ProtocolError:
         stats.count_failure()
+        raise
+    except BaseException:
+        stats.count_abandoned()
         raise
     stats.count_success(time.monotonic_ns() - start)
 

@@ -64,15 +64,11 @@ def _shim_env() -> dict[str, str]:
 
 # ----------------------------------------------------------------------------- preparing plans (subprocess)
 
-PREPARE = r'''
+TIMING = r'''
 import json, sys, time, os
-import numpy as np, torch, torchvision
+import numpy as np, torch
 from ngcx_runtime import plan
 from ngcx_runtime.bench import make_inputs
-from ngcx_runtime.optimize import OptimizeOptions, optimize
-work, seconds = sys.argv[1], float(sys.argv[2])
-out = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "torchvision": torchvision.__version__,
-       "plans": {}, "inproc": []}
 def timed(fn, n, warm=5):
     for _ in range(warm): fn()
     torch.cuda.synchronize(); t = time.perf_counter()
@@ -87,7 +83,17 @@ def pipelined(engine, feeds, n):
             pending = launched
         if pending is not None: pending()
     run(3); t = time.perf_counter(); run(n); return (time.perf_counter() - t) / n
-for name, profile in (("resnet50", [1, 4, 16, 64, 256]), ("resnet18", [1, 4, 16, 32])):
+'''
+
+PREPARE = TIMING + r'''
+import torchvision
+from ngcx_runtime.optimize import OptimizeOptions, optimize
+work, seconds = sys.argv[1], float(sys.argv[2])
+wanted = sys.argv[3].split(",") if len(sys.argv) > 3 else ["resnet50", "resnet18"]
+out = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "torchvision": torchvision.__version__,
+       "plans": {}, "inproc": []}
+for name, profile in [(n, p) for n, p in (("resnet50", [1, 4, 16, 64, 256]), ("resnet18", [1, 4, 16, 32]))
+                      if n in wanted]:
     torch.manual_seed(0)
     net = getattr(torchvision.models, name)(weights=None).eval()
     ep = torch.export.export(net, (torch.randn(2, 3, 224, 224),),
@@ -115,8 +121,8 @@ print("RESULT " + json.dumps(out), flush=True)
 '''
 
 
-def prepare(work: Path, seconds: float, env: dict[str, str]) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-c", PREPARE, str(work), str(seconds)], env=env, cwd=REPO,
+def prepare(work: Path, seconds: float, env: dict[str, str], models: str = "resnet50,resnet18") -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-c", PREPARE, str(work), str(seconds), models], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=900)
     sys.stdout.write(proc.stdout[-4000:])
     for line in proc.stdout.splitlines():

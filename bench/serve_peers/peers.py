@@ -41,7 +41,7 @@ PEERS = {
     # uvloop<0.22: MLServer 1.7.1's inference workers call asyncio.get_event_loop(), which uvloop 0.22 refuses
     "mlserver": Peer("mlserver", ("mlserver", "uvloop<0.22"), False,
                      "adaptive batching (max_batch_size, max_batch_time)"),
-    "kserve": Peer("kserve", ("kserve",), False, "none in the ModelServer (KServe batches in a sidecar agent)"),
+    "kserve": Peer("kserve", ("kserve",), True, "none in the ModelServer (KServe batches in a sidecar agent)"),
     "litserve": Peer("litserve", ("litserve",), False, "LitAPI max_batch_size, batch_timeout"),
     "rayserve": Peer("rayserve", ("ray[serve]",), False, "@serve.batch(max_batch_size, batch_wait_timeout_s)"),
 }

@@ -132,8 +132,10 @@ def _peak(server: Server, stop: threading.Event, peak: list[int]) -> None:
         peak[0] = max(peak[0], server.rss())
 
 
-def _one(peer: Peer, model: str, path: Path, x: np.ndarray, work: Path, log: Path) -> dict[str, Any]:
-    """One server: time to the first correct answer, idle RSS, then every point, peak RSS over them."""
+def _one(peer: Peer, model: str, path: Path, x: np.ndarray, work: Path, log: Path,
+         clients: tuple[int, ...] = CLIENTS, seconds: float = SECONDS) -> dict[str, Any]:
+    """One server: time to the first correct answer (and a correct binary answer where it takes binary),
+    idle RSS, then every point, peak RSS over them."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -144,14 +146,16 @@ def _one(peer: Peer, model: str, path: Path, x: np.ndarray, work: Path, log: Pat
     try:
         row["ready_s"], answer = server.first_answer(*bodies["json"])
         _check(answer, want)
+        if peer.binary:
+            _check(server.first_answer(*bodies["binary"])[1], want)
         row["idle_rss"] = server.rss()
         stop, peak = threading.Event(), [row["idle_rss"]]
         watcher = threading.Thread(target=_peak, args=(server, stop, peak), daemon=True)
         watcher.start()
         for encoding in ("json", "binary") if peer.binary else ("json",):
-            for clients in CLIENTS:
-                res = load.run(server.port, *bodies[encoding], clients, SECONDS)
-                row["points"][f"{model} {encoding} c{clients}"] = {
+            for n in clients:
+                res = load.run(server.port, *bodies[encoding], n, seconds)
+                row["points"][f"{model} {encoding} c{n}"] = {
                     "rps": res.rps, "p50_ms": res.percentile(0.5), "p99_ms": res.percentile(0.99),
                     "errors": len(res.errors), "first_error": (res.errors or [""])[0]}
         stop.set()
@@ -162,12 +166,14 @@ def _one(peer: Peer, model: str, path: Path, x: np.ndarray, work: Path, log: Pat
     return row
 
 
-def run(result: SuiteResult, work: Path, out: Path) -> None:
+def run(result: SuiteResult, work: Path, out: Path, peers: dict[str, Peer] | None = None,
+        clients: tuple[int, ...] = CLIENTS, seconds: float = SECONDS) -> None:
+    """Every peer that installs, `result.repeat` rounds; peers, clients and seconds are smaller in the test."""
     log = out / "serve-peers.log"
     log.write_text("")
     models = _models(work)
     installed, missing = [], {}
-    for peer in PEERS.values():
+    for peer in (peers or PEERS).values():
         reason = ensure_venv(peer, log)
         (missing.__setitem__(peer.name, reason) if reason else installed.append(peer))
     rounds: list[dict[str, dict]] = []
@@ -177,15 +183,15 @@ def run(result: SuiteResult, work: Path, out: Path) -> None:
         for peer in order:
             for model, (path, x) in models.items():
                 try:
-                    this[f"{peer.name} {model}"] = _one(peer, model, path, x, work, log)
+                    this[f"{peer.name} {model}"] = _one(peer, model, path, x, work, log, clients, seconds)
                 except Exception as exc:  # noqa: BLE001 - a peer that fails is a row saying why, not a lost run
                     this[f"{peer.name} {model}"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
         rounds.append(this)
-    _report(result, rounds, installed, missing)
+    _report(result, rounds, installed, missing, clients, seconds)
 
 
 def _report(result: SuiteResult, rounds: list[dict[str, dict]], installed: list[Peer],
-            missing: dict[str, str]) -> None:
+            missing: dict[str, str], clients: tuple[int, ...] = CLIENTS, seconds: float = SECONDS) -> None:
     """Medians over rounds per (peer, point); ratios ngcx / best peer per point."""
     series: dict[tuple[str, str, str], list[float]] = {}
     for this in rounds:
@@ -208,7 +214,7 @@ def _report(result: SuiteResult, rounds: list[dict[str, dict]], installed: list[
     result.measurements = list(ms.values())
     result.ratios = []
     for (peer, point, figure), m in ms.items():
-        if peer != "ngcx" or figure not in ("rps", "p50_ms"):
+        if peer != "ngcx":
             continue
         others = [o for (p, pt, f), o in ms.items() if p != "ngcx" and pt == point and f == figure]
         if others:
@@ -216,8 +222,8 @@ def _report(result: SuiteResult, rounds: list[dict[str, dict]], installed: list[
                                                                                     key=lambda o: o.wall.median)
             result.ratios.append(Ratio(f"{point} {figure}: ngcx / {best.tool}", m.name, best.name,
                                        round(m.wall.median / best.wall.median, 3), better=m.better, unit=m.unit))
-    result.extra.update(peers=[p.name for p in installed], not_installed=missing, clients=list(CLIENTS),
-                        seconds=SECONDS, max_batch=MAX_BATCH, delay_ms=DELAY_MS,
+    result.extra.update(peers=[p.name for p in installed], not_installed=missing, clients=list(clients),
+                        seconds=seconds, max_batch=MAX_BATCH, delay_ms=DELAY_MS,
                         batching={p.name: p.batching for p in installed},
                         errors={k: v["error"] for this in rounds for k, v in this.items() if "error" in v})
     result.notes = [f"Not installed: {name}: {why}" for name, why in missing.items()]

@@ -1,0 +1,142 @@
+"""Issue 24's two served-GPU targets, each figure from ROUNDS rounds: median, min and max, and the worst round.
+
+    python3 bench/gpu/targets.py --out DIR [--rounds 3] [--seconds 3] [--processes 1,2,3] [--work DIR]
+
+Run from a checkout's root on a GPU host (torch, torchvision); the script puts the checkout's
+runtime/ on its servers' import path itself (serving.py's shim), so a plain clone works. Writes
+DIR/targets.json; saved runs: bench/results/gpu/targets/.
+
+  shm  ResNet-50 FP16, batch 256 through Triton's system shared memory from 8 connections, over the
+       same round's in-process figure with host numpy in and out (pipelined, what the batcher does).
+       Target: >= 90 % in the worst round.
+  bs1  ResNet-50 FP16, batch 1 from 64 clients (the batcher merges them), over the same round's
+       GPU-resident batch-1 figure in process. Target: >= 70 %. Served by one process and by P
+       processes behind one port (`serve --processes P`, SO_REUSEPORT) for each P in --processes:
+       one Python process tops out near 1.3k requests/s (bench/results/gpu/serving/README.md).
+
+The in-process references run in their own process first, ROUNDS times, with no server up; then each
+server runs its loads ROUNDS times. Round i's ratio is served round i over reference round i.
+HTTP client, fixed for every figure: serving.py's load generator (keep-alive raw sockets, 8 forked
+processes), named in the report as "client".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import serving  # noqa: E402  (bench/gpu/serving.py: plans, servers, load generator)
+
+CLIENT = "bench/gpu/serving.py load(): keep-alive raw sockets from up to 8 forked processes"
+TARGETS = {"shm": 0.90, "bs1": 0.70}
+
+REFS = serving.TIMING + r'''
+engine = plan.load(sys.argv[1])
+for r in range(int(sys.argv[2])):
+    x1 = torch.randn(1, 3, 224, 224, device="cuda").half().contiguous(memory_format=torch.channels_last)
+    gpu_bs1 = 1 / timed(lambda: engine.infer_device([x1]), 300)
+    feeds = make_inputs(engine.inputs, 256)
+    host_bs256 = 256 / pipelined(engine, feeds, 30)
+    print("ROUND " + json.dumps({"round": r, "gpu_resident_bs1_img_s": round(gpu_bs1, 1),
+                                 "host_pipelined_bs256_img_s": round(host_bs256, 1)}), flush=True)
+'''
+
+
+def references(plan_dir: str, rounds: int, env: dict[str, str]) -> list[dict[str, float]]:
+    proc = subprocess.run([sys.executable, "-c", REFS, plan_dir, str(rounds)], env=env, cwd=serving.REPO,
+                          capture_output=True, text=True, timeout=900)
+    rows = [json.loads(line[6:]) for line in proc.stdout.splitlines() if line.startswith("ROUND ")]
+    if len(rows) != rounds:
+        raise RuntimeError(f"references failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    return rows
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
+            "max": round(max(values), 3), "runs": [round(v, 3) for v in values]}
+
+
+def summarize(report: dict[str, Any]) -> dict[str, Any]:
+    """Per target and server: served img/s and the ratio to the same round's reference, over rounds."""
+    refs = report["references"]
+    out: dict[str, Any] = {}
+    for row in report["rows"]:
+        target = "shm" if row["load"].startswith("shm") else "bs1"
+        ref = refs[row["round"]]["host_pipelined_bs256_img_s" if target == "shm" else "gpu_resident_bs1_img_s"]
+        if "img_s" not in row:
+            continue
+        key = f"{target} {row['phase']}"
+        out.setdefault(key, {"served": [], "ratio": [], "p99_ms": []})
+        out[key]["served"].append(row["img_s"])
+        out[key]["ratio"].append(row["img_s"] / ref)
+        out[key]["p99_ms"].append(row["p99_ms"])
+    summary = {}
+    for key, figs in out.items():
+        target = key.split()[0]
+        summary[key] = {"served_img_s": spread(figs["served"]), "ratio": spread(figs["ratio"]),
+                        "p99_ms": spread(figs["p99_ms"]), "target": TARGETS[target],
+                        "met_in_worst_round": min(figs["ratio"]) >= TARGETS[target]}
+    summary["references"] = {k: spread([r[k] for r in refs]) for k in refs[0] if k != "round"}
+    return summary
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--processes", default="1,2,3", help="server process counts for the bs1 target")
+    ap.add_argument("--work", type=Path, default=None, help="work folder (plans); reuse it to skip rebuilding")
+    args = ap.parse_args()
+    if args.rounds < 3:
+        ap.error("--rounds must be at least 3: median, min and max need that many")
+    args.out.mkdir(parents=True, exist_ok=True)
+    env = serving._shim_env()
+    work = args.work or Path(tempfile.mkdtemp(prefix="ngcx-gpu-targets-"))
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    env["NGCX_RUNTIME_CACHE"] = str(work / "cache")
+    report: dict[str, Any] = {"command": " ".join(sys.argv), "client": CLIENT, "phases": {}, "rows": []}
+
+    def write() -> None:
+        (args.out / "targets.json").write_text(json.dumps(report, indent=1))
+
+    t0 = time.perf_counter()
+    prep = serving.prepare(work, args.seconds, env, "resnet50")
+    report.update({k: prep[k] for k in ("gpu", "torch", "torchvision", "plans")})
+    r50 = prep["plans"]["resnet50"]
+    i50, o50 = r50["inputs"][0][0], r50["outputs"][0][0]
+    report["references"] = references(r50["dir"], args.rounds, env)
+    write()
+    common = ["--max-queue-delay-ms", "1", "--max-connections", "1024"]
+    for n in [int(p) for p in args.processes.split(",") if p]:
+        loads = []
+        for r in range(args.rounds):
+            if n == 1:
+                loads.append((f"shm_bs256_c8 r{r}", serving.ShmRequest("resnet50", i50, o50, 256), 8, 256))
+            loads.append((f"body_bs1_c64 r{r}", serving.BinaryRequest("resnet50", i50, o50, 1), 64, 1))
+        extra = [] if n == 1 else ["--processes", str(n)]
+        start = len(report["rows"])
+        serving.served_rows(report, f"resnet50_{n}proc", [r50["dir"], *common, *extra], env, work / "logs", loads,
+                            args.seconds)
+        for row in report["rows"][start:]:
+            row["load"], tag = row["load"].split(" r")
+            row["round"] = int(tag)
+        write()
+    report["summary"] = summarize(report)
+    report["total_s"] = round(time.perf_counter() - t0, 1)
+    write()
+    print(json.dumps(report["summary"], indent=1), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
