@@ -96,13 +96,13 @@ RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
         pkg-config \
         python3-dev \
     && rm -f /etc/apt/apt.conf.d/99ngcx-ca
-# ---- gRPC for `ngcx-runtime serve --grpc-port` (its own layer: changes far less often than the runtime) ----
+# ---- gRPC for `ngcx-runtime serve --grpc-port`, orjson for its JSON tensors (its own layer: changes far less often than the runtime) ----
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip install --progress-bar off --constraint /etc/ngcx/constraints.txt "grpcio>=1.62" "protobuf>=4.21"
+    && pip install --progress-bar off --constraint /etc/ngcx/constraints.txt "grpcio>=1.62" "protobuf>=4.21" "orjson>=3.9"
 # ---- ngcx-runtime (small, changes often): info / optimize / serve / bench ----
 COPY ngcx-runtime/ /opt/ngcx/src/ngcx-runtime/
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \

@@ -124,3 +124,40 @@ def test_stop_finishes_launched_batches(conv_path):
         t.join(TIMEOUT)
     assert sorted(results) == [200, 200, 200]
     assert engine.launched == 3
+
+
+class MergesParts(LaunchThenWait):
+    """A pipelined engine that takes a batch's requests unmerged (infer_async_parts), as the PyTorch
+    engine does on a GPU: it concatenates them itself, then launches."""
+
+    def __init__(self, engine):
+        super().__init__(engine)
+        self.part_counts: list[int] = []
+
+    def infer_async_parts(self, parts):
+        with self.lock:
+            self.part_counts.append(len(parts))
+        return self.infer_async({k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
+
+
+def test_an_engine_that_merges_parts_gets_each_batchs_requests_unmerged_and_answers_each(conv_path):
+    engine = MergesParts(load_engine(conv_path))
+    handle = start_server(engine, "127.0.0.1", 0, max_batch=32, max_queue_delay_ms=100)
+    try:
+        xs = [models.sample_inputs("conv", 1 + i % 3, seed=60 + i)["input"] for i in range(10)]
+
+        def call(x):
+            inp = httpclient.InferInput("input", list(x.shape), "FP32")
+            inp.set_data_from_numpy(x)
+            return triton(handle).infer("conv", [inp]).as_numpy("logits")
+
+        outs = _concurrent(call, [(x,) for x in xs])
+        for x, out in zip(xs, outs, strict=True):
+            assert not isinstance(out, Exception), out
+            np.testing.assert_allclose(out, reference(conv_path, {"input": x})["logits"], rtol=1e-5, atol=1e-5)
+        stats = handle.stats()
+        merged = [n for n in engine.part_counts if n > 1]
+        assert merged and sum(engine.part_counts) + (engine.launched - len(engine.part_counts)) == 10
+        assert stats["engine_calls"] == engine.launched and stats["batched_requests"] == sum(merged)
+    finally:
+        handle.stop()
