@@ -1,6 +1,6 @@
 """Issue 24's two served-GPU targets, each figure from ROUNDS rounds: median, min and max, and the worst round.
 
-    python3 bench/gpu/targets.py --out DIR [--rounds 3] [--seconds 3] [--processes 1,2,3] [--work DIR]
+    python3 bench/gpu/targets.py --out DIR [--rounds 3] [--seconds 3] [--work DIR]
 
 Run from a checkout's root on a GPU host (torch, torchvision); the script puts the checkout's
 runtime/ on its servers' import path itself (serving.py's shim), so a plain clone works. Writes
@@ -10,12 +10,13 @@ DIR/targets.json; saved runs: bench/results/gpu/targets/.
        same round's in-process figure with host numpy in and out (pipelined, what the batcher does).
        Target: >= 90 % in the worst round.
   bs1  ResNet-50 FP16, batch 1 from 64 clients (the batcher merges them), over the same round's
-       GPU-resident batch-1 figure in process. Target: >= 70 %. Served by one process and by P
-       processes behind one port (`serve --processes P`, SO_REUSEPORT) for each P in --processes:
-       one Python process tops out near 1.3k requests/s (bench/results/gpu/serving/README.md).
+       GPU-resident batch-1 figure in process. Target: >= 70 %.
 
-The in-process references run in their own process first, ROUNDS times, with no server up; then each
-server runs its loads ROUNDS times. Round i's ratio is served round i over reference round i.
+One server (`python -m ngcx_runtime.serve PLAN --max-queue-delay-ms 1`) and one reference process (the
+same plan loaded in process) stay up for the whole run; each round measures the references first (the
+server idle), then the two served loads (the reference process idle), so a round's ratio compares
+figures taken seconds apart: the GPU's clocks drift over minutes (the references of one earlier run
+spread 22.6k-24.3k img/s when taken all before the served rounds: targets_before_parts_h100.json).
 HTTP client, fixed for every figure: serving.py's load generator (keep-alive raw sockets, 8 forked
 processes), named in the report as "client".
 """
@@ -41,23 +42,41 @@ TARGETS = {"shm": 0.90, "bs1": 0.70}
 
 REFS = serving.TIMING + r'''
 engine = plan.load(sys.argv[1])
-for r in range(int(sys.argv[2])):
-    x1 = torch.randn(1, 3, 224, 224, device="cuda").half().contiguous(memory_format=torch.channels_last)
+x1 = torch.randn(1, 3, 224, 224, device="cuda").half().contiguous(memory_format=torch.channels_last)
+feeds = make_inputs(engine.inputs, 256)
+print("READY", flush=True)
+for line in sys.stdin:
     gpu_bs1 = 1 / timed(lambda: engine.infer_device([x1]), 300)
-    feeds = make_inputs(engine.inputs, 256)
-    host_bs256 = 256 / pipelined(engine, feeds, 30)
-    print("ROUND " + json.dumps({"round": r, "gpu_resident_bs1_img_s": round(gpu_bs1, 1),
+    host_bs256 = 256 / pipelined(engine, feeds, 40)
+    print("ROUND " + json.dumps({"round": int(line), "gpu_resident_bs1_img_s": round(gpu_bs1, 1),
                                  "host_pipelined_bs256_img_s": round(host_bs256, 1)}), flush=True)
 '''
 
 
-def references(plan_dir: str, rounds: int, env: dict[str, str]) -> list[dict[str, float]]:
-    proc = subprocess.run([sys.executable, "-c", REFS, plan_dir, str(rounds)], env=env, cwd=serving.REPO,
-                          capture_output=True, text=True, timeout=900)
-    rows = [json.loads(line[6:]) for line in proc.stdout.splitlines() if line.startswith("ROUND ")]
-    if len(rows) != rounds:
-        raise RuntimeError(f"references failed ({proc.returncode}): {proc.stderr[-3000:]}")
-    return rows
+class References:
+    """The plan in a process of its own, measured on demand (one line in, one ROUND line out)."""
+
+    def __init__(self, plan_dir: str, env: dict[str, str], log: Path):
+        self.log = log.open("w")
+        self.proc = subprocess.Popen([sys.executable, "-c", REFS, plan_dir], env=env, cwd=serving.REPO, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
+        self._expect("READY")
+
+    def _expect(self, prefix: str) -> str:
+        for line in self.proc.stdout:
+            if line.startswith(prefix):
+                return line
+        raise RuntimeError(f"the reference process ended ({self.proc.wait()}): see {self.log.name}")
+
+    def round(self, r: int) -> dict[str, float]:
+        self.proc.stdin.write(f"{r}\n")
+        self.proc.stdin.flush()
+        return json.loads(self._expect("ROUND ")[6:])
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(60)
+        self.log.close()
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -94,7 +113,6 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=3.0)
-    ap.add_argument("--processes", default="1,2,3", help="server process counts for the bs1 target")
     ap.add_argument("--work", type=Path, default=None, help="work folder (plans); reuse it to skip rebuilding")
     args = ap.parse_args()
     if args.rounds < 3:
@@ -104,7 +122,7 @@ def main() -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="ngcx-gpu-targets-"))
     (work / "logs").mkdir(parents=True, exist_ok=True)
     env["NGCX_RUNTIME_CACHE"] = str(work / "cache")
-    report: dict[str, Any] = {"command": " ".join(sys.argv), "client": CLIENT, "phases": {}, "rows": []}
+    report: dict[str, Any] = {"command": " ".join(sys.argv), "client": CLIENT, "rows": [], "references": []}
 
     def write() -> None:
         (args.out / "targets.json").write_text(json.dumps(report, indent=1))
@@ -114,23 +132,27 @@ def main() -> int:
     report.update({k: prep[k] for k in ("gpu", "torch", "torchvision", "plans")})
     r50 = prep["plans"]["resnet50"]
     i50, o50 = r50["inputs"][0][0], r50["outputs"][0][0]
-    report["references"] = references(r50["dir"], args.rounds, env)
-    write()
-    common = ["--max-queue-delay-ms", "1", "--max-connections", "1024"]
-    for n in [int(p) for p in args.processes.split(",") if p]:
-        loads = []
+    loads = [("shm_bs256_c8", serving.ShmRequest("resnet50", i50, o50, 256), 8, 256),
+             ("body_bs1_c64", serving.BinaryRequest("resnet50", i50, o50, 1), 64, 1)]
+    refs = References(r50["dir"], env, work / "logs" / "references.log")
+    server = serving.Server([r50["dir"], "--max-queue-delay-ms", "1", "--max-connections", "1024"], env,
+                            work / "logs" / "server.log")
+    report["server_ready_s"] = server.ready_s
+    try:
         for r in range(args.rounds):
-            if n == 1:
-                loads.append((f"shm_bs256_c8 r{r}", serving.ShmRequest("resnet50", i50, o50, 256), 8, 256))
-            loads.append((f"body_bs1_c64 r{r}", serving.BinaryRequest("resnet50", i50, o50, 1), 64, 1))
-        extra = [] if n == 1 else ["--processes", str(n)]
-        start = len(report["rows"])
-        serving.served_rows(report, f"resnet50_{n}proc", [r50["dir"], *common, *extra], env, work / "logs", loads,
-                            args.seconds)
-        for row in report["rows"][start:]:
-            row["load"], tag = row["load"].split(" r")
-            row["round"] = int(tag)
-        write()
+            report["references"].append(refs.round(r))
+            for name, make, conns, batch in loads:
+                res = serving.load(server.port, make, conns, args.seconds)
+                row = {"phase": "resnet50_1proc", "load": name, "round": r, "connections": conns, "batch": batch, **res}
+                if "req_s" in res:
+                    row["img_s"] = round(res["req_s"] * batch, 1)
+                report["rows"].append(row)
+                print(json.dumps(row), flush=True)
+            write()
+    finally:
+        server.stop()
+        serving._cleanup_shm()
+        refs.close()
     report["summary"] = summarize(report)
     report["total_s"] = round(time.perf_counter() - t0, 1)
     write()
