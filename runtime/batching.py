@@ -173,10 +173,6 @@ class _Instance:
         # Engines with infer_async (the PyTorch engine on a GPU) get two batches in flight: the
         # worker stages and launches batch N+1 while a finisher thread waits for batch N.
         self.pipelined = callable(getattr(engine, "infer_async", None))
-        # infer_async_parts(list of feeds): the engine merges a batch's requests itself, into the buffer it
-        # copies to the device from (backends/pytorch.py: one copy instead of two, no fresh merged array)
-        parts = getattr(engine, "infer_async_parts", None)
-        self.parts = parts if self.pipelined and callable(parts) else None
         self.inflight: queue.Queue = queue.Queue(maxsize=1)
         self.finisher = threading.Thread(target=batcher._finish_loop, args=(self,), name=f"ngcx-finisher-{index}",
                                          daemon=True)
@@ -337,16 +333,12 @@ class Batcher:
     def _execute(self, group: list[_Pending], inst: _Instance) -> None:
         start = time.monotonic()
         try:
-            if inst.pipelined:
-                if inst.parts is not None and len(group) > 1:
-                    finish = inst.parts([g.feeds for g in group])   # merged into the engine's staging buffer
-                else:
-                    finish = inst.engine.infer_async(self._merge(group))
-                # blocks while two batches are in flight; "merged" is after the launch here (input = merge + launch)
-                inst.inflight.put((group, finish, start, time.monotonic()))
-                return
             feeds = self._merge(group)
             merged = time.monotonic()
+            if inst.pipelined:
+                finish = inst.engine.infer_async(feeds)
+                inst.inflight.put((group, finish, start, merged))  # blocks while two batches are in flight
+                return
             outputs = inst.engine.infer(feeds)
         except Exception as exc:  # noqa: BLE001 - any engine failure becomes a 500, never a dead worker
             self._fail_or_isolate(group, exc, start, inst)

@@ -59,9 +59,7 @@ class Engine(Protocol):
     returns a function that waits for its outputs. An engine that has it lets the server's
     batcher stage batch N+1 while batch N computes (the PyTorch engine on a GPU does; see
     backends/pytorch.py). Calls to infer_async come from one thread; the returned functions are
-    called in launch order from another. An engine with infer_async may also have
-    infer_async_parts(list of feeds), the same for the requests of one batch left unmerged: the
-    engine concatenates them into its own staging buffer (the batcher then skips its merge).
+    called in launch order from another.
 
     The server does not take "batch is dim 0" on trust for outputs: at load it runs batch 1 and
     batch 2 once and reads each output's batch axis from the shapes (layout.py). An engine with

@@ -187,27 +187,19 @@ class TorchEngine:
             return self._infer(feeds)
 
     def _infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        arrays, n = self._arrays(feeds)
+        missing = [s.name for s in self.inputs if s.name not in feeds]
+        if missing:
+            raise RuntimeUserError(f"missing input(s) {', '.join(missing)} for model {self.name}")
+        n = len(next(iter(feeds.values())))
         chunks = []
         step = self.max_batch or n
         for start in range(0, n, step):
-            part = {k: [np.concatenate(v)[start : start + step] if len(v) > 1 else v[0][start : start + step]]
-                    for k, v in arrays.items()}
+            part = {k: v[start : start + step] for k, v in feeds.items()}
             chunks.append(self._infer_bucket(part, min(step, n - start)))
         return {
             k: np.concatenate([c[k] for c in chunks]) if len(chunks) > 1 else chunks[0][k]
             for k in self._out_names
         }
-
-    def _arrays(self, feeds: dict[str, np.ndarray] | list[dict[str, np.ndarray]]
-                ) -> tuple[dict[str, list[np.ndarray]], int]:
-        """Each input's arrays (one per request of a batch, or the one array) and the batch they add up to."""
-        parts = feeds if isinstance(feeds, list) else [feeds]
-        missing = [s.name for s in self.inputs if s.name not in parts[0]]
-        if missing:
-            raise RuntimeUserError(f"missing input(s) {', '.join(missing)} for model {self.name}")
-        arrays = {s.name: [np.ascontiguousarray(p[s.name]) for p in parts] for s in self.inputs}
-        return arrays, sum(len(a) for a in arrays[self.inputs[0].name])
 
     def _pinned(self, key: tuple, shape: tuple, dtype) -> Any:
         """A reused page-locked host buffer for `key` (allocated once)."""
@@ -221,20 +213,7 @@ class TorchEngine:
         with self._streamed():
             return self._infer_async(feeds)
 
-    def infer_async_parts(self, parts: list[dict[str, np.ndarray]]) -> Callable[[], dict[str, np.ndarray]]:
-        """infer_async over the requests of one batch, unmerged: each request's rows are written straight
-        into the pinned buffer the batch is copied to the GPU from (one copy, and no merged array).
-
-        Why: ResNet-50 batch 1 from 64 clients on an H100 (bench/results/gpu/targets/), the batcher's
-        merge of 28-60 requests into a fresh array took 5.9 ms per batch (a new 8-18 MB array faults in
-        its pages), then a second copy went into pinned memory; the batcher's thread was the limit,
-        at 1.1-1.6k img/s of the 2.4k the GPU does at batch 1.
-        """
-        with self._streamed():
-            return self._infer_async(parts)
-
-    def _infer_async(self, feeds: dict[str, np.ndarray] | list[dict[str, np.ndarray]]
-                     ) -> Callable[[], dict[str, np.ndarray]]:
+    def _infer_async(self, feeds: dict[str, np.ndarray]) -> Callable[[], dict[str, np.ndarray]]:
         """Launch one batch and return a function that waits for its outputs.
 
         Why: with host arrays, infer() is serial — copy into pinned memory, copy to the GPU,
@@ -245,17 +224,19 @@ class TorchEngine:
         function. Without a GPU or beyond the largest bucket this falls back to infer().
         """
         torch = self._torch
-        arrays, n = self._arrays(feeds)
-        if self.device == "cpu" or not self._buckets or n > self.max_batch:
-            result = self._infer({k: np.concatenate(v) if len(v) > 1 else v[0] for k, v in arrays.items()})
-            return lambda: result
-        if sum(a.nbytes for v in arrays.values() for a in v) < PIPELINE_MIN_BYTES:
-            result = self._infer_bucket(arrays, n)
+        missing = [s.name for s in self.inputs if s.name not in feeds]
+        if missing:
+            raise RuntimeUserError(f"missing input(s) {', '.join(missing)} for model {self.name}")
+        n = len(next(iter(feeds.values())))
+        small = sum(a.nbytes for a in feeds.values()) < PIPELINE_MIN_BYTES
+        if small or self.device == "cpu" or not self._buckets or n > self.max_batch:
+            result = self._infer(feeds)
             return lambda: result
         bucket = next(b for b in self._buckets if b >= n)
         slot = self._free_slots.get()
         try:
-            tensors = [self._stage_slot(slot, spec.name, arrays[spec.name], n, bucket) for spec in self.inputs]
+            tensors = [self._stage_slot(slot, spec.name, np.ascontiguousarray(feeds[spec.name]), n, bucket)
+                       for spec in self.inputs]
             outs = self._run(tensors)
             host: dict[str, Any] = {}
             for name, t in zip(self._out_names, outs, strict=True):
@@ -279,24 +260,19 @@ class TorchEngine:
 
         return finish
 
-    def _stage_slot(self, slot: int | str, name: str, arrays: list[np.ndarray], n: int, bucket: int):
-        """Host arrays (one per request, n rows together) -> device tensor through the slot's pinned buffer of
-        the bucket's size.
+    def _stage_slot(self, slot: int | str, name: str, arr: np.ndarray, n: int, bucket: int):
+        """Host array -> device tensor through the slot's pinned buffer of the bucket's size.
 
         Why: pageable H2D copies run at a fraction of PCIe speed; one (multi-threaded) copy into
-        pinned memory plus an async H2D copy is faster, and several requests are concatenated
-        straight into it (infer_async_parts). The buffer is reused only once its batch is done:
-        infer() waits for its outputs, infer_async() hands a slot back after finish().
+        pinned memory plus an async H2D copy is faster. The buffer is reused only once its batch
+        is done: infer() waits for its outputs, infer_async() hands a slot back after finish().
         Padding rows are zeroed.
         """
         torch = self._torch
-        srcs = [torch.from_numpy(a if a.flags.writeable else a.copy()) for a in arrays]
-        buf = self._pinned(("in", slot, name, bucket, tuple(srcs[0].shape[1:]), srcs[0].dtype),
-                           (bucket, *srcs[0].shape[1:]), srcs[0].dtype)
-        if len(srcs) == 1:
-            buf[:n].copy_(srcs[0])
-        else:
-            torch.cat(srcs, out=buf[:n])
+        src = torch.from_numpy(arr) if arr.flags.writeable else torch.from_numpy(arr.copy())
+        buf = self._pinned(("in", slot, name, bucket, tuple(arr.shape[1:]), src.dtype),
+                           (bucket, *arr.shape[1:]), src.dtype)
+        buf[:n].copy_(src)
         if bucket > n:
             buf[n:].zero_()
         return self._device_layout(self._to_device(buf))
@@ -312,11 +288,10 @@ class TorchEngine:
         dev.record_stream(compute)
         return dev
 
-    def _stage(self, name: str, arrays: list[np.ndarray], n: int, bucket: int):
-        """Host arrays -> device tensor for the serial path (pinned "sync" slot on a GPU)."""
+    def _stage(self, name: str, arr: np.ndarray, n: int, bucket: int):
+        """Host array -> device tensor for the serial infer() path (pinned "sync" slot on a GPU)."""
         if self.device != "cpu" and bucket in self._buckets:
-            return self._stage_slot("sync", name, arrays, n, bucket)
-        arr = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
+            return self._stage_slot("sync", name, arr, n, bucket)
         padded = np.concatenate([arr, np.zeros((bucket - n, *arr.shape[1:]), arr.dtype)]) if bucket > n else arr
         return self._device_layout(self._torch.from_numpy(padded).to(self.device))
 
@@ -328,10 +303,12 @@ class TorchEngine:
             t = t.contiguous(memory_format=self._torch.channels_last)
         return t
 
-    def _infer_bucket(self, arrays: dict[str, list[np.ndarray]], n: int) -> dict[str, np.ndarray]:
+    def _infer_bucket(self, feeds: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
         torch = self._torch
         bucket = next((b for b in self._buckets if b >= n), n)
-        tensors = [self._stage(spec.name, arrays[spec.name], n, bucket) for spec in self.inputs]
+        tensors = [
+            self._stage(spec.name, np.ascontiguousarray(feeds[spec.name]), n, bucket) for spec in self.inputs
+        ]
         outs = self._run(tensors)
         result = {}
         for name, t in zip(self._out_names, outs, strict=True):

@@ -54,34 +54,3 @@ def test_infer_async_matches_infer_with_two_batches_in_flight(tmp_path, monkeypa
         assert g.shape[0] == x.shape[0]
         np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=2e-2, atol=2e-2)
     assert engine._free_slots.qsize() == 2  # every slot handed back
-
-
-@pytest.mark.skipif(not _gpu(), reason="needs torch with a CUDA GPU (no GPU here; runs on the lent GPU)")
-@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "serial-small"])
-def test_infer_async_parts_equals_infer_on_the_merged_batch(tmp_path, monkeypatch, pipelined):
-    """The batcher hands a batch's requests unmerged (infer_async_parts): the engine concatenates them into
-    its pinned buffer. Its answers must be the merged batch's, on both the pipelined and the small path."""
-    import torch
-
-    from ngcx_runtime import plan
-    from ngcx_runtime.backends import pytorch as backend
-    from ngcx_runtime.optimize import OptimizeOptions, optimize
-
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
-                              torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 5)).eval()
-    ep = torch.export.export(net, (torch.randn(2, 3, 16, 16),),
-                             dynamic_shapes=({0: torch.export.Dim("b", min=1, max=64)},))
-    torch.export.save(ep, str(tmp_path / "m.pt2"))
-    res = optimize(tmp_path / "m.pt2", tmp_path / "p", OptimizeOptions(precision="fp16", batch_profile=[4, 16]))
-    engine = plan.load(res.plan_dir)
-    name = engine.inputs[0].name
-    monkeypatch.setattr(backend, "PIPELINE_MIN_BYTES", 0 if pipelined else 1 << 40)
-    rng = np.random.default_rng(2)
-    for sizes in ((1, 1, 1), (2, 5, 1, 3), (16,), (4, 4, 4, 4)):
-        parts = [{name: rng.standard_normal((n, 3, 16, 16)).astype(np.float16)} for n in sizes]
-        want = next(iter(engine.infer({name: np.concatenate([p[name] for p in parts])}).values()))
-        got = next(iter(engine.infer_async_parts(parts)().values()))
-        assert got.shape[0] == sum(sizes)
-        np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-2, atol=2e-2)
-    assert engine._free_slots.qsize() == 2
