@@ -2,7 +2,9 @@
 
 A Peer starts with a model, a port, a batch limit and a batching window, and answers KServe v2 JSON at
 /v2/models/model/infer (ngcx, MLServer and KServe natively; LitServe and Ray Serve through the route and body
-their programs in servers/ choose). `binary` says whether it takes the binary tensor extension.
+their programs in servers/ choose). `binary` says whether it takes the binary tensor extension. Every peer's
+per-request access log is off (MLServer's `debug`, uvicorn's and Ray Serve's access logs), as ngcx-runtime
+writes none: a log line per request would measure the log, not the server.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ def _mlserver_folder(model: Path, port: int, max_batch: int, delay_ms: float, wo
     folder = work / "mlserver"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "mlserver_onnx.py").write_text((HERE / "servers" / "mlserver_onnx.py").read_text())
-    (folder / "settings.json").write_text(json.dumps({"http_port": port, "grpc_port": port + 1,
+    (folder / "settings.json").write_text(json.dumps({"http_port": port, "grpc_port": port + 1, "debug": False,
                                                       "metrics_port": port + 2, "host": "127.0.0.1"}))
     (folder / "model-settings.json").write_text(json.dumps({
         "name": "model", "implementation": "mlserver_onnx.OnnxModel", "parameters": {"uri": str(model)},

@@ -1,8 +1,10 @@
 """KServe's ModelServer with a kserve.Model over onnxruntime (KServe docs, "Custom Python Model"), KServe v2 REST.
 
     python kserve_onnx.py MODEL.onnx PORT
-KServe's own batching is a sidecar of its InferenceService (the agent), not in the ModelServer: none here."""
+KServe's own batching is a sidecar of its InferenceService (the agent), not in the ModelServer: none here.
+Its per-request logs (uvicorn.access, and kserve.trace's latency lines) are off: ngcx-runtime writes none."""
 
+import logging
 import sys
 import uuid
 
@@ -33,5 +35,8 @@ class OnnxModel(Model):
 
 
 if __name__ == "__main__":
-    ModelServer(http_port=int(sys.argv[2]), grpc_port=int(sys.argv[2]) + 1, workers=1).start(
-        [OnnxModel("model", sys.argv[1])])
+    server = ModelServer(http_port=int(sys.argv[2]), grpc_port=int(sys.argv[2]) + 1, workers=1,
+                         enable_latency_logging=False)
+    for name in ("uvicorn.access", "kserve.trace"):                  # after ModelServer configured logging
+        logging.getLogger(name).setLevel(logging.WARNING)
+    server.start([OnnxModel("model", sys.argv[1])])

@@ -1,6 +1,6 @@
 """LitServe's LitAPI over onnxruntime with LitServe's dynamic batching (max_batch_size, batch_timeout), taking the
 KServe v2 JSON body at /v2/models/model/infer (LitServe has its own protocol: the route and body are chosen here,
-so every server gets the same request).
+so every server gets the same request). uvicorn's per-request access log is off: ngcx-runtime writes none.
 
     python litserve_onnx.py MODEL.onnx PORT MAX_BATCH DELAY_MS"""
 
@@ -38,4 +38,5 @@ class OnnxAPI(ls.LitAPI):
 if __name__ == "__main__":
     batch, delay = int(sys.argv[3]), float(sys.argv[4]) / 1000.0
     api = OnnxAPI(max_batch_size=batch, batch_timeout=delay, api_path="/v2/models/model/infer")
-    ls.LitServer(api, accelerator="cpu", workers_per_device=1).run(port=int(sys.argv[2]), generate_client_file=False)
+    ls.LitServer(api, accelerator="cpu", workers_per_device=1).run(port=int(sys.argv[2]), generate_client_file=False,
+                                                                   access_log=False)

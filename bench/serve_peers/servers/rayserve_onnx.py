@@ -1,5 +1,6 @@
 """Ray Serve deployment over onnxruntime with @serve.batch (Ray Serve docs, "Dynamic Request Batching"), taking
-the KServe v2 JSON body at /v2/models/model/infer.
+the KServe v2 JSON body at /v2/models/model/infer. Ray Serve's per-request access log is off (LoggingConfig
+enable_access_log): ngcx-runtime writes none.
 
     python rayserve_onnx.py MODEL.onnx PORT MAX_BATCH DELAY_MS"""
 
@@ -15,7 +16,7 @@ from starlette.requests import Request
 MAX_BATCH, DELAY_S = int(sys.argv[3]), float(sys.argv[4]) / 1000.0
 
 
-@serve.deployment
+@serve.deployment(logging_config={"enable_access_log": False})
 class Onnx:
     def __init__(self, path: str) -> None:
         self.session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
@@ -36,7 +37,8 @@ class Onnx:
 
 if __name__ == "__main__":
     ray.init(num_cpus=2, include_dashboard=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": int(sys.argv[2])})
+    serve.start(http_options={"host": "127.0.0.1", "port": int(sys.argv[2])},
+                logging_config={"enable_access_log": False})
     serve.run(Onnx.bind(sys.argv[1]), route_prefix="/v2/models/model/infer")
     print("ray serve: ready", flush=True)
     while True:
