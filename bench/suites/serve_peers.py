@@ -222,8 +222,21 @@ def _report(result: SuiteResult, rounds: list[dict[str, dict]], installed: list[
                                                                                     key=lambda o: o.wall.median)
             result.ratios.append(Ratio(f"{point} {figure}: ngcx / {best.tool}", m.name, best.name,
                                        round(m.wall.median / best.wall.median, 3), better=m.better, unit=m.unit))
+    result.ratios = _headline_first(result.ratios)
     result.extra.update(peers=[p.name for p in installed], not_installed=missing, clients=list(clients),
                         seconds=seconds, max_batch=MAX_BATCH, delay_ms=DELAY_MS,
                         batching={p.name: p.batching for p in installed},
                         errors={k: v["error"] for this in rounds for k, v in this.items() if "error" in v})
     result.notes = [f"Not installed: {name}: {why}" for name, why in missing.items()]
+
+
+def _headline_first(ratios: list[Ratio]) -> list[Ratio]:
+    """The worst req/s point and the worst p50 point first (BENCHMARKS.md's summary shows the first two), then
+    every ratio by figure and point."""
+    order = {"rps": 0, "p50_ms": 1, "p99_ms": 2, "ready_s": 3, "peak_rss": 4, "idle_rss": 5}
+    figure = {id(r): r.name.split(":")[0].rsplit(" ", 1)[1] for r in ratios}
+    rest = sorted(ratios, key=lambda r: (order[figure[id(r)]], r.name))
+    heads = [min((r for r in rest if figure[id(r)] == "rps"), key=lambda r: r.wall, default=None),
+             max((r for r in rest if figure[id(r)] == "p50_ms"), key=lambda r: r.wall, default=None)]
+    heads = [h for h in heads if h is not None]
+    return heads + [r for r in rest if all(r is not h for h in heads)]

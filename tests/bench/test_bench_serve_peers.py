@@ -68,3 +68,15 @@ def test_a_point_with_errors_is_left_out_of_the_figures() -> None:
     result = SuiteResult(suite="serve-peers", status="ok", command="-", repeat=1)
     serve_peers._report(result, rounds, [PEERS["ngcx"], PEERS["kserve"]], {})
     assert not any(r.name.startswith("mlp json c1") for r in result.ratios)
+
+
+def test_the_summary_leads_with_the_worst_req_s_and_the_worst_p50_point() -> None:
+    rounds = [{"ngcx mlp": _row(1000, 1.0, 0.5), "kserve mlp": _row(800, 0.8, 2.0)}]
+    rounds[0]["ngcx mlp"]["points"]["mlp json c8"] = {"rps": 3000, "p50_ms": 2.0, "p99_ms": 4.0, "errors": 0,
+                                                      "first_error": ""}
+    rounds[0]["kserve mlp"]["points"]["mlp json c8"] = {"rps": 1000, "p50_ms": 8.0, "p99_ms": 9.0, "errors": 0,
+                                                        "first_error": ""}
+    result = SuiteResult(suite="serve-peers", status="ok", command="-", repeat=1)
+    serve_peers._report(result, rounds, [PEERS["ngcx"], PEERS["kserve"]], {})
+    assert [r.name for r in result.ratios[:2]] == ["mlp json c1 rps: ngcx / kserve", "mlp json c1 p50_ms: ngcx / kserve"]
+    assert len({r.name for r in result.ratios}) == len(result.ratios) == 2 * 3 + 3
