@@ -99,8 +99,10 @@ def _io_dtype(precision: str) -> str:
 # bench/results/gpu/resnet50/h100/resnet50_h100_pipelined.*) two batches in flight took batch 256 from 10.6k
 # to 18.7k img/s (FP16 input, 77 MB) but made batch 1 (0.3 MB) slower, 838 -> 617 img/s:
 # per-call events and slot hand-offs cost more than the copy they hide. Below this size the
-# engine stays serial.
-PIPELINE_MIN_BYTES = 8 << 20
+# engine stays serial. NGCX_RUNTIME_PIPELINE_MIN_BYTES (bytes) sets another threshold, to measure it on other
+# cards and batch mixes (bench/results/gpu/targets/README.md); anything but a whole number keeps the default.
+PIPELINE_MIN_BYTES = (int(os.environ["NGCX_RUNTIME_PIPELINE_MIN_BYTES"])
+                      if os.environ.get("NGCX_RUNTIME_PIPELINE_MIN_BYTES", "").isdigit() else 8 << 20)
 
 
 class TorchEngine:
