@@ -13,6 +13,8 @@ come back as -Infinity, not as orjson's `null`. So:
   JSON) is parsed again by the standard library, which either reads it or raises the error the
   client gets. Only refused bodies pay twice.
 - dumps: orjson only when every float in the document is finite (the caller knows: `finite`).
+One difference is left: an integer past 64 bits reads as a float in orjson and as an int in the standard
+library; either way numpy refuses it for an integer tensor (a 400), and a float tensor gets the same value.
 """
 
 from __future__ import annotations
