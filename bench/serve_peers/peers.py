@@ -73,6 +73,21 @@ def ensure_venv(peer: Peer, log: Path) -> str | None:
     return None
 
 
+def version(peer: Peer) -> str:
+    """The peer's own package version in its venv (ngcx: this checkout's), for the report."""
+    if peer.name == "ngcx":
+        from ngcx_runtime import __version__
+
+        return __version__
+    dist = {"rayserve": "ray"}.get(peer.name, peer.name)
+    try:
+        done = subprocess.run([str(peer.python()), "-c", f"import importlib.metadata as m; print(m.version({dist!r}))"],
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):        # no venv (a report built from given rounds)
+        return "unknown"
+    return done.stdout.strip() or "unknown"
+
+
 def command(peer: Peer, model: Path, port: int, max_batch: int, delay_ms: float, work: Path) -> list[str]:
     """The command line that serves `model` as "model" on 127.0.0.1:port."""
     servers = HERE / "servers"

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..core import ROOT, Measurement, Ratio, Stats, SuiteResult
 from ..serve_peers import load
-from ..serve_peers.peers import PEERS, Peer, command, ensure_venv
+from ..serve_peers.peers import PEERS, Peer, command, ensure_venv, version
 
 CLIENTS = (1, 8, 32)
 SECONDS = 5.0
@@ -227,7 +227,15 @@ def _report(result: SuiteResult, rounds: list[dict[str, dict]], installed: list[
                         seconds=seconds, max_batch=MAX_BATCH, delay_ms=DELAY_MS,
                         batching={p.name: p.batching for p in installed},
                         errors={k: v["error"] for this in rounds for k, v in this.items() if "error" in v})
+    versions = {p.name: version(p) for p in installed}
+    result.extra["versions"] = versions
     result.notes = [f"Not installed: {name}: {why}" for name, why in missing.items()]
+    result.notes += [f"{p.name} {versions[p.name]}: batching: {p.batching}." for p in installed]
+    result.notes += ["Every server runs on onnxruntime's CPU provider in its own virtual environment (the same "
+                     "onnxruntime and numpy), with max batch "
+                     f"{MAX_BATCH} and a {DELAY_MS:g} ms window where it batches, and per-request logging off "
+                     "(ngcx-runtime writes none). Clients: 2 forked processes of keep-alive http.client "
+                     f"connections, {seconds:g} s per point after 1 s of warm-up; a point with any error is left out."]
 
 
 def _headline_first(ratios: list[Ratio]) -> list[Ratio]:
