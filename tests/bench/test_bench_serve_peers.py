@@ -78,5 +78,6 @@ def test_the_summary_leads_with_the_worst_req_s_and_the_worst_p50_point() -> Non
                                                         "first_error": ""}
     result = SuiteResult(suite="serve-peers", status="ok", command="-", repeat=1)
     serve_peers._report(result, rounds, [PEERS["ngcx"], PEERS["kserve"]], {})
-    assert [r.name for r in result.ratios[:2]] == ["mlp json c1 rps: ngcx / kserve", "mlp json c1 p50_ms: ngcx / kserve"]
+    assert [r.name for r in result.ratios[:2]] == ["mlp json c1 rps: ngcx / kserve",
+                                                   "mlp json c1 p50_ms: ngcx / kserve"]
     assert len({r.name for r in result.ratios}) == len(result.ratios) == 2 * 3 + 3
