@@ -38,9 +38,16 @@ TOOLS = ("ngcx", "hpccm", "naive")
 TAG_PREFIX = "ngcx-bench/"
 APP_FILE = "ngcx-runtime/ngcx_runtime/info.py"
 PIN, PATCHED = "nvidia-cuda-runtime-cu12==12.4.127", "nvidia-cuda-runtime-cu12==12.4.99"
+# The patch bumps timed: (key, label, pin, patched). The CUDA runtime's is the one every earlier run timed; it is
+# ngcx's last wheel layer (registry.yaml lists a stack's pins in layer order). cuBLAS is ngcx's first wheel layer,
+# so its bump is ngcx's worst case: every wheel layer rebuilds, each with its own pip start.
+BUMPS = (("bump", "rebuild after a patch bump", PIN, PATCHED),
+         ("bump-first", "rebuild after a patch bump of the first wheel", "nvidia-cublas-cu12==12.4.5.8",
+          "nvidia-cublas-cu12==12.4.2.65"))
 NAIVE = ROOT / "bench" / "naive"
-# ngcx's bottom layers that hold the CUDA stack and nothing image-specific: base, OS packages, venv, CUDA wheels.
-STACK_LAYERS = 4
+# ngcx's bottom layers that hold the CUDA stack and nothing image-specific: base, OS packages, venv, one layer per
+# CUDA wheel (4) and the stack's pins file (recipes/cuda.j2).
+STACK_LAYERS = 8
 EMPTY_INSTRUCTIONS = re.compile(
     r"^(/bin/sh -c #\(nop\) )?\s*(ENV|LABEL|ARG|CMD|ENTRYPOINT|EXPOSE|SHELL|USER|VOLUME|STOPSIGNAL|HEALTHCHECK|"
     r"ONBUILD|MAINTAINER)\b")
@@ -49,16 +56,16 @@ EMPTY_INSTRUCTIONS = re.compile(
 # ----------------------------------------------------------------------------- pure helpers (unit-tested)
 
 
-def patch_bump(dockerfile: str, round_: int) -> str:
-    """The Dockerfile with PIN changed to PATCHED, as a catalog edit would render it.
+def patch_bump(dockerfile: str, round_: int, pin: str = PIN, patched: str = PATCHED) -> str:
+    """The Dockerfile with `pin` changed to `patched`, as a catalog edit would render it.
 
     Why the `.0` suffixes: a repeated measurement must rebuild each time, but the second build of
     the same text would hit the layer cache. `==12.4.99.0` is the same requirement to pip (PEP 440
     pads release segments with zeros) in a different line, so round k rebuilds exactly what the
     first bump did."""
-    if PIN not in dockerfile:
-        raise ValueError(f"{PIN} is not in this Dockerfile: nothing to bump")
-    return dockerfile.replace(PIN, PATCHED + ".0" * round_)
+    if pin not in dockerfile:
+        raise ValueError(f"{pin} is not in this Dockerfile: nothing to bump")
+    return dockerfile.replace(pin, patched + ".0" * round_)
 
 
 def fresh_cache(dockerfile: str, nonce: str) -> str:
@@ -366,7 +373,8 @@ def _measure(result: SuiteResult, engine: Engine, work: Path, out: Path) -> None
     print(f"bench build: warm-up builds of {REF} ...", file=sys.stderr)
     for tool in TOOLS:                                   # fills the layer cache the rebuilds start from
         engine.build(files[tool], context, tag(tool, REF))
-    times: dict[str, dict[str, list[float]]] = {k: {t: [] for t in TOOLS} for k in ("cold", "edit", "bump")}
+    times: dict[str, dict[str, list[float]]] = {k: {t: [] for t in TOOLS}
+                                                for k in ("cold", "edit", *(b[0] for b in BUMPS))}
     for round_ in range(1, result.repeat + 1):
         print(f"bench build: round {round_}/{result.repeat}", file=sys.stderr)
         for tool in TOOLS:
@@ -375,11 +383,12 @@ def _measure(result: SuiteResult, engine: Engine, work: Path, out: Path) -> None
         edit_app_file(context, round_)
         for tool in TOOLS:
             times["edit"][tool].append(engine.build(files[tool], context, tag(tool, REF)))
-        for tool in TOOLS:
-            bumped = files[tool].with_name(f"{tool}-bump{round_}.Dockerfile")
-            bumped.write_text(patch_bump(files[tool].read_text(), round_ - 1))
-            times["bump"][tool].append(engine.build(bumped, context, tag(tool, REF, "bump")))
-            engine.discard(tag(tool, REF, "bump"))
+        for key, _, pin, patched in BUMPS:
+            for tool in TOOLS:
+                bumped = files[tool].with_name(f"{tool}-{key}{round_}.Dockerfile")
+                bumped.write_text(patch_bump(files[tool].read_text(), round_ - 1, pin, patched))
+                times[key][tool].append(engine.build(bumped, context, tag(tool, REF, key)))
+                engine.discard(tag(tool, REF, key))
     images = {tool: _image(engine, tag(tool, REF)) for tool in TOOLS}
     print(f"bench build: {SECOND} with each tool (shared bytes) ...", file=sys.stderr)
     context2, files2 = prepare(SECOND, work, out)
@@ -406,7 +415,7 @@ def _measure(result: SuiteResult, engine: Engine, work: Path, out: Path) -> None
     parting = first_difference(files["ngcx"].read_text(), files2["ngcx"].read_text())
     result.notes = notes(result.measurements, stack, common, parting) + ([missing] if missing else [])
     result.extra.update(
-        ref=REF, second=SECOND, base=BASE, app_file=APP_FILE, bump=f"{PIN} -> {PATCHED}",
+        ref=REF, second=SECOND, base=BASE, app_file=APP_FILE, bumps={k: f"{p} -> {q}" for k, _, p, q in BUMPS},
         ngcx_stack_bytes=stack, ngcx_common_layers=common, ngcx_parting_line=parting,
         hpccm_recipe=os.path.relpath(out / "peers" / f"hpccm-{REF.replace(':', '-')}-offline.py", ROOT),
         naive_dockerfile=os.path.relpath(NAIVE / f"{REF.split(':')[0]}.Dockerfile", ROOT),
@@ -432,7 +441,7 @@ def _figures(times: dict[str, dict[str, list[float]]], images: dict[str, dict[st
              seconds: dict[str, dict[str, Any]], files: dict[str, Path]) -> list[Measurement]:
     what = {"cold": ("cold build", "no layer cache (--no-cache)"),
             "edit": ("rebuild after editing one app file", f"one comment line added to {APP_FILE}"),
-            "bump": ("rebuild after a patch bump", f"{PIN} -> {PATCHED}")}
+            **{key: (label, f"{pin} -> {patched}") for key, label, pin, patched in BUMPS}}
     ms = []
     for key, (label, note) in what.items():
         for tool in TOOLS:
@@ -465,7 +474,7 @@ def _shown(dockerfile: Path) -> str:
 def _ratios(ms: list[Measurement]) -> list[Ratio]:
     by = {m.name: m for m in ms}
     out = []
-    for label in ("rebuild after editing one app file", "cold build", "rebuild after a patch bump", "image size",
+    for label in ("rebuild after editing one app file", "cold build", *(b[1] for b in BUMPS), "image size",
                   f"bytes shared with its {SECOND}"):
         for peer in ("hpccm", "naive"):
             num, den = by.get(f"ngcx: {label}"), by.get(f"{peer}: {label}")
@@ -540,27 +549,29 @@ def notes(ms: list[Measurement], stack_bytes: float, common: int | None, parting
                "layers after it rebuild; the naive file copies the app before its one pip install, so every "
                "edit reinstalls the whole CUDA stack.")
     losses = []
-    for label in ("cold build", "rebuild after editing one app file", "rebuild after a patch bump"):
+    for label in ("cold build", "rebuild after editing one app file", *(b[1] for b in BUMPS)):
         ours, peer = by[f"ngcx: {label}"], by[f"hpccm: {label}"]
         if ours.wall.median > peer.wall.median:
             spread = "ranges overlap" if ours.wall.overlaps(peer.wall) else "ranges apart"
             losses.append(f"{label} by {ours.wall.median / peer.wall.median - 1:.0%} ({spread})")
     if losses:
-        out.append("ngcx is slower than hpccm on " + "; ".join(losses) + ". Same steps, so the difference is "
-                   "what ngcx's RUN steps do on top. Chiefly pip's download cache: ngcx keeps it in a BuildKit "
-                   "cache mount, so a rebuild reads the unchanged CUDA wheels back from it, where hpccm's "
-                   "`pip --no-cache-dir` downloads them again; behind this machine's nearby proxy the download is "
-                   "the faster of the two (tried by hand: with --no-cache-dir the wheels step took hpccm's time; "
-                   "with pip 25 in the venv it did not), on a slow or metered link the cache is. The rest (the "
-                   "python-version check, the constraints file, stripping the wheels' headers and static "
-                   "libraries, ldconfig) is the pins check and the pins file every later install obeys. A build "
-                   "option to skip pip's cache where the index is near would close the gap; where the ranges "
-                   "overlap it is within this machine's noise.")
-    bump = {t: med[f"{t}: rebuild after a patch bump"] for t in TOOLS}
-    out.append(f"Patch bump (one CUDA wheel's pin): ngcx {bump['ngcx']:.1f} s, hpccm {bump['hpccm']:.1f} s, naive "
-               f"{bump['naive']:.1f} s: every tool reinstalls its whole CUDA wheel layer and all after it, since all "
-               "the stack's pins share one pip install (one layer per wheel would rebuild only the bumped one, at "
-               "the cost of more layers).")
+        out.append("ngcx is slower than hpccm on " + "; ".join(losses) + ". What ngcx's steps do on top of "
+                   "hpccm's: one pip start per CUDA wheel layer (4 against hpccm's one install: the price of a bump "
+                   "that rebuilds one wheel); pip's download cache in a BuildKit cache mount (a rebuild reads "
+                   "unchanged wheels back from it, where hpccm's `pip --no-cache-dir` downloads them again: behind "
+                   "this machine's nearby proxy the two cost about the same, on a slow or metered link the cache "
+                   "wins); and the pins check (python-version check, pins file, pip check, stripping the wheels' "
+                   "headers and static libraries, ldconfig). Where the ranges overlap it is within this machine's "
+                   "noise.")
+    bump = {key: {t: med[f"{t}: {label}"] for t in TOOLS} for key, label, _, _ in BUMPS}
+    last, first = bump["bump"], bump["bump-first"]
+    out.append(f"Patch bumps: the CUDA runtime's pin (ngcx's last wheel layer) ngcx {last['ngcx']:.1f} s, hpccm "
+               f"{last['hpccm']:.1f} s, naive {last['naive']:.1f} s; cuBLAS's pin (ngcx's first wheel layer) ngcx "
+               f"{first['ngcx']:.1f} s, hpccm {first['hpccm']:.1f} s, naive {first['naive']:.1f} s. hpccm and naive "
+               "install the whole stack in one pip step, so any bump reinstalls all of it; ngcx installs one wheel "
+               "per layer in the catalog's order (recipes/cuda.j2; registry.yaml lists a wheel after those it "
+               "requires, then the largest first), so a bump reinstalls the bumped wheel and those after it: the "
+               "runtime's 1 MB wheel alone, or for cuBLAS every wheel, each with its own pip start.")
     key = f"bytes shared with its {SECOND}"
     if all(f"{t}: {key}" in med for t in TOOLS):
         out += sharing_notes({t: med[f"{t}: {key}"] for t in TOOLS}, stack_bytes, common, parting)

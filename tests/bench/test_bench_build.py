@@ -96,7 +96,9 @@ def test_only_this_runs_unused_cache_records_are_removed() -> None:
 def test_build_notes_explain_a_loss_with_this_runs_figures() -> None:
     def figs(tool: str, cold: list[float], edit: float, bump: float, size: float, shared: float) -> list[Measurement]:
         rows = [("cold build", "s", cold), ("rebuild after editing one app file", "s", [edit]),
-                ("rebuild after a patch bump", "s", [bump]), ("image size", "bytes", [size]),
+                ("rebuild after a patch bump", "s", [bump]),
+                ("rebuild after a patch bump of the first wheel", "s", [bump]),
+                ("image size", "bytes", [size]),
                 (f"bytes shared with its {build.SECOND}", "bytes", [shared]), ("layers", "layers", [8])]
         return [Measurement(f"{tool}: {n}", tool, u, "lower", Stats.of(v)) for n, u, v in rows]
 
@@ -106,9 +108,9 @@ def test_build_notes_explain_a_loss_with_this_runs_figures() -> None:
     assert "App edit: ngcx 9.0 s, hpccm 10.0 s, naive 100.0 s." in text
     assert "ngcx is slower than hpccm on cold build by 18% (ranges apart); rebuild after a patch bump by 14%" in text
     assert "share their bottom 1 layer(s) only" in text and "`gcc \\`" in text and "(1.98 GB)" in text
-    close = figs("ngcx", [38, 39, 40], 9, 30, 2.05e9, 74.8e6) + ms[6:]
+    close = figs("ngcx", [38, 39, 40], 9, 30, 2.05e9, 74.8e6) + ms[7:]
     assert "cold build by 3% (ranges overlap)" in "\n".join(build.notes(close, 1.978e9, 1, "x"))
-    ahead = figs("ngcx", [30], 9, 30, 2.05e9, 600e6) + ms[6:]
+    ahead = figs("ngcx", [30], 9, 30, 2.05e9, 600e6) + ms[7:]
     assert "slower than hpccm" not in (t := "\n".join(build.notes(ahead, 1.978e9, 1, "x"))) and "Shared with" not in t
 
 
@@ -122,3 +124,19 @@ def test_a_pair_built_for_shared_bytes_misses_the_cache_after_every_from_and_cha
                                 "ARG NGCX_BENCH_PAIR=n1", "RUN apt-get update", "FROM x AS y",
                                 "ARG NGCX_BENCH_PAIR=n1", "COPY a b"]
     assert build.fresh_cache(text, "n2") != out
+
+
+def test_every_timed_bump_names_a_pin_each_tool_installs() -> None:
+    """A bump whose pin a tool's Dockerfile lacks would time a build of nothing changed; the ngcx bumps hit
+    its last and its first CUDA wheel layer, as their labels say."""
+    from ngcx.catalog import load_catalog
+    from ngcx.render.dockerfile import render_dockerfile
+
+    rel = load_catalog().resolve(build.REF)
+    texts = {"ngcx": render_dockerfile(rel), "hpccm": peers.hpccm_recipe(build.REF),
+             "naive": (build.NAIVE / "cuda.Dockerfile").read_text()}
+    for _, _, pin, patched in build.BUMPS:
+        for tool, text in texts.items():
+            assert pin in text, f"{tool} does not install {pin}"
+        assert pin.split("==")[0] == patched.split("==")[0] and pin != patched
+    assert [b[2] for b in build.BUMPS] == [rel.pins[-1].requirement, rel.pins[0].requirement]

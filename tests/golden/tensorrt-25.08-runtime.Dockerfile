@@ -35,24 +35,46 @@ ENV VIRTUAL_ENV=/opt/ngcx/venv \
 RUN python3 -c 'import sys; v="%d.%d" % sys.version_info[:2]; sys.exit(0 if v == "3.11" else f"base image ships python {v}, the release pins 3.11: use a base with python 3.11")' \
     && python3 -m venv /opt/ngcx/venv \
     && mkdir -p /etc/ngcx
-# ---- CUDA 12.8 libraries as pinned wheels (heavy; changes with the stack) ----
+# ---- CUDA 12.8 libraries as pinned wheels, one layer per wheel in the catalog's order (a wheel's
+#      dependencies before it, then the largest first): a patch bump rebuilds the bumped wheel's layer and the
+#      smaller ones after it, not the whole stack. --no-deps: a layer installs its pin and nothing else ----
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip install --progress-bar off \
-        nvidia-cuda-runtime-cu12==12.8.90 \
-        nvidia-cublas-cu12==12.8.4.1 \
-        nvidia-cudnn-cu12==9.10.2.21 \
-        nvidia-nccl-cu12==2.27.3 \
-    && printf '%s\n' \
-        'nvidia-cuda-runtime-cu12==12.8.90' \
+    && pip install --progress-bar off --no-deps nvidia-cublas-cu12==12.8.4.1 \
+    && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia \( -type d -name include -o -type f -name '*.a' \) -prune -exec rm -rf {} +
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=secret,id=ca,required=false \
+    --mount=type=secret,id=pip_conf,required=false \
+    if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
+    && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+    && pip install --progress-bar off --no-deps nvidia-cudnn-cu12==9.10.2.21 \
+    && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia \( -type d -name include -o -type f -name '*.a' \) -prune -exec rm -rf {} +
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=secret,id=ca,required=false \
+    --mount=type=secret,id=pip_conf,required=false \
+    if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
+    && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+    && pip install --progress-bar off --no-deps nvidia-nccl-cu12==2.27.3 \
+    && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia \( -type d -name include -o -type f -name '*.a' \) -prune -exec rm -rf {} +
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=secret,id=ca,required=false \
+    --mount=type=secret,id=pip_conf,required=false \
+    if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
+    && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+    && pip install --progress-bar off --no-deps nvidia-cuda-runtime-cu12==12.8.90 \
+    && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia \( -type d -name include -o -type f -name '*.a' \) -prune -exec rm -rf {} +
+# ---- the stack's pins, written after its wheels (so a bump does not change the first wheel layer), checked as
+#      one set (pip check: every wheel's own requirements met), and registered with the loader ----
+RUN printf '%s\n' \
         'nvidia-cublas-cu12==12.8.4.1' \
         'nvidia-cudnn-cu12==9.10.2.21' \
         'nvidia-nccl-cu12==2.27.3' \
+        'nvidia-cuda-runtime-cu12==12.8.90' \
         > /etc/ngcx/constraints.txt \
-    && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia \( -type d -name include -o -type f -name '*.a' \) -prune -exec rm -rf {} + \
+    && pip check \
     && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia -maxdepth 3 -type d -name lib | sort > /etc/ld.so.conf.d/ngcx-cuda.conf \
     && ldconfig
 # ---- tensorrt-cu12==10.16.1.11: installed under the stack's constraints, so pip
@@ -120,10 +142,10 @@ LABEL org.opencontainers.image.title="ngcx/tensorrt" \
       ai.ngcx.min-driver="525.60.13" \
       ai.ngcx.compute-capabilities="7.5,8.0,8.6,8.9,9.0,10.0,12.0" \
       ai.ngcx.pin.python="3.11" \
-      ai.ngcx.pin.cudart="12.8.90" \
       ai.ngcx.pin.cublas="12.8.4.1" \
       ai.ngcx.pin.cudnn="9.10.2.21" \
       ai.ngcx.pin.nccl="2.27.3" \
+      ai.ngcx.pin.cudart="12.8.90" \
       ai.ngcx.pin.tensorrt="10.16.1.11" \
       ai.ngcx.pin.cuda-bindings="12.9.4" \
       ai.ngcx.pin.onnx="1.18.0"

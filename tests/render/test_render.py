@@ -89,6 +89,11 @@ def one(items: list[tuple[str, str]], keyword: str) -> str:
     return found[0]
 
 
+def cuda_pins_layer(items: list[tuple[str, str]]) -> int:
+    """The CUDA stack's last layer: its pins file, after one layer per wheel (recipes/cuda.j2)."""
+    return index_of(items, "RUN", "> /etc/ngcx/constraints.txt")
+
+
 def index_of(items: list[tuple[str, str]], keyword: str, needle: str) -> int:
     hits = [i for i, (k, a) in enumerate(items) if k == keyword and needle in a]
     assert hits, f"no {keyword} containing {needle!r}"
@@ -248,13 +253,32 @@ def test_nvidia_container_environment(ref: str, variant: str) -> None:
 
 @pytest.mark.parametrize(("ref", "variant"), CASES, ids=CASE_IDS)
 def test_cuda_wheels_pinned_and_registered_with_the_loader(ref: str, variant: str) -> None:
+    """One layer per pinned wheel in the catalog's order, then the pins file, pip check and the loader."""
     rel = CATALOG.resolve(ref)
     items = instructions(render(ref, variant))
-    cuda_run = items[index_of(items, "RUN", rel.pin("cudart").requirement)][1]
-    for pin in rel.pins:
-        assert f" {pin.requirement} " in cuda_run and f"'{pin.requirement}'" in cuda_run
-    assert "> /etc/ld.so.conf.d/ngcx-cuda.conf" in cuda_run
-    assert cuda_run.rstrip().endswith("&& ldconfig")
+    wheel_runs = [index_of(items, "RUN", f"--no-deps {pin.requirement}") for pin in rel.pins]
+    assert wheel_runs == sorted(wheel_runs) and len(set(wheel_runs)) == len(rel.pins), wheel_runs
+    for pin, i in zip(rel.pins, wheel_runs, strict=True):
+        others = [p.requirement for p in rel.pins if p is not pin]
+        assert not any(other in items[i][1] for other in others), f"{pin.requirement} shares its layer"
+    pins_run = index_of(items, "RUN", "> /etc/ngcx/constraints.txt")
+    assert pins_run > wheel_runs[-1]
+    pins_text = items[pins_run][1]
+    assert all(f"'{pin.requirement}'" in pins_text for pin in rel.pins)
+    assert "pip check" in pins_text and "> /etc/ld.so.conf.d/ngcx-cuda.conf" in pins_text
+    assert pins_text.rstrip().endswith("&& ldconfig")
+
+
+def test_a_patch_bump_leaves_the_layers_before_the_bumped_wheel_unchanged() -> None:
+    """The build cache keys on each RUN's text: bumping the last wheel must leave every earlier wheel's RUN
+    identical, so only its own layer and the pins layer rebuild."""
+    rel = CATALOG.resolve("cuda:24.05")
+    last = rel.pins[-1].requirement
+    before = instructions(render("cuda:24.05", "runtime"))
+    after = instructions(render("cuda:24.05", "runtime").replace(last, last + ".0"))
+    first_changed = next(i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b)
+    assert first_changed == index_of(before, "RUN", f"--no-deps {last}")
+    assert all(index_of(before, "RUN", f"--no-deps {p.requirement}") < first_changed for p in rel.pins[:-1])
 
 
 @pytest.mark.parametrize(("ref", "variant"), CASES, ids=CASE_IDS)
@@ -263,7 +287,7 @@ def test_layer_order(ref: str, variant: str) -> None:
     rel = CATALOG.resolve(ref)
     items = instructions(render(ref, variant))
     order = [index_of(items, "RUN", "apt-get install"),
-             index_of(items, "RUN", rel.pin("cudart").requirement)]
+             cuda_pins_layer(items)]
     if rel.framework:
         order.append(index_of(items, "RUN", f"'{rel.install[0]}'"))
     order += [index_of(items, "COPY", "ngcx-runtime/"), index_of(items, "COPY", "tests/")]
@@ -279,7 +303,8 @@ STRIP = r"\( -type d -name include -o -type f -name '*.a' \) -prune -exec rm -rf
 def test_variant_contents(ref: str, variant: str) -> None:
     """runtime: headers and static libs stripped from every wheel layer; devel: kept + compilers."""
     items = instructions(render(ref, variant))
-    wheel_runs = [a for k, a in items if k == "RUN" and "site-packages/nvidia" in a]
+    wheel_runs = [a for k, a in items if k == "RUN" and "pip install" in a
+                  and ("--no-deps nvidia" in a or "site-packages/nvidia" in a)]
     assert wheel_runs
     apt = " ".join(a for k, a in items if k == "RUN" and "apt-get install" in a).split()
     if variant == "runtime":
@@ -318,13 +343,13 @@ STACK_PAIRS = same_stack_pairs()
 
 
 def through_cuda_layer(text: str, rel: Release) -> str:
-    """The Dockerfile from its first instruction to the end of the CUDA wheels' RUN.
+    """The Dockerfile from its first instruction to the end of the CUDA stack's last RUN (its pins layer).
 
     The file header (comment lines naming `ngcx render REF`) is left out: comments are in no layer
     and no cache key, so they cannot stop two images from sharing a layer; every other byte counts."""
     lines = text.splitlines()
     start = next(i for i, ln in enumerate(lines) if ln.strip() and not ln.startswith("#"))
-    pin = next(i for i, ln in enumerate(lines) if ln.strip() == f"{rel.pin('cudart').requirement} \\")
+    pin = next(i for i, ln in enumerate(lines) if ln.strip() == f"'{rel.pins[-1].requirement}' \\")
     end = next(i for i in range(pin, len(lines)) if not lines[i].endswith("\\"))
     return "\n".join(lines[start:end + 1]) + "\n"
 
@@ -369,7 +394,7 @@ def test_image_os_packages_get_their_own_layer_after_the_cuda_wheels(ref: str, v
     items = instructions(render(ref, variant))
     sets = apt_sets(items)
     assert sets[0][1] == sorted(BASE_APT)
-    cuda = index_of(items, "RUN", rel.pin("cudart").requirement)
+    cuda = cuda_pins_layer(items)
     assert sets[0][0] < cuda
     later = [(i, pkgs) for i, pkgs in sets[1:] if pkgs != sorted(DEVEL_APT)]
     if not own:
