@@ -212,7 +212,7 @@ def _report(result: SuiteResult, rounds: list[dict[str, dict]], installed: list[
         values = [v / 1e6 for v in values] if unit == "MB" else values
         ms[(peer, point, figure)] = Measurement(f"{peer}: {point} {figure}", peer, unit, better, Stats.of(values))
     result.measurements = list(ms.values())
-    result.ratios = []
+    ratios: list[tuple[str, Ratio]] = []
     for (peer, point, figure), m in ms.items():
         if peer != "ngcx":
             continue
@@ -220,9 +220,9 @@ def _report(result: SuiteResult, rounds: list[dict[str, dict]], installed: list[
         if others:
             best = max(others, key=lambda o: o.wall.median) if figure == "rps" else min(others,
                                                                                     key=lambda o: o.wall.median)
-            result.ratios.append(Ratio(f"{point} {figure}: ngcx / {best.tool}", m.name, best.name,
-                                       round(m.wall.median / best.wall.median, 3), better=m.better, unit=m.unit))
-    result.ratios = _headline_first(result.ratios)
+            ratios.append((figure, Ratio(f"{point} {figure}: ngcx / {best.tool}", m.name, best.name,
+                                         round(m.wall.median / best.wall.median, 3), better=m.better, unit=m.unit)))
+    result.ratios = _headline_first(ratios)
     result.extra.update(peers=[p.name for p in installed], not_installed=missing, clients=list(clients),
                         seconds=seconds, max_batch=MAX_BATCH, delay_ms=DELAY_MS,
                         batching={p.name: p.batching for p in installed},
@@ -238,13 +238,12 @@ def _report(result: SuiteResult, rounds: list[dict[str, dict]], installed: list[
                      f"connections, {seconds:g} s per point after 1 s of warm-up; a point with any error is left out."]
 
 
-def _headline_first(ratios: list[Ratio]) -> list[Ratio]:
+def _headline_first(ratios: list[tuple[str, Ratio]]) -> list[Ratio]:
     """The worst req/s point and the worst p50 point first (BENCHMARKS.md's summary shows the first two), then
-    every ratio by figure and point."""
+    every ratio by figure and point. `ratios`: (figure, ratio) pairs, as the loop that builds them knows them."""
     order = {"rps": 0, "p50_ms": 1, "p99_ms": 2, "ready_s": 3, "peak_rss": 4, "idle_rss": 5}
-    figure = {id(r): r.name.split(":")[0].rsplit(" ", 1)[1] for r in ratios}
-    rest = sorted(ratios, key=lambda r: (order[figure[id(r)]], r.name))
-    heads = [min((r for r in rest if figure[id(r)] == "rps"), key=lambda r: r.wall, default=None),
-             max((r for r in rest if figure[id(r)] == "p50_ms"), key=lambda r: r.wall, default=None)]
+    rest = sorted(ratios, key=lambda fr: (order[fr[0]], fr[1].name))
+    heads = [min((r for f, r in rest if f == "rps"), key=lambda r: r.wall, default=None),
+             max((r for f, r in rest if f == "p50_ms"), key=lambda r: r.wall, default=None)]
     heads = [h for h in heads if h is not None]
-    return heads + [r for r in rest if all(r is not h for h in heads)]
+    return heads + [r for _, r in rest if all(r is not h for h in heads)]
