@@ -140,3 +140,10 @@ def test_every_timed_bump_names_a_pin_each_tool_installs() -> None:
             assert pin in text, f"{tool} does not install {pin}"
         assert pin.split("==")[0] == patched.split("==")[0] and pin != patched
     assert [b[2] for b in build.BUMPS] == [rel.pins[-1].requirement, rel.pins[0].requirement]
+
+
+def test_a_naive_dockerfile_mirrors_each_release_the_suite_builds() -> None:
+    """The suite builds REF and SECOND with every tool: a missing naive file fails the run after its timings."""
+    for ref in (build.REF, build.SECOND):
+        naive = build.NAIVE / f"{ref.split(':')[0]}.Dockerfile"
+        assert naive.read_text().startswith(f"# ngcx-release: {ref} "), naive
