@@ -5,12 +5,14 @@ Compressions (each repetition pushes each into its own empty registry: bench/sui
   gzip  `ngcx push` as it is: the engine's own push, one Go gzip stream per layer (dockerd 20.10)
   pigz  docker save -> each layer through pigz -6 (gzip, every core) -> the registry API
   zstd  docker save -> each layer through zstd -3 -T0 -> the registry API, OCI manifest
+  none  docker save -> each layer as it is (plain tar) -> the registry API, OCI manifest: what a pull costs
+        when nothing has to be inflated (the fresh cloud host's pull, issue 24 item 6)
 Pulls (bench/suites/push_pull.py): a fresh machine of tests/emulators (Debian's docker.io 20.10, own empty
 disk) pulls through a RegistryRelay with `docker pull`; also with unpigz put on its PATH (gzip), and
 with containerd's `ctr` (gzip, zstd): dockerd 20.10 cannot unpack zstd layers, and its failure is
 recorded as a finding with the engine's own error line. Then a second image FROM cuda:24.05 (one
 small layer on top) is pushed and pulled into the engine that already holds cuda:24.05.
-Ratios: pigz / gzip and zstd / gzip for push time, pull time and bytes; unpigz / without; second
+Ratios: pigz / gzip, zstd / gzip and uncompressed / gzip for push time, pull time and bytes; unpigz / without; second
 image / first pull. Everything this suite tags is `ngcx-bench/*` or in a registry it removes.
 """
 
@@ -53,7 +55,7 @@ PINNED = "ngcx-bench/cuda:24.05-runtime"       # our own tag: another session ma
 SECOND = "ngcx-bench/cuda-second:24.05-runtime"
 NAMESPACE, TAG = "bench", "24.05-runtime"
 REPO, SECOND_REPO = f"{NAMESPACE}/cuda", f"{NAMESPACE}/cuda-second"
-CODECS = ("gzip", "pigz", "zstd")
+CODECS = ("gzip", "pigz", "zstd", "none")
 APT = {"pigz": "pigz", "unpigz": "pigz", "zstd": "zstd", "docker-registry": "docker-registry"}
 MIN_FREE_GB = 10
 DOCKER = "/usr/bin/docker"
@@ -264,5 +266,5 @@ def run(result: SuiteResult, work: Path, out: Path) -> None:
         ref=REF, image=image, second_image=f"FROM {REF} + {PAYLOAD_MB} MB of random bytes (one layer)",
         versions=figs.facts.get("versions"), unpigz_on_pull_hosts=figs.facts.get("unpigz_on_pull_hosts"),
         failures=figs.failures, export_seconds=figs.facts.get("export"),
-        compressors={c: " ".join(_compressor(c)) for c in ("pigz", "zstd")},
+        compressors={c: " ".join(_compressor(c)) for c in ("pigz", "zstd", "none")},
         engine=_docker("version", "--format", "{{.Server.Version}}").stdout.strip())

@@ -1,4 +1,4 @@
-"""Push an engine's image with layers compressed by pigz or zstd: the alternatives to dockerd's own push.
+"""Push an engine's image with layers compressed by pigz or zstd, or not at all: the alternatives to dockerd's push.
 
 dockerd (20.10, and later versions with their classic graph drivers) pushes every layer as gzip
 that it writes itself, one Go gzip stream per layer. The alternatives measured here start from the
@@ -8,7 +8,8 @@ same place, an image in the engine, and end at the same one, the image in an emp
 
 Everything is streamed: the layer is compressed while `docker save` produces it and uploaded while
 it is compressed, as dockerd's push does. pigz writes gzip (the same Docker v2 manifest dockerd
-pushes, any engine pulls it); zstd layers need an OCI manifest (Docker v2 has no zstd media type).
+pushes, any engine pulls it); zstd layers need an OCI manifest (Docker v2 has no zstd media type), and so do
+uncompressed ones ("none": the layer tar as docker save writes it, OCI's plain layer type).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ CHUNK = 1 << 20
 COMPRESSORS = {  # the tools' default levels: gzip -6 as dockerd's Go gzip, zstd -3
     "pigz": ["pigz", "-6", "-c"],
     "zstd": ["zstd", "-3", "-T0", "-c", "-q"],
+    "none": ["cat"],          # the same streaming path, so the three differ only in what the layer becomes
 }
 
 
@@ -135,7 +137,7 @@ def link_target(name: str, linkname: str) -> str:
 
 
 def push_compressed(image: str, address: str, repository: str, tag: str, codec: str) -> Pushed:
-    """Export `image` from the engine, compress each layer with `codec` (pigz | zstd), push it to
+    """Export `image` from the engine, compress each layer with `codec` (pigz | zstd | none), push it to
     address/repository:tag. Raises when docker save, a compressor or the registry fails."""
     argv = COMPRESSORS[codec]
     start = time.perf_counter()
@@ -164,6 +166,6 @@ def push_compressed(image: str, address: str, repository: str, tag: str, codec: 
     config = jsons[saved[0]["Config"]]
     layers = [uploads[path] for path in layer_paths(saved, links)]
     push_blob(address, repository, [config])
-    digest = push_manifest(address, repository, tag, image_manifest(config, layers, zstd=codec == "zstd"))
+    digest = push_manifest(address, repository, tag, image_manifest(config, layers, codec))
     return Pushed(digest=digest, layer_bytes=sum(size for _, size in layers), config_bytes=len(config),
                   layers=len(layers), export_s=round(export_s, 3))

@@ -50,6 +50,7 @@ DOCKER_GZIP_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 OCI_ZSTD_LAYER = "application/vnd.oci.image.layer.v1.tar+zstd"
+OCI_TAR_LAYER = "application/vnd.oci.image.layer.v1.tar"
 ACCEPT = ", ".join((DOCKER_MANIFEST, OCI_MANIFEST))
 
 
@@ -203,10 +204,12 @@ def manifest(address: str, repository: str, tag: str) -> dict[str, Any]:
     return json.loads(body)
 
 
-def image_manifest(config: bytes, layers: list[tuple[str, int]], zstd: bool) -> dict[str, Any]:
-    """A manifest for config + (digest, size) layers: Docker v2 with gzip layers (what dockerd pushes),
-    or OCI with zstd layers (Docker v2 has no zstd media type)."""
-    kinds = (OCI_MANIFEST, OCI_CONFIG, OCI_ZSTD_LAYER) if zstd else (DOCKER_MANIFEST, DOCKER_CONFIG, DOCKER_GZIP_LAYER)
+def image_manifest(config: bytes, layers: list[tuple[str, int]], codec: str) -> dict[str, Any]:
+    """A manifest for config + (digest, size) layers: Docker v2 with gzip layers (what dockerd pushes), or
+    OCI with zstd or uncompressed ("none") layers (Docker v2 has no zstd type; OCI names the plain tar)."""
+    oci = {"zstd": OCI_ZSTD_LAYER, "none": OCI_TAR_LAYER}
+    kinds = (OCI_MANIFEST, OCI_CONFIG, oci[codec]) if codec in oci else (DOCKER_MANIFEST, DOCKER_CONFIG,
+                                                                        DOCKER_GZIP_LAYER)
     return {"schemaVersion": 2, "mediaType": kinds[0],
             "config": {"mediaType": kinds[1], "size": len(config),
                        "digest": "sha256:" + hashlib.sha256(config).hexdigest()},

@@ -122,11 +122,14 @@ def test_a_layer_streams_through_the_compressor_and_a_failing_one_is_an_error() 
         b"".join(pc.compressed(io.BytesIO(data), ["sh", "-c", "cat >/dev/null; exit 3"]))
 
 
-def test_manifests_use_docker_media_types_for_gzip_and_oci_for_zstd() -> None:
+def test_manifests_use_docker_media_types_for_gzip_and_oci_for_zstd_and_plain_tar() -> None:
     from bench.suites import push_registry as pr
 
-    gz = pr.image_manifest(b"{}", [("sha256:aa", 10)], zstd=False)
-    zs = pr.image_manifest(b"{}", [("sha256:aa", 10)], zstd=True)
+    gz = pr.image_manifest(b"{}", [("sha256:aa", 10)], "gzip")
+    zs = pr.image_manifest(b"{}", [("sha256:aa", 10)], "zstd")
+    raw = pr.image_manifest(b"{}", [("sha256:aa", 10)], "none")
+    assert (raw["mediaType"], raw["layers"][0]["mediaType"]) == (pr.OCI_MANIFEST,
+                                                                 "application/vnd.oci.image.layer.v1.tar")
     assert (gz["mediaType"], gz["layers"][0]["mediaType"]) == (pr.DOCKER_MANIFEST, pr.DOCKER_GZIP_LAYER)
     assert (zs["mediaType"], zs["layers"][0]["mediaType"]) == (pr.OCI_MANIFEST,
                                                                "application/vnd.oci.image.layer.v1.tar+zstd")
@@ -143,3 +146,22 @@ def test_a_pull_inside_a_machine_is_timed_and_its_error_line_kept() -> None:
     assert pp.error_line(tail).startswith("failed to register layer")
     with pytest.raises(RuntimeError, match="no timing line"):
         pp.parse_timed("sh: docker: not found")
+
+
+def test_the_uncompressed_pull_note_follows_this_runs_figures() -> None:
+    """Uncompressed layers: the note says whether they won the pull, and at what cost in bytes, from the figures."""
+    from bench.suites import push_figures as pf
+
+    def with_raw(pulls: list[float]) -> str:
+        figs = _push_figures([30.0, 32.0, 31.0], [64.0, 89.0, 70.0], ([14.0, 15.0, 16.0], [33.0, 34.0, 35.0]))
+        figs.add(pf.pushed_name("none"), 2083.4, "MB", "uncompressed", "manifest")
+        for value in pulls:
+            figs.add(pf.pull_name("none"), value, "s", "uncompressed", "docker pull")
+        return "\n".join(pf.notes(figs, {"size": 2.07e9, "layers": 9}))
+
+    fast = with_raw([17.0, 18.0, 19.5])
+    assert "pull into an empty dockerd in 18.0 s against 35.0 s for ngcx push's gzip (0.51x)" in fast
+    assert "carrying 2,083 MB instead of 1,312 MB (59% more): uncompressed wins the pull clearly" in fast
+    assert "uncompressed does not win the pull clearly" in with_raw([30.0, 34.0, 40.0])
+    ratio = {r.name: r for r in pf.ratios(_push_figures([30.0], [64.0], ([14.0], [33.0])))}
+    assert "pull time, dockerd: uncompressed / gzip (ngcx push)" not in ratio   # not measured: no ratio
