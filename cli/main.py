@@ -83,9 +83,9 @@ def _group() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning user errors into one line and exit code 2."""
     args = sys.argv[1:] if argv is None else argv
-    # pydantic's first import scans every installed distribution's entry points for its plugins (37 ms of a
-    # cold-cache `ngcx render` in `python -X importtime`, BENCHMARKS.md#cli); ngcx validates with no plugin.
-    # A user who wants theirs in ngcx's process sets the variable to a list of names.
+    # pydantic looks for its plugins in every installed distribution's entry points when the first model is built
+    # (a cold-cache `ngcx render` validates the catalog: BENCHMARKS.md#cli); ngcx validates with no plugin. A user
+    # who wants theirs in ngcx's process sets the variable to a list of names.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     try:
         rc = _run(args)
