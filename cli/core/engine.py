@@ -57,6 +57,24 @@ def image_or_none(client: Any, ref: str) -> Any:
         return None
 
 
+def containers(client: Any, filters: dict[str, Any]) -> list[Any]:
+    """Every container matching `filters`, stopped ones too, leaving out those removed while listing.
+
+    docker-py's `containers.list` inspects each listed container in turn and raises NotFound when one is removed
+    between the list and its inspect (another deploy's cleanup, a rolling update's old replica); that race failed
+    CI once (tests/e2e/test_deploy_local.py). A container gone by then is simply not there any more.
+    """
+    from docker.errors import NotFound
+
+    found = []
+    for row in client.api.containers(all=True, filters=filters):
+        try:
+            found.append(client.containers.get(row["Id"]))
+        except NotFound:
+            continue
+    return found
+
+
 def docker_cli() -> str | None:
     """Path of a docker CLI able to run `DOCKER_BUILDKIT=1 docker build` without buildx.
 

@@ -238,14 +238,14 @@ def logs(record: DeployRecord, tail: int = 50) -> str:
 
 def orphans() -> list[dict[str, str]]:
     """Containers labelled by ngcx deploy (this state store's) that no live record owns."""
-    from ..core.engine import engine_client
+    from ..core.engine import containers, engine_client
 
     live = store.records(cloud="local")
     owned = {r.container for r in live if r.container}
     busy = {str(r.id) for r in live if r.status in IN_FLIGHT}   # a deploy between `docker run` and its record
     mine = store.owner_id()
     found = []
-    for container in engine_client().containers.list(all=True, filters={"label": LABEL_DEPLOYMENT}):
+    for container in containers(engine_client(), {"label": LABEL_DEPLOYMENT}):
         if (container.id in owned or container.labels.get(LABEL_OWNER) != mine
                 or container.labels.get(LABEL_DEPLOYMENT) in busy):
             continue

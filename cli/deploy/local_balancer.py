@@ -53,6 +53,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..core.engine import containers
 from ..core.errors import UserError
 from . import store
 from .balancer import BalancerRef, BalancerSpec
@@ -366,7 +367,7 @@ class LocalBalancer:
         try:
             net = self.client.networks.get(ref.group_id)
             self._owned(net.attrs.get("Labels") or {}, ref.group_id)
-            for attached in self.client.containers.list(all=True, filters={"network": net.id}):   # stopped too
+            for attached in containers(self.client, {"network": net.id}):   # stopped too
                 with contextlib.suppress(NotFound, APIError):
                     net.disconnect(attached, force=True)
             net.remove()
@@ -377,7 +378,7 @@ class LocalBalancer:
     def tagged(self, tags: dict[str, str]) -> list[BalancerRef]:
         """Every balancer container on this engine carrying these labels (gc), stopped ones too."""
         wanted = [LABEL_BALANCER, *(f"{k}={v}" for k, v in tags.items())]
-        return [self._ref(c) for c in self.client.containers.list(all=True, filters={"label": wanted})]
+        return [self._ref(c) for c in containers(self.client, {"label": wanted})]
 
     # --- the image -------------------------------------------------------------------------------
     def image(self) -> str:

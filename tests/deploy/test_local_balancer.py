@@ -25,6 +25,7 @@ import pytest
 from docker.errors import ImageNotFound, NotFound
 from emulators.test_docker_hosts import WEB_DOCKERFILE
 
+from ngcx.core.engine import containers
 from ngcx.core.errors import UserError
 from ngcx.deploy.balancer import HEALTH_STATES, BalancerRef, BalancerSpec
 from ngcx.deploy.local_balancer import LABEL_BALANCER, LABEL_CHECKS, LocalBalancer, _Admin, folder_of
@@ -176,10 +177,10 @@ def test_ensure_is_idempotent_tagged_finds_it_and_delete_leaves_nothing(lb, spec
     first = lb.ensure(spec)
     assert lb.ensure(spec) == first
     assert first.dns_name.startswith("127.0.0.1:") and first.group_id == spec.name
-    containers = docker_client.containers.list(all=True, filters={"label": f"{LABEL_BALANCER}={spec.name}"})
-    assert [c.name for c in containers] == [first.balancer_id]
+    found = containers(docker_client, {"label": f"{LABEL_BALANCER}={spec.name}"})
+    assert [c.name for c in found] == [first.balancer_id]
     assert [n.name for n in docker_client.networks.list(names=[spec.name])] == [spec.name]
-    container = containers[0]
+    container = found[0]
     assert container.attrs["HostConfig"]["RestartPolicy"]["Name"] == "unless-stopped"
     assert container.labels["ngcx:service"] == spec.tags["ngcx:service"]
     assert json.loads(container.labels[LABEL_CHECKS])["path"] == spec.health_path

@@ -25,6 +25,8 @@ import pytest
 from dashboard.running import Dashboard, until
 from deploy_helpers import Load, access
 
+from ngcx.core.engine import containers
+
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
@@ -245,4 +247,4 @@ def test_destroy_from_the_page_removes_the_container(page, world, docker_client)
     page.click("#confirm-ok")
     page.wait_for_selector("#summary .status.destroyed", timeout=60_000)      # shown as it happens, no reload
     page.wait_for_selector("#jobs .job.done", timeout=60_000)                  # the command's end, exit 0
-    assert not docker_client.containers.list(all=True, filters={"id": local.container})
+    assert not containers(docker_client, {"id": local.container})

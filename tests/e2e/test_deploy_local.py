@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from deploy_helpers import ngcx, one_inference
 
+from ngcx.core.engine import containers
 from support import ctrl_c_able
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -55,7 +56,7 @@ def test_deploy_serves_the_project_then_redeploy_stop_start_logs_destroy(project
     assert again.stdout.strip().splitlines()[-1] == url                    # same URL for the user
     new, old = records(project, state)
     assert (new["status"], old["status"]) == ("ready", "replaced")
-    assert not docker_client.containers.list(all=True, filters={"id": old["container"]})
+    assert not containers(docker_client, {"id": old["container"]})
     one_inference(project, url, state)
 
     assert ngcx(project, "deployments", "stop", str(new["id"]), env=state).returncode == 0
@@ -73,7 +74,7 @@ def test_deploy_serves_the_project_then_redeploy_stop_start_logs_destroy(project
 
     gone = ngcx(project, "deployments", "destroy", str(new["id"]), "--yes", env=state)
     assert gone.returncode == 0, gone.stderr
-    assert not docker_client.containers.list(all=True, filters={"id": new["container"]})
+    assert not containers(docker_client, {"id": new["container"]})
     assert records(project, state)[0]["status"] == "destroyed"
 
 
@@ -85,7 +86,7 @@ def test_a_container_that_dies_before_ready_is_one_line_and_is_removed(project, 
     assert "exited with code 3" in line and "model-file-is-broken" in line
     [rec] = records(project, state)
     assert rec["status"] == "failed" and "exited with code 3" in rec["detail"]
-    assert not docker_client.containers.list(all=True, filters={"label": f"ai.ngcx.deployment={rec['id']}"})
+    assert not containers(docker_client, {"label": f"ai.ngcx.deployment={rec['id']}"})
 
 
 def test_a_deploy_killed_with_sigkill_is_announced_and_gc_cleans_it(project, docker_client, state):
@@ -116,7 +117,7 @@ def test_a_deploy_killed_with_sigkill_is_announced_and_gc_cleans_it(project, doc
     gc = ngcx(project, "deployments", "gc", "--yes", env=state)
     assert gc.returncode == 0, gc.stderr
     assert container[:12] in gc.stdout
-    assert not docker_client.containers.list(all=True, filters={"id": container})
+    assert not containers(docker_client, {"id": container})
     assert records(project, state)[0]["status"] == "failed"
     assert "no orphaned" in ngcx(project, "deployments", "gc", "--yes", env=state).stderr
 
@@ -141,7 +142,7 @@ def test_ctrl_c_during_a_deploy_removes_its_container_and_says_so(project, docke
                             cwd=project, env={**os.environ, **state}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, preexec_fn=ctrl_c_able)
     deadline = time.monotonic() + 60
-    while not docker_client.containers.list(filters={"label": "ai.ngcx.deployment"}, all=True) or not (
+    while not containers(docker_client, {"label": "ai.ngcx.deployment"}) or not (
             Path(state["NGCX_STATE_DIR"]) / "state.db").exists() or not records(project, state)[0]["container"]:
         assert time.monotonic() < deadline, "the deploy never started its container"
         time.sleep(0.2)
@@ -149,6 +150,6 @@ def test_ctrl_c_during_a_deploy_removes_its_container_and_says_so(project, docke
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err
-    assert not docker_client.containers.list(all=True, filters={"id": container})
+    assert not containers(docker_client, {"id": container})
     rec = records(project, state)[0]
     assert rec["status"] == "failed" and rec["detail"].startswith("interrupted (Ctrl-C)")

@@ -26,6 +26,8 @@ from urllib.parse import urlsplit
 import pytest
 from deploy_helpers import LOAD_CLIENTS, Load, ngcx
 
+from ngcx.core.engine import containers
+
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 FAST = ("--drain", "5", "--health-interval", "1")
@@ -123,7 +125,7 @@ def test_a_local_service_rolls_scales_heals_and_rolls_back_without_a_failed_requ
     v2 = svc["version"]
     assert v2 != v1 and svc["image"].startswith("ngcx-app/onnx-zero-code-fp16")
     assert len(svc["members"]) == 3 and {m["spec"]["version"] for m in svc["members"]} == {v2}
-    old = [c for c in docker_client.containers.list(all=True, filters={"label": "ai.ngcx.deployment"})
+    old = [c for c in containers(docker_client, {"label": "ai.ngcx.deployment"})
            if c.image.id == v1]
     assert not old, "an old-version replica outlived the update"
 
@@ -194,9 +196,9 @@ def test_a_local_service_rolls_scales_heals_and_rolls_back_without_a_failed_requ
     gone = ngcx(project, "deployments", "destroy", "s1", "--yes", env=state)
     assert gone.returncode == 0, gone.stderr
     last = show(project, "s1", state)
-    assert not docker_client.containers.list(all=True, filters={"name": f"{last['name']}-lb"})    # the balancer
+    assert not containers(docker_client, {"name": f"{last['name']}-lb"})    # the balancer
     assert last["status"] == "destroyed" and not last["members"]
-    assert not any(docker_client.containers.list(all=True, filters={"id": m["container"]}) for m in svc["members"])
+    assert not any(containers(docker_client, {"id": m["container"]}) for m in svc["members"])
     assert not docker_client.networks.list(names=[last["name"]])
     assert ngcx(project, "deployments", "key", "s1", env=state).returncode == 2
 
@@ -224,7 +226,7 @@ def test_a_service_killed_while_it_is_made_is_finished_by_reconcile_and_gc(proje
     assert gc.returncode == 0, gc.stderr
     assert ngcx(project, "deployments", "destroy", "s1", "--yes", env=state).returncode == 0
     assert not docker_client.networks.list(names=[svc["name"]])
-    assert not [c.name for c in docker_client.containers.list(all=True) if c.name.startswith(svc["name"])]
+    assert not [c.name for c in containers(docker_client, {}) if c.name.startswith(svc["name"])]
 
 
 def _env() -> dict[str, str]:

@@ -32,6 +32,7 @@ from botocore.exceptions import ClientError
 from emulators.aws_ec2 import Ec2Emulator
 from emulators.docker_hosts import NAME_PREFIX, DockerHosts, ensure_host_image
 from emulators.hosts_api import CommandResult
+from ngcx.core.engine import containers
 from support import missing
 
 REGION = "us-east-1"
@@ -462,7 +463,7 @@ def machines(docker_client, host_image) -> Iterator[tuple[Ec2Emulator, DockerHos
         yield emulator, hosts
         assert emulator.proxy_errors == [] and emulator.host_errors == []
     mine = {"label": f"{hosts.label}={hosts.owner}"}
-    assert docker_client.containers.list(all=True, filters=mine) == [], "close() removed every machine"
+    assert containers(docker_client, mine) == [], "close() removed every machine"
 
 
 def _console(hosts: DockerHosts, instance_id: str, needle: str, count: int = 1, timeout: float = 60) -> None:
@@ -518,7 +519,7 @@ def test_user_data_runs_on_the_machine_and_its_address_reaches_it(docker_client,
 
     ec2.terminate_instances(InstanceIds=[instance_id])
     until("terminated", lambda: state(ec2, instance_id) == "terminated", timeout=30, every=0.2)
-    assert docker_client.containers.list(all=True, filters={"name": NAME_PREFIX + instance_id}) == []
+    assert containers(docker_client, {"name": NAME_PREFIX + instance_id}) == []
 
 
 @pytest.mark.docker
@@ -541,5 +542,5 @@ def test_create_image_of_a_stopped_machine_boots_copies_with_its_disk(docker_cli
         "the copy's disk came from the image"
     ec2.terminate_instances(InstanceIds=[source, copy])
     ec2.deregister_image(ImageId=image_id)
-    until("both machines gone", lambda: not docker_client.containers.list(
-        all=True, filters={"label": f"{hosts.label}={hosts.owner}"}), timeout=30, every=0.2)
+    until("both machines gone", lambda: not containers(docker_client, {"label": f"{hosts.label}={hosts.owner}"}),
+          timeout=30, every=0.2)

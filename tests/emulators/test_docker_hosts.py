@@ -32,6 +32,7 @@ from emulators.docker_hosts import (
     ensure_host_image,
     host_image_tag,
 )
+from ngcx.core.engine import containers
 from support import missing
 
 pytestmark = pytest.mark.docker
@@ -277,7 +278,7 @@ def test_close_removes_every_machine_disk_and_image_it_made(docker_client, host_
         timings["snapshot (stopped host)"] = time.monotonic() - start
         backend.close()
         mine = {"label": f"{backend.label}={backend.owner}"}
-        assert docker_client.containers.list(all=True, filters=mine) == []
+        assert containers(docker_client, mine) == []
         assert docker_client.volumes.list(filters=mine) == []
         assert docker_client.images.list(filters=mine) == []
         assert other.console_output(other_id).startswith("ngcx-host: booting")

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ngcx.core.engine import containers
 from ngcx.project.serving import free_port
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -87,7 +88,7 @@ def test_classifier_test_passes_with_its_examples_and_latency(resnet):
 def test_run_serves_the_classifier_to_curl_and_tritonclient_then_stops_on_sigterm(resnet, docker_client):
     httpclient = pytest.importorskip("tritonclient.http")
     label = {"label": "ai.ngcx.project.run=resnet-classifier"}
-    before = {c.id for c in docker_client.containers.list(all=True, filters=label)}
+    before = {c.id for c in containers(docker_client, label)}
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "ngcx", "run", "--port", str(port)], cwd=resnet,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -115,7 +116,7 @@ def test_run_serves_the_classifier_to_curl_and_tritonclient_then_stops_on_sigter
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)
     assert code == 0, proc.stderr.read()[-2000:]
-    left = [c for c in docker_client.containers.list(all=True, filters=label) if c.id not in before]
+    left = [c for c in containers(docker_client, label) if c.id not in before]
     assert left == [], [c.name for c in left]
 
 
@@ -178,7 +179,7 @@ def test_a_handler_that_fails_to_import_and_examples_off_the_signature_are_one_l
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert "broken.py:2" in lines[0] and "not_a_package" in lines[0], lines[0]
-    left = docker_client.containers.list(all=True, filters={"label": "ai.ngcx.project.run=broken-handler"})
+    left = containers(docker_client, {"label": "ai.ngcx.project.run=broken-handler"})
     assert left == []
 
     (project / "ngcx.yaml").write_text(text)                  # a working project again, examples broken
