@@ -26,6 +26,7 @@ import binascii
 import contextlib
 import ctypes
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,7 @@ from .protocol import ProtocolError
 
 HANDLE_BYTES = 64                      # CU_IPC_HANDLE_SIZE
 LAZY_ENABLE_PEER_ACCESS = 1            # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+PORTABLE = 1                           # CU_MEMHOSTREGISTER_PORTABLE
 MAX_REGIONS = 1024
 
 
@@ -65,7 +67,7 @@ class Driver:
 
     def _fn(self, name: str) -> Any:
         fn = getattr(self.lib, f"{name}_v2", None) if name in ("cuIpcOpenMemHandle", "cuMemcpyDtoH",
-                                                                 "cuMemcpyHtoD") else None
+                                                                 "cuMemcpyHtoD", "cuMemHostRegister") else None
         return fn or getattr(self.lib, name)
 
     def _call(self, name: str, *args: Any) -> None:
@@ -91,6 +93,22 @@ class Driver:
                 self._call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev)
                 self._contexts[device_id] = ctx
         self._call("cuCtxSetCurrent", ctx)
+
+    def context_active(self, device_id: int) -> bool:
+        """Whether an engine already made the device's primary context (no context is created here)."""
+        dev, flags, active = ctypes.c_int(0), ctypes.c_uint(0), ctypes.c_int(0)
+        self._call("cuDeviceGet", ctypes.byref(dev), ctypes.c_int(device_id))
+        self._call("cuDevicePrimaryCtxGetState", dev, ctypes.byref(flags), ctypes.byref(active))
+        return bool(active.value)
+
+    def pin(self, ptr: int, size: int) -> None:
+        """Page-lock host memory for every context (CU_MEMHOSTREGISTER_PORTABLE), as cudaHostRegister does."""
+        self.use(0)
+        self._call("cuMemHostRegister", ctypes.c_void_p(ptr), ctypes.c_size_t(size), ctypes.c_uint(PORTABLE))
+
+    def unpin(self, ptr: int) -> None:
+        self.use(0)
+        self._call("cuMemHostUnregister", ctypes.c_void_p(ptr))
 
     def open(self, handle: bytes, device_id: int) -> int:
         self.use(device_id)
@@ -148,6 +166,11 @@ def decode_handle(raw: Any) -> bytes:
         raise ProtocolError("'raw_handle.b64' is not valid base64") from None
 
 
+def _unpin_quietly(driver: Driver, ptr: int) -> None:
+    with contextlib.suppress(CudaError):
+        driver.unpin(ptr)
+
+
 class CudaSharedMemory:
     """The registered CUDA regions of one server (opened lazily: no driver is touched until used)."""
 
@@ -181,6 +204,27 @@ class CudaSharedMemory:
                 except (CudaError, AttributeError) as exc:
                     self._why = str(exc)
         return self._driver is not None
+
+    def pin_host(self, view: np.ndarray, owner: np.ndarray) -> bool:
+        """Page-lock `view`'s memory until `owner` (the array that owns it) is freed; False where no engine
+        has a context on GPU 0 (a CPU-only server creates none) or the driver refuses.
+
+        Why: the system shared-memory path reads each input into a reused buffer (shm.py) that an engine
+        then copies into its own page-locked staging buffer before the transfer to the GPU, one more pass
+        over 77 MB at bs 256 than the in-process path makes (bench/results/gpu/targets/README.md). A
+        buffer that is already page-locked lets the PyTorch engine transfer from it directly
+        (backends/pytorch.py, _stage_slot)."""
+        if not self.available() or self._driver is None:
+            return False
+        driver, ptr = self._driver, view.ctypes.data
+        try:
+            if not driver.context_active(0):
+                return False
+            driver.pin(ptr, view.nbytes)
+        except CudaError:
+            return False
+        weakref.finalize(owner, _unpin_quietly, driver, ptr).atexit = False   # runs before numpy frees it
+        return True
 
     # -- the extension's endpoints --
     def register_json(self, name: str, doc: dict[str, Any]) -> None:

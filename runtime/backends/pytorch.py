@@ -268,10 +268,14 @@ class TorchEngine:
         Why: pageable H2D copies run at a fraction of PCIe speed; one (multi-threaded) copy into
         pinned memory plus an async H2D copy is faster. The buffer is reused only once its batch
         is done: infer() waits for its outputs, infer_async() hands a slot back after finish().
-        Padding rows are zeroed.
+        Padding rows are zeroed. An input that fills the bucket and is page-locked already (a system
+        shared-memory read, shm.py) goes to the GPU straight from there: its request's thread reuses
+        that buffer only after the answer, so after this batch's outputs.
         """
         torch = self._torch
         src = torch.from_numpy(arr) if arr.flags.writeable else torch.from_numpy(arr.copy())
+        if n == bucket and src.is_pinned():
+            return self._device_layout(self._to_device(src))
         buf = self._pinned(("in", slot, name, bucket, tuple(arr.shape[1:]), src.dtype),
                            (bucket, *arr.shape[1:]), src.dtype)
         buf[:n].copy_(src)

@@ -54,3 +54,40 @@ def test_infer_async_matches_infer_with_two_batches_in_flight(tmp_path, monkeypa
         assert g.shape[0] == x.shape[0]
         np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=2e-2, atol=2e-2)
     assert engine._free_slots.qsize() == 2  # every slot handed back
+
+
+@pytest.mark.skipif(not _gpu(), reason="needs torch with a CUDA GPU (no GPU here; runs on the lent GPU)")
+def test_a_page_locked_full_bucket_goes_to_the_gpu_without_staging_and_gives_the_same_outputs(tmp_path):
+    """What the system shared-memory path hands the engine at bs 256 (shm.py's read buffer, page-locked by
+    CudaSharedMemory.pin_host once the engine has a context): the engine transfers it directly, and the
+    outputs equal those of the same input from pageable memory (which goes through the staging buffer)."""
+    import torch
+
+    from ngcx_runtime import plan
+    from ngcx_runtime import shm as server_shm
+    from ngcx_runtime.backends import pytorch as backend
+    from ngcx_runtime.cuda_shm import CudaSharedMemory
+    from ngcx_runtime.optimize import OptimizeOptions, optimize
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                              torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 5)).eval()
+    ep = torch.export.export(net, (torch.randn(2, 3, 160, 160),),
+                             dynamic_shapes=({0: torch.export.Dim("b", min=1, max=64)},))
+    torch.export.save(ep, str(tmp_path / "m.pt2"))
+    res = optimize(tmp_path / "m.pt2", tmp_path / "p", OptimizeOptions(precision="fp16", batch_profile=[4, 64]))
+    engine = plan.load(res.plan_dir)
+    name = engine.inputs[0].name
+    x = np.random.default_rng(2).standard_normal((64, 3, 160, 160)).astype(np.float16)   # 9.8 MB: pipelined
+    assert x.nbytes >= backend.PIPELINE_MIN_BYTES and CudaSharedMemory().available()
+
+    pinned = server_shm._buffer(0, max(x.nbytes, server_shm.PIN_MIN_BYTES), CudaSharedMemory().pin_host)
+    assert torch.from_numpy(pinned).is_pinned(), "the read buffer was page-locked"
+    view = pinned[:x.nbytes].view(np.float16).reshape(x.shape)
+    view[...] = x
+    got = next(iter(engine.infer_async({name: view})().values()))
+    assert not [k for k in engine._staging if k[0] == "in" and k[3] == 64], "no staging buffer for the bucket"
+    want = next(iter(engine.infer_async({name: x.copy()})().values()))             # pageable: staged
+    assert [k for k in engine._staging if k[0] == "in" and k[3] == 64], "the pageable input was staged"
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=1e-3, atol=1e-3)
+    assert engine._free_slots.qsize() == 2

@@ -252,3 +252,57 @@ def _get(url: str) -> str:
 
     with urllib.request.urlopen(url, timeout=30) as r:
         return r.read().decode()
+
+
+@needs_gpu
+def test_system_shared_memory_at_a_full_bucket_answers_with_the_models_numbers(tmp_path):
+    """16 x 131072 FP32 (8 MB) through /dev/shm fills the plan's largest bucket: the server reads it into its
+    page-locked buffer and the engine sends it to the GPU from there (issue 24, item 3). The answers are the
+    model's, three requests after one another on each of four connections at once."""
+    import requests
+    import torch
+
+    from ngcx_runtime.optimize import OptimizeOptions, optimize
+    from ngcx_runtime.plan import load
+    from ngcx_runtime.serve import start_server
+
+    torch.manual_seed(0)
+    net = torch.nn.Linear(131072, 4).eval()
+    batch = torch.export.Dim("b", min=1, max=16)
+    ep = torch.export.export(net, (torch.randn(2, 131072),), dynamic_shapes=({0: batch},))
+    torch.export.save(ep, str(tmp_path / "wide.pt2"))
+    res = optimize(tmp_path / "wide.pt2", tmp_path / "plan", OptimizeOptions(precision="fp32", batch_profile=[4, 16]),
+                   backend="pytorch")
+    engine = load(res.plan_dir, device=0)
+    handle = start_server([engine], "127.0.0.1", 0, name="wide", max_queue_delay_ms=1)
+    keys = [f"ngcxt_pinned_{os.getpid()}_{i}" for i in range(4)]
+
+    def one(i: int) -> tuple[np.ndarray, list[np.ndarray]]:
+        x = np.random.default_rng(i).standard_normal((16, 131072)).astype(np.float32)
+        (Path("/dev/shm") / keys[i]).write_bytes(x.tobytes())
+        session = requests.Session()
+        done = session.post(f"{handle.url}/v2/systemsharedmemory/region/r{i}/register",
+                            json={"key": "/" + keys[i], "offset": 0, "byte_size": x.nbytes}, timeout=60)
+        assert done.status_code == 200, done.text
+        doc = {"inputs": [{"name": engine.inputs[0].name, "shape": list(x.shape), "datatype": "FP32",
+                           "parameters": {"shared_memory_region": f"r{i}", "shared_memory_byte_size": x.nbytes}}]}
+        outs = []
+        for _ in range(3):
+            done = session.post(f"{handle.url}/v2/models/wide/infer", json=doc, timeout=60)
+            assert done.status_code == 200, done.text
+            out = done.json()["outputs"][0]
+            outs.append(np.asarray(out["data"], np.float32).reshape(out["shape"]))
+        return x, outs
+
+    try:
+        results = concurrently(one, 4, 180)
+        assert not [r for r in results if not isinstance(r, tuple)], results
+        with torch.no_grad():
+            for x, outs in results:
+                want = net(torch.from_numpy(x)).numpy()
+                for got in outs:
+                    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-2)
+    finally:
+        handle.stop()
+        for key in keys:
+            (Path("/dev/shm") / key).unlink(missing_ok=True)
