@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..core import ROOT, Measurement, Ratio, Stats, SuiteResult, SuiteSkipped, ensure_package, ratio, script
 from .peers import adapt_for_build, write_hpccm_recipe
@@ -38,12 +38,23 @@ TOOLS = ("ngcx", "hpccm", "naive")
 TAG_PREFIX = "ngcx-bench/"
 APP_FILE = "ngcx-runtime/ngcx_runtime/info.py"
 PIN, PATCHED = "nvidia-cuda-runtime-cu12==12.4.127", "nvidia-cuda-runtime-cu12==12.4.99"
-# The patch bumps timed: (key, label, pin, patched). The CUDA runtime's is the one every earlier run timed; it is
-# ngcx's last wheel layer (registry.yaml lists a stack's pins in layer order). cuBLAS is ngcx's first wheel layer,
-# so its bump is ngcx's worst case: every wheel layer rebuilds, each with its own pip start.
-BUMPS = (("bump", "rebuild after a patch bump", PIN, PATCHED),
-         ("bump-first", "rebuild after a patch bump of the first wheel", "nvidia-cublas-cu12==12.4.5.8",
-          "nvidia-cublas-cu12==12.4.2.65"))
+
+
+class Bump(NamedTuple):
+    """A patch bump timed. The CUDA runtime's is the one every earlier run timed; it is ngcx's last wheel layer
+    (registry.yaml lists a stack's pins in layer order). cuBLAS is ngcx's first wheel layer, so its bump is ngcx's
+    worst case: every wheel layer rebuilds, each with its own pip start."""
+
+    key: str
+    label: str
+    pin: str
+    patched: str
+    where: str        # how the notes name it
+
+
+BUMPS = (Bump("bump", "rebuild after a patch bump", PIN, PATCHED, "the CUDA runtime's pin (ngcx's last wheel layer)"),
+         Bump("bump-first", "rebuild after a patch bump of the first wheel", "nvidia-cublas-cu12==12.4.5.8",
+              "nvidia-cublas-cu12==12.4.2.65", "cuBLAS's pin (ngcx's first wheel layer)"))
 NAIVE = ROOT / "bench" / "naive"
 # ngcx's bottom layers that hold the CUDA stack and nothing image-specific: base, OS packages, venv, one layer per
 # CUDA wheel (4) and the stack's pins file (recipes/cuda.j2).
@@ -374,7 +385,7 @@ def _measure(result: SuiteResult, engine: Engine, work: Path, out: Path) -> None
     for tool in TOOLS:                                   # fills the layer cache the rebuilds start from
         engine.build(files[tool], context, tag(tool, REF))
     times: dict[str, dict[str, list[float]]] = {k: {t: [] for t in TOOLS}
-                                                for k in ("cold", "edit", *(b[0] for b in BUMPS))}
+                                                for k in ("cold", "edit", *(b.key for b in BUMPS))}
     for round_ in range(1, result.repeat + 1):
         print(f"bench build: round {round_}/{result.repeat}", file=sys.stderr)
         for tool in TOOLS:
@@ -383,7 +394,7 @@ def _measure(result: SuiteResult, engine: Engine, work: Path, out: Path) -> None
         edit_app_file(context, round_)
         for tool in TOOLS:
             times["edit"][tool].append(engine.build(files[tool], context, tag(tool, REF)))
-        for key, _, pin, patched in BUMPS:
+        for key, _, pin, patched, _ in BUMPS:
             for tool in TOOLS:
                 bumped = files[tool].with_name(f"{tool}-{key}{round_}.Dockerfile")
                 bumped.write_text(patch_bump(files[tool].read_text(), round_ - 1, pin, patched))
@@ -415,7 +426,7 @@ def _measure(result: SuiteResult, engine: Engine, work: Path, out: Path) -> None
     parting = first_difference(files["ngcx"].read_text(), files2["ngcx"].read_text())
     result.notes = notes(result.measurements, stack, common, parting) + ([missing] if missing else [])
     result.extra.update(
-        ref=REF, second=SECOND, base=BASE, app_file=APP_FILE, bumps={k: f"{p} -> {q}" for k, _, p, q in BUMPS},
+        ref=REF, second=SECOND, base=BASE, app_file=APP_FILE, bumps={b.key: f"{b.pin} -> {b.patched}" for b in BUMPS},
         ngcx_stack_bytes=stack, ngcx_common_layers=common, ngcx_parting_line=parting,
         hpccm_recipe=os.path.relpath(out / "peers" / f"hpccm-{REF.replace(':', '-')}-offline.py", ROOT),
         naive_dockerfile=os.path.relpath(NAIVE / f"{REF.split(':')[0]}.Dockerfile", ROOT),
@@ -474,7 +485,7 @@ def _shown(dockerfile: Path) -> str:
 def _ratios(ms: list[Measurement]) -> list[Ratio]:
     by = {m.name: m for m in ms}
     out = []
-    for label in ("rebuild after editing one app file", "cold build", *(b[1] for b in BUMPS), "image size",
+    for label in ("rebuild after editing one app file", "cold build", *(b.label for b in BUMPS), "image size",
                   f"bytes shared with its {SECOND}"):
         for peer in ("hpccm", "naive"):
             num, den = by.get(f"ngcx: {label}"), by.get(f"{peer}: {label}")
@@ -549,29 +560,28 @@ def notes(ms: list[Measurement], stack_bytes: float, common: int | None, parting
                "layers after it rebuild; the naive file copies the app before its one pip install, so every "
                "edit reinstalls the whole CUDA stack.")
     losses = []
-    for label in ("cold build", "rebuild after editing one app file", *(b[1] for b in BUMPS)):
+    for label in ("cold build", "rebuild after editing one app file", *(b.label for b in BUMPS)):
         ours, peer = by[f"ngcx: {label}"], by[f"hpccm: {label}"]
         if ours.wall.median > peer.wall.median:
             spread = "ranges overlap" if ours.wall.overlaps(peer.wall) else "ranges apart"
             losses.append(f"{label} by {ours.wall.median / peer.wall.median - 1:.0%} ({spread})")
     if losses:
         out.append("ngcx is slower than hpccm on " + "; ".join(losses) + ". What ngcx's steps do on top of "
-                   "hpccm's: one pip start per CUDA wheel layer (4 against hpccm's one install: the price of a bump "
-                   "that rebuilds one wheel); pip's download cache in a BuildKit cache mount (a rebuild reads "
-                   "unchanged wheels back from it, where hpccm's `pip --no-cache-dir` downloads them again: behind "
-                   "this machine's nearby proxy the two cost about the same, on a slow or metered link the cache "
-                   "wins); and the pins check (python-version check, pins file, pip check, stripping the wheels' "
+                   "hpccm's: one pip start per CUDA wheel layer (4 against hpccm's one install: the price of a "
+                   "bump that rebuilds one wheel); pip's download cache in a BuildKit cache mount, which saves "
+                   "nothing here: this machine's proxy sends PyPI's files without caching headers, so pip's HTTP "
+                   "cache keeps none and every rebuilt layer downloads its wheel again, as hpccm's `pip "
+                   "--no-cache-dir` does (where PyPI's own headers arrive, unchanged wheels come back from the "
+                   "cache); and the pins check (python-version check, pins file, pip check, stripping the wheels' "
                    "headers and static libraries, ldconfig). Where the ranges overlap it is within this machine's "
                    "noise.")
-    bump = {key: {t: med[f"{t}: {label}"] for t in TOOLS} for key, label, _, _ in BUMPS}
-    last, first = bump["bump"], bump["bump-first"]
-    out.append(f"Patch bumps: the CUDA runtime's pin (ngcx's last wheel layer) ngcx {last['ngcx']:.1f} s, hpccm "
-               f"{last['hpccm']:.1f} s, naive {last['naive']:.1f} s; cuBLAS's pin (ngcx's first wheel layer) ngcx "
-               f"{first['ngcx']:.1f} s, hpccm {first['hpccm']:.1f} s, naive {first['naive']:.1f} s. hpccm and naive "
-               "install the whole stack in one pip step, so any bump reinstalls all of it; ngcx installs one wheel "
-               "per layer in the catalog's order (recipes/cuda.j2; registry.yaml lists a wheel after those it "
-               "requires, then the largest first), so a bump reinstalls the bumped wheel and those after it: the "
-               "runtime's 1 MB wheel alone, or for cuBLAS every wheel, each with its own pip start.")
+    timed = "; ".join(f"{b.where} ngcx {med[f'ngcx: {b.label}']:.1f} s, hpccm {med[f'hpccm: {b.label}']:.1f} s, "
+                      f"naive {med[f'naive: {b.label}']:.1f} s" for b in BUMPS)
+    out.append(f"Patch bumps: {timed}. hpccm and naive install the whole stack in one pip step, so any bump "
+               "reinstalls all of it; ngcx installs one wheel per layer in the catalog's order (recipes/cuda.j2; "
+               "registry.yaml lists a wheel after those it requires, then the largest first), so a bump reinstalls "
+               "the bumped wheel and those after it: the runtime's 1 MB wheel alone, or for cuBLAS every wheel, each "
+               "with its own pip start.")
     key = f"bytes shared with its {SECOND}"
     if all(f"{t}: {key}" in med for t in TOOLS):
         out += sharing_notes({t: med[f"{t}: {key}"] for t in TOOLS}, stack_bytes, common, parting)

@@ -135,11 +135,11 @@ def test_every_timed_bump_names_a_pin_each_tool_installs() -> None:
     rel = load_catalog().resolve(build.REF)
     texts = {"ngcx": render_dockerfile(rel), "hpccm": peers.hpccm_recipe(build.REF),
              "naive": (build.NAIVE / "cuda.Dockerfile").read_text()}
-    for _, _, pin, patched in build.BUMPS:
+    for bump in build.BUMPS:
         for tool, text in texts.items():
-            assert pin in text, f"{tool} does not install {pin}"
-        assert pin.split("==")[0] == patched.split("==")[0] and pin != patched
-    assert [b[2] for b in build.BUMPS] == [rel.pins[-1].requirement, rel.pins[0].requirement]
+            assert bump.pin in text, f"{tool} does not install {bump.pin}"
+        assert bump.pin.split("==")[0] == bump.patched.split("==")[0] and bump.pin != bump.patched
+    assert [b.pin for b in build.BUMPS] == [rel.pins[-1].requirement, rel.pins[0].requirement]
 
 
 def test_a_naive_dockerfile_mirrors_each_release_the_suite_builds() -> None:
