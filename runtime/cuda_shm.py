@@ -25,6 +25,7 @@ import base64
 import binascii
 import contextlib
 import ctypes
+import os
 import threading
 import weakref
 from dataclasses import dataclass
@@ -83,15 +84,18 @@ class Driver:
         return n.value
 
     def use(self, device_id: int) -> None:
-        """Make the device's primary context current on this thread (retained once per device)."""
-        with self._lock:
-            ctx = self._contexts.get(device_id)
-            if ctx is None:
-                dev = ctypes.c_int(0)
-                self._call("cuDeviceGet", ctypes.byref(dev), ctypes.c_int(device_id))
-                ctx = ctypes.c_void_p()
-                self._call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev)
-                self._contexts[device_id] = ctx
+        """Make the device's primary context current on this thread (retained once per device). Once retained
+        no lock is taken, so pin_host's finalizer may unpin from any thread at any time."""
+        ctx = self._contexts.get(device_id)
+        if ctx is None:
+            with self._lock:
+                ctx = self._contexts.get(device_id)
+                if ctx is None:
+                    dev = ctypes.c_int(0)
+                    self._call("cuDeviceGet", ctypes.byref(dev), ctypes.c_int(device_id))
+                    ctx = ctypes.c_void_p()
+                    self._call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev)
+                    self._contexts[device_id] = ctx
         self._call("cuCtxSetCurrent", ctx)
 
     def context_active(self, device_id: int) -> bool:
@@ -166,9 +170,15 @@ def decode_handle(raw: Any) -> bytes:
         raise ProtocolError("'raw_handle.b64' is not valid base64") from None
 
 
-def _unpin_quietly(driver: Driver, ptr: int) -> None:
-    with contextlib.suppress(CudaError):
-        driver.unpin(ptr)
+def _pin_budget() -> int:
+    """Bytes of read buffers that may be page-locked at once: a quarter of this host's memory, at most 8 GiB.
+    Page-locked memory cannot be swapped out; many connections with large inputs fall back to pageable
+    buffers beyond this instead of starving the host."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        total = 0
+    return min(8 << 30, total // 4)
 
 
 class CudaSharedMemory:
@@ -182,6 +192,9 @@ class CudaSharedMemory:
         self._driver: Driver | None = None
         self._why: str | None = None if enabled else "shared memory is disabled on this server (--shared-memory off)"
         self._probed = not enabled
+        self.pin_budget = _pin_budget()
+        self._pinned = 0                               # bytes page-locked by pin_host now
+        self._pin_lock = threading.RLock()             # re-entrant: a finalizer may run in a thread holding it
 
     def driver(self) -> Driver:
         """The driver, or a 400 naming why CUDA shared memory is not available here."""
@@ -216,15 +229,27 @@ class CudaSharedMemory:
         (backends/pytorch.py, _stage_slot)."""
         if not self.available() or self._driver is None:
             return False
-        driver, ptr = self._driver, view.ctypes.data
+        driver, ptr, size = self._driver, view.ctypes.data, view.nbytes
+        with self._pin_lock:
+            if self._pinned + size > self.pin_budget:
+                return False
+            self._pinned += size
         try:
             if not driver.context_active(0):
-                return False
-            driver.pin(ptr, view.nbytes)
+                raise CudaError("no engine has a context on GPU 0")
+            driver.pin(ptr, size)
         except CudaError:
+            with self._pin_lock:
+                self._pinned -= size
             return False
-        weakref.finalize(owner, _unpin_quietly, driver, ptr).atexit = False   # runs before numpy frees it
+        weakref.finalize(owner, self._unpin, driver, ptr, size).atexit = False   # runs before numpy frees it
         return True
+
+    def _unpin(self, driver: Driver, ptr: int, size: int) -> None:
+        with contextlib.suppress(CudaError):
+            driver.unpin(ptr)
+        with self._pin_lock:
+            self._pinned -= size
 
     # -- the extension's endpoints --
     def register_json(self, name: str, doc: dict[str, Any]) -> None:

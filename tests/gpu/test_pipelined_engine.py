@@ -94,3 +94,25 @@ def test_a_page_locked_full_bucket_goes_to_the_gpu_without_staging_and_gives_the
     assert [k[3] for k in staged()] == [64], "the pageable input was staged"
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=1e-3, atol=1e-3)
     assert engine._free_slots.qsize() == 2
+
+
+@pytest.mark.skipif(not _gpu(), reason="needs torch with a CUDA GPU (no GPU here; runs on the lent GPU)")
+def test_page_locking_stops_at_its_budget_and_gives_the_bytes_back_when_a_buffer_is_freed():
+    """Page-locked memory cannot be swapped out: beyond the budget a read buffer stays pageable (and still
+    works); freeing a pinned buffer unpins it and returns its bytes to the budget."""
+    import gc
+
+    import torch
+
+    from ngcx_runtime.cuda_shm import CudaSharedMemory
+
+    torch.zeros(1, device="cuda")                       # an engine's context on GPU 0, as serve has
+    cuda = CudaSharedMemory()
+    cuda.pin_budget = 3 << 20
+    first, second = np.empty(2 << 20, np.uint8), np.empty(2 << 20, np.uint8)
+    assert cuda.pin_host(first, first) and torch.from_numpy(first).is_pinned()
+    assert not cuda.pin_host(second, second) and not torch.from_numpy(second).is_pinned()
+    del first
+    gc.collect()
+    assert cuda._pinned == 0
+    assert cuda.pin_host(second, second) and torch.from_numpy(second).is_pinned()
