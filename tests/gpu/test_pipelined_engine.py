@@ -22,23 +22,30 @@ def _gpu() -> bool:
     return torch.cuda.is_available()
 
 
-@pytest.mark.skipif(not _gpu(), reason="needs torch with a CUDA GPU (no GPU here; runs on the lent GPU)")
-def test_infer_async_matches_infer_with_two_batches_in_flight(tmp_path, monkeypatch):
+def _conv_plan(tmp_path, side: int, buckets: list[int]):
+    """A small conv net exported with a dynamic batch (up to 64), optimized to an FP16 plan with these buckets and
+    loaded: (the engine, its input's name)."""
     import torch
 
     from ngcx_runtime import plan
-    from ngcx_runtime.backends import pytorch as backend
     from ngcx_runtime.optimize import OptimizeOptions, optimize
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
                               torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 5)).eval()
-    ep = torch.export.export(net, (torch.randn(2, 3, 16, 16),),
+    ep = torch.export.export(net, (torch.randn(2, 3, side, side),),
                              dynamic_shapes=({0: torch.export.Dim("b", min=1, max=64)},))
     torch.export.save(ep, str(tmp_path / "m.pt2"))
-    res = optimize(tmp_path / "m.pt2", tmp_path / "p", OptimizeOptions(precision="fp16", batch_profile=[4, 16]))
+    res = optimize(tmp_path / "m.pt2", tmp_path / "p", OptimizeOptions(precision="fp16", batch_profile=buckets))
     engine = plan.load(res.plan_dir)
-    name = engine.inputs[0].name
+    return engine, engine.inputs[0].name
+
+
+@pytest.mark.skipif(not _gpu(), reason="needs torch with a CUDA GPU (no GPU here; runs on the lent GPU)")
+def test_infer_async_matches_infer_with_two_batches_in_flight(tmp_path, monkeypatch):
+    from ngcx_runtime.backends import pytorch as backend
+
+    engine, name = _conv_plan(tmp_path, 16, [4, 16])
     monkeypatch.setattr(backend, "PIPELINE_MIN_BYTES", 0)  # pipeline even these small batches
 
     rng = np.random.default_rng(1)
@@ -63,21 +70,11 @@ def test_a_page_locked_full_bucket_goes_to_the_gpu_without_staging_and_gives_the
     outputs equal those of the same input from pageable memory (which goes through the staging buffer)."""
     import torch
 
-    from ngcx_runtime import plan
     from ngcx_runtime import shm as server_shm
     from ngcx_runtime.backends import pytorch as backend
     from ngcx_runtime.cuda_shm import CudaSharedMemory
-    from ngcx_runtime.optimize import OptimizeOptions, optimize
 
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
-                              torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 5)).eval()
-    ep = torch.export.export(net, (torch.randn(2, 3, 160, 160),),
-                             dynamic_shapes=({0: torch.export.Dim("b", min=1, max=64)},))
-    torch.export.save(ep, str(tmp_path / "m.pt2"))
-    res = optimize(tmp_path / "m.pt2", tmp_path / "p", OptimizeOptions(precision="fp16", batch_profile=[4, 64]))
-    engine = plan.load(res.plan_dir)
-    name = engine.inputs[0].name
+    engine, name = _conv_plan(tmp_path, 160, [4, 64])
     x = np.random.default_rng(2).standard_normal((64, 3, 160, 160)).astype(np.float16)   # 9.8 MB: pipelined
     assert x.nbytes >= backend.PIPELINE_MIN_BYTES and CudaSharedMemory().available()
 
