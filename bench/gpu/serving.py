@@ -90,9 +90,10 @@ import torchvision
 from ngcx_runtime.optimize import OptimizeOptions, optimize
 work, seconds = sys.argv[1], float(sys.argv[2])
 wanted = sys.argv[3].split(",") if len(sys.argv) > 3 else ["resnet50", "resnet18"]
+r50_profile = [int(b) for b in sys.argv[4].split(",")] if len(sys.argv) > 4 else [1, 4, 16, 64, 256]
 out = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "torchvision": torchvision.__version__,
        "plans": {}, "inproc": []}
-for name, profile in [(n, p) for n, p in (("resnet50", [1, 4, 16, 64, 256]), ("resnet18", [1, 4, 16, 32]))
+for name, profile in [(n, p) for n, p in (("resnet50", r50_profile), ("resnet18", [1, 4, 16, 32]))
                       if n in wanted]:
     torch.manual_seed(0)
     net = getattr(torchvision.models, name)(weights=None).eval()
@@ -121,9 +122,11 @@ print("RESULT " + json.dumps(out), flush=True)
 '''
 
 
-def prepare(work: Path, seconds: float, env: dict[str, str], models: str = "resnet50,resnet18") -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-c", PREPARE, str(work), str(seconds), models], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=900)
+def prepare(work: Path, seconds: float, env: dict[str, str], models: str = "resnet50,resnet18",
+            r50_profile: str = "1,4,16,64,256") -> dict[str, Any]:
+    """Plans (ResNet-50 with the batch buckets `r50_profile`) and their in-process figures, in a child process."""
+    proc = subprocess.run([sys.executable, "-c", PREPARE, str(work), str(seconds), models, r50_profile], env=env,
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
     sys.stdout.write(proc.stdout[-4000:])
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):

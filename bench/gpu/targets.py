@@ -1,6 +1,6 @@
 """Issue 24's two served-GPU targets, each figure from ROUNDS rounds: median, min and max, and the worst round.
 
-    python3 bench/gpu/targets.py --out DIR [--rounds 3] [--seconds 3] [--work DIR]
+    python3 bench/gpu/targets.py --out DIR [--rounds 3] [--seconds 3] [--work DIR] [--profile 1,4,16,64,256]
 
 Run from a checkout's root on a GPU host (torch, torchvision); the script puts the checkout's
 runtime/ on its servers' import path itself (serving.py's shim), so a plain clone works. Writes
@@ -114,6 +114,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--work", type=Path, default=None, help="work folder (plans); reuse it to skip rebuilding")
+    ap.add_argument("--profile", default="1,4,16,64,256",
+                    help="ResNet-50's batch buckets (optimize --batch); a new profile needs a new --work")
     args = ap.parse_args()
     if args.rounds < 3:
         ap.error("--rounds must be at least 3: median, min and max need that many")
@@ -128,7 +130,7 @@ def main() -> int:
         (args.out / "targets.json").write_text(json.dumps(report, indent=1))
 
     t0 = time.perf_counter()
-    prep = serving.prepare(work, args.seconds, env, "resnet50")
+    prep = serving.prepare(work, args.seconds, env, "resnet50", args.profile)
     report.update({k: prep[k] for k in ("gpu", "torch", "torchvision", "plans")})
     r50 = prep["plans"]["resnet50"]
     i50, o50 = r50["inputs"][0][0], r50["outputs"][0][0]
