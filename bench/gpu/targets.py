@@ -1,6 +1,7 @@
 """Issue 24's two served-GPU targets, each figure from ROUNDS rounds: median, min and max, and the worst round.
 
-    python3 bench/gpu/targets.py --out DIR [--rounds 3] [--seconds 3] [--work DIR] [--profile 1,4,16,64,256]
+    python3 bench/gpu/targets.py --out DIR [--rounds 3] [--seconds 3] [--work DIR]
+                                 [--profile 1,4,16,64,256] [--serve-args ARGS]
 
 Run from a checkout's root on a GPU host (torch, torchvision); the script puts the checkout's
 runtime/ on its servers' import path itself (serving.py's shim), so a plain clone works. Writes
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -116,6 +118,7 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=None, help="work folder (plans); reuse it to skip rebuilding")
     ap.add_argument("--profile", default="1,4,16,64,256",
                     help="ResNet-50's batch buckets (optimize --batch); a new profile needs a new --work")
+    ap.add_argument("--serve-args", default="", help="more `ngcx_runtime.serve` arguments, e.g. '--instances 2'")
     args = ap.parse_args()
     if args.rounds < 3:
         ap.error("--rounds must be at least 3: median, min and max need that many")
@@ -137,8 +140,8 @@ def main() -> int:
     loads = [("shm_bs256_c8", serving.ShmRequest("resnet50", i50, o50, 256), 8, 256),
              ("body_bs1_c64", serving.BinaryRequest("resnet50", i50, o50, 1), 64, 1)]
     refs = References(r50["dir"], env, work / "logs" / "references.log")
-    server = serving.Server([r50["dir"], "--max-queue-delay-ms", "1", "--max-connections", "1024"], env,
-                            work / "logs" / "server.log")
+    server = serving.Server([r50["dir"], "--max-queue-delay-ms", "1", "--max-connections", "1024",
+                             *shlex.split(args.serve_args)], env, work / "logs" / "server.log")
     report["server_ready_s"] = server.ready_s
     try:
         for r in range(args.rounds):
