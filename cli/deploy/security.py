@@ -24,9 +24,15 @@ ROTATION_WAIT_S = 30.0        # ngcx-runtime re-reads its keys file within 0.25 
 
 
 def prune() -> None:
-    """Forget the key files of deployments that are gone (destroyed, replaced, failed)."""
+    """Forget the key files of deployments that are gone (destroyed, replaced, failed).
+
+    The files are listed before the records are read: a deploy writes its record before its key files
+    (flow.py), so a file listed here belongs to a record the read below sees while it lives. The other
+    order deleted the mounted hashes of a replica that a concurrent roll created between the two reads,
+    and its container could not read its keys file (CI, tests/e2e/test_service_local.py)."""
+    kept = keys.kept()
     live = {r.id for r in store.records()}
-    for deployment in keys.kept() - live:
+    for deployment in kept - live:
         keys.forget(deployment)
 
 

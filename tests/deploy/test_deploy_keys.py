@@ -118,3 +118,34 @@ def test_ngcx_deployments_key_of_an_unknown_or_keyless_deployment_is_one_line(is
     done = subprocess.run([sys.executable, "-m", "ngcx", "deployments", "key", "41"], capture_output=True,
                           text=True, env=dict(os.environ), cwd=Path(__file__).parent)
     assert done.returncode == 2 and "no deployment 41" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_prune_keeps_the_key_files_of_a_deployment_made_while_it_runs(isolated_state, monkeypatch):
+    """A concurrent deploy (a service's roll starts replicas in parallel) creates its record and then its key
+    files between prune's two reads: they must survive, and a gone deployment's files must not."""
+    from ngcx.deploy import security, store
+    from ngcx.deploy.common import DeployConfig
+
+    def config() -> DeployConfig:
+        return DeployConfig(cloud="local", image="x:1", pull_ref=None, registry=None, labels={}, model="m")
+
+    gone = store.create_intent(config())
+    keys.create(gone.id)
+    keys.write_local_hashes(gone.id, "# gone\n")
+    store.mark_destroyed(gone.id, "test")
+    records = store.records
+    made: list[int] = []
+
+    def records_while_a_deploy_starts(*args, **kwargs):
+        found = records(*args, **kwargs)
+        if not made:                                   # the other deploy: its record, then its files
+            rec = store.create_intent(config())
+            keys.create(rec.id)
+            keys.write_local_hashes(rec.id, "# new\n")
+            made.append(rec.id)
+        return found
+
+    monkeypatch.setattr(store, "records", records_while_a_deploy_starts)
+    security.prune()
+    assert (keys.folder() / f"{made[0]}.auth" / "keys").is_file() and made[0] in keys.kept()
+    assert gone.id not in keys.kept()
