@@ -82,6 +82,7 @@ def test_a_page_locked_full_bucket_goes_to_the_gpu_without_staging_and_gives_the
     assert torch.from_numpy(pinned).is_pinned(), "the read buffer was page-locked"
     view = pinned[:x.nbytes].view(np.float16).reshape(x.shape)
     view[...] = x
+
     def staged() -> set:                    # the pipelined slots' input staging buffers (plan.load's warm-up
         return {k for k in engine._staging if k[0] == "in" and k[1] != "sync"}   # uses the serial "sync" one)
 

@@ -317,33 +317,27 @@ def test_reused_read_buffers_never_mix_requests(server, mlp_path, regions):
         np.testing.assert_allclose(got, reference(mlp_path, {"x": x})["y"], rtol=1e-5, atol=1e-5)
 
 
-def test_large_read_buffers_are_offered_for_page_locking_page_aligned_and_once():
+def test_large_read_buffers_are_offered_for_page_locking_page_aligned_and_once(monkeypatch):
     """Inputs of PIN_MIN_BYTES or more are read into a page-aligned buffer that is offered to the GPU side for
     page-locking once (shm.py, _buffer; CudaSharedMemory.pin_host), smaller ones never; without a GPU
     (this host) pin_host declines and the buffer is still used."""
-    import threading
-
     from ngcx_runtime import cuda_shm
     from ngcx_runtime import shm as server_shm
 
+    monkeypatch.delattr(server_shm._BUFFERS, "pool", raising=False)    # this thread's pool starts empty
     offered: list[tuple[int, int, bool]] = []
 
     def pin(view: np.ndarray, owner: np.ndarray) -> bool:
         offered.append((view.ctypes.data, view.nbytes, view.base is owner))
         return False
 
-    def serve_one_thread() -> None:
-        small = server_shm._buffer(0, server_shm.PIN_MIN_BYTES - 1, pin)
-        big = server_shm._buffer(1, server_shm.PIN_MIN_BYTES, pin)
-        again = server_shm._buffer(1, server_shm.PIN_MIN_BYTES - 4096, pin)   # reused: not offered again
-        assert small.nbytes == server_shm.PIN_MIN_BYTES - 1 and again is big
-
-    worker = threading.Thread(target=serve_one_thread)     # a fresh thread: a fresh pool
-    worker.start()
-    worker.join()
+    small = server_shm._buffer(0, server_shm.PIN_MIN_BYTES - 1, pin)
+    big = server_shm._buffer(1, server_shm.PIN_MIN_BYTES, pin)
+    again = server_shm._buffer(1, server_shm.PIN_MIN_BYTES - 4096, pin)   # reused: not offered again
+    assert small.nbytes == server_shm.PIN_MIN_BYTES - 1 and again is big
     assert len(offered) == 1
     ptr, size, owned = offered[0]
-    assert size == server_shm.PIN_MIN_BYTES and ptr % server_shm.PAGE == 0 and owned
+    assert size == server_shm.PIN_MIN_BYTES and ptr % server_shm.PAGE == 0 and owned and ptr == big.ctypes.data
     if not cuda_shm.CudaSharedMemory().available():                         # no GPU: declined, nothing pinned
         owner = np.empty(server_shm.PIN_MIN_BYTES, np.uint8)
         assert cuda_shm.CudaSharedMemory().pin_host(owner, owner) is False
