@@ -218,3 +218,33 @@ def test_connections_past_the_limit_get_a_503_and_the_server_recovers(mlp_path):
         assert_still_serving(limited, mlp_path)
     finally:
         limited.stop()
+
+
+# -- the header block (runtime/headers.py) --
+
+@pytest.mark.parametrize("line", [b"no colon here", b"Transfer-Encoding : chunked", b" folded: x"])
+def test_a_malformed_header_line_is_a_400_and_closes(server, mlp_path, line):
+    """The email parser the stdlib used took such a line as the end of the headers: the Content-Length
+    after it was lost, and the body (here a smuggled request) was read as the next request."""
+    attack = smuggled()
+    raw = (rawhttp.request("POST", INFER, good_body()[0])
+           + b"POST " + INFER.encode() + b" HTTP/1.1\r\nHost: x\r\n" + line
+           + f"\r\nContent-Length: {len(attack)}\r\n\r\n".encode() + attack)
+    ex = rawhttp.exchange(server.port, raw)
+    assert [r.status for r in ex.responses] == [200, 400], ex
+    assert "NAME: VALUE" in ex.responses[1].json()["error"]
+    assert ex.closed, "the connection must close: where the request ends is unknown"
+    assert_still_serving(server, mlp_path)
+
+
+def test_every_answer_carries_the_current_date(server):
+    """The Date header (RFC 9110 §6.6.1) is formatted once a second and shared by the connections' threads."""
+    from email.utils import parsedate_to_datetime
+
+    for _ in range(3):
+        before = time.time()
+        ex = rawhttp.exchange(server.port, rawhttp.request("GET", "/v2/health/live") * 2, expect=2)
+        for response in ex.responses:
+            sent = parsedate_to_datetime(response.headers["date"]).timestamp()
+            assert int(before) <= sent <= time.time(), (before, response.headers["date"])
+        time.sleep(0.4)
