@@ -169,7 +169,7 @@ def batch_key(feeds: dict[str, np.ndarray]) -> tuple:
 
 
 def _answered(item: _Pending) -> None:
-    """Wake the request's thread (once: a second call is a no-op, as Event.set was).
+    """Wake the request's thread; a repeated call never raises (Event.set twice did not either).
 
     Why a bare lock and not threading.Event: an Event is a Condition over a lock, and each wait()
     allocates one more lock. Under an 8-client binary MLP load on the 2-core bench machine, py-spy
