@@ -6,9 +6,8 @@ the dynamic linker loaded in the container, the framework's own CUDA view, and t
 tests (images/NAME/tests/) run inside it. Without a GPU, GPU checks must say they were skipped
 and why; nothing may fail.
 
-Which releases run: NGCX_IMAGE_MATRIX=ci (default) builds one release per image (the CI matrix:
-5 min 6 s measured cold — BuildKit cache and pip cache pruned, only the offline base present —
-on 2 cores, 2026-11-22); NGCX_IMAGE_MATRIX=all builds every buildable release. The rest are
+Which releases run: NGCX_IMAGE_MATRIX=ci (default) builds one release of every buildable image but
+tensorflow (OUTSIDE_CI says why); NGCX_IMAGE_MATRIX=all builds every buildable release. The rest are
 reported skipped with that reason, never silently dropped.
 """
 
@@ -25,7 +24,13 @@ from support import run_ngcx
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-CI_MATRIX = ("cuda:24.05", "onnxruntime:25.08", "pytorch:24.11", "tensorflow:25.03")
+CI_MATRIX = ("cuda:24.05", "onnxruntime:25.08", "pytorch:24.11")
+# Buildable images with no release in the CI matrix, and why (NGCX_IMAGE_MATRIX=all builds them).
+OUTSIDE_CI = {
+    "tensorflow": "tensorflow:25.03 was the slowest image of a cold `bash .ci/run` (182 s of 3,807 s, 2026-11-26: "
+                  "CUDA 12.5's stack is its own, so every CUDA wheel downloads again); the suite must stay under "
+                  "50 min, and pytorch:24.11 keeps a framework over the pinned CUDA wheels in CI",
+}
 LIBRARIES = ("cudart", "cublas", "cudnn", "nccl")
 BUILD_TIMEOUT_S = 1800
 
@@ -71,8 +76,10 @@ def test_ci_matrix_names_only_buildable_catalog_releases():
     """A renamed or dropped release must fail here, not silently shrink the CI matrix."""
     buildable = _catalog_refs()[0]
     assert set(CI_MATRIX) <= set(buildable), sorted(set(CI_MATRIX) - set(buildable))
-    assert {ref.split(":")[0] for ref in CI_MATRIX} == {ref.split(":")[0] for ref in buildable}, \
-        "the CI matrix must cover every buildable image"
+    images = {ref.split(":")[0] for ref in buildable}
+    assert {ref.split(":")[0] for ref in CI_MATRIX} | set(OUTSIDE_CI) == images, \
+        "every buildable image is in the CI matrix or in OUTSIDE_CI with the reason"
+    assert not {ref.split(":")[0] for ref in CI_MATRIX} & set(OUTSIDE_CI), "an image is both in and outside CI"
 
 
 @pytest.mark.parametrize("ref", _params())
