@@ -174,8 +174,9 @@ def _answered(item: _Pending) -> None:
     Why a bare lock and not threading.Event: an Event is a Condition over a lock, and each wait()
     allocates one more lock. Under an 8-client binary MLP load on the 2-core bench machine, py-spy
     --gil put Condition.wait / notify / __init__ at ~20 % of the server's GIL samples, most of it these
-    per-request Events. With this and headers.py, that load went from 1,441 to 2,066 req/s (medians
-    of 3 interleaved 5 s runs each, 4dd02a8 against this change, a test suite running beside them).
+    per-request Events. This change alone, that load: 2,130 -> 2,260 req/s at 8 clients, 1,951 -> 2,087 at
+    32 (medians of 3 interleaved 5 s runs; 1,505 and 1,537 before headers.py). On the H100's ResNet-50 bs 1
+    load it showed no gain (bench/results/gpu/targets/README.md, 2026-11-26).
     """
     if item.done.locked():
         item.done.release()
