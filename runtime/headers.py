@@ -76,6 +76,12 @@ def read_headers(rfile: BinaryIO) -> Headers:
         text = line.decode("iso-8859-1").rstrip("\r\n")
         name, colon, value = text.partition(":")
         if not colon or not _TOKEN.fullmatch(name) or _BAD_IN_VALUE.search(value):
-            raise ProtocolError(f"header line '{peer_text(text, 60)}' is not NAME: VALUE (a token name, no space "
-                                "before the colon, no folded lines, no CR or NUL in the value)")
+            raise ProtocolError(f"{_which(len(fields) + 1, name if colon else '')} is not NAME: VALUE (a token name, "
+                                "no space before the colon, no folded lines, no CR or NUL in the value)")
         fields.append((name.lower(), name, value.strip(" \t")))
+
+
+def _which(number: int, name: str) -> str:
+    """The bad line by its number and, when it is a token, its name: never its value, which may be a key
+    (Authorization, X-Api-Key) that must not come back in an error or a log line."""
+    return f"header line {number} ({peer_text(name, 40)})" if _TOKEN.fullmatch(name) else f"header line {number}"

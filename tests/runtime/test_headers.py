@@ -71,3 +71,10 @@ def test_past_the_limits_is_a_431():
     with pytest.raises(ProtocolError) as err:
         read_headers(io.BytesIO(b"X: " + b"a" * MAX_LINE + b"\r\n\r\n"))
     assert err.value.status == 431
+
+
+def test_a_refused_line_is_named_by_its_number_and_name_never_its_value():
+    raw = b"Host: x\r\nAuthorization: Bearer sk-canary-5e1f\x00\r\n\r\n"
+    with pytest.raises(ProtocolError) as err:
+        read_headers(io.BytesIO(raw))
+    assert "header line 2 (Authorization)" in err.value.message and "canary" not in err.value.message
