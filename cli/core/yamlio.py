@@ -7,6 +7,13 @@ consumer that walks it (pydantic, json output); a 5000-digit integer or a timest
 raised ValueError from deep inside PyYAML. Here each of those is a UserError naming file:line and
 the fix. Only YAML's safe tags are constructed (SafeLoader): `!!python/object...` is an error,
 never executed.
+
+Why two loaders: PyYAML's pure-Python scanner and parser were 0.052 s of a cold `ngcx render`'s
+registry.yaml read, libyaml's C ones 0.007 s (tests/perf figures in BENCHMARKS.md, cli suite). The
+fast loader keeps the Python composer and constructor, so every limit above holds unchanged; only
+tokens and events come from C. A file the fast loader refuses is read again by the pure-Python
+one, whose messages name the offending character (libyaml's: "found character that cannot start
+any token"), so an error reads the same with or without libyaml.
 """
 
 from __future__ import annotations
@@ -23,11 +30,12 @@ MAX_DEPTH = 64  # the catalog nests 5 levels deep
 MAX_NODES = 100_000  # nodes after expanding every alias (the catalog has ~730)
 
 
-class SafeLimitedLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys, deep nesting and alias bombs, and reports where."""
+class _Limits:
+    """Refuses duplicate keys, deep nesting and alias bombs, and reports where (mixed into both loaders)."""
 
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
+    _depth = 0
+
+    def _start_limits(self) -> None:
         self._depth = 0
         self._sizes: dict[int, int] = {}  # id(node) -> node count with aliases expanded
 
@@ -74,7 +82,36 @@ class SafeLimitedLoader(yaml.SafeLoader):
                 None, None, f"cannot read value {shown!r}: {reason}; quote it if it is text", node.start_mark) from None
 
 
-def _construct_mapping(loader: SafeLimitedLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+class SafeLimitedLoader(_Limits, yaml.SafeLoader):
+    """The pure-Python SafeLoader with the limits: its error messages are the ones users see."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._start_limits()
+
+
+if yaml.__with_libyaml__:
+    from yaml.composer import Composer
+    from yaml.constructor import SafeConstructor
+    from yaml.cyaml import CParser
+    from yaml.resolver import Resolver
+
+    class FastLimitedLoader(_Limits, Composer, CParser, SafeConstructor, Resolver):
+        """libyaml's scanner and parser under the same Python composer, constructor and limits."""
+
+        def __init__(self, stream: str) -> None:
+            CParser.__init__(self, stream)
+            Composer.__init__(self)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+            self._start_limits()
+
+    LOADERS: tuple[type, ...] = (FastLimitedLoader, SafeLimitedLoader)
+else:  # pragma: no cover - PyYAML wheels ship libyaml; a source build without it is only slower
+    LOADERS = (SafeLimitedLoader,)
+
+
+def _construct_mapping(loader: _Limits, node: yaml.MappingNode, deep: bool = False) -> dict:
     """Refuse duplicate keys (PyYAML silently keeps the last one, hiding a second release)."""
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
@@ -95,7 +132,8 @@ def _construct_mapping(loader: SafeLimitedLoader, node: yaml.MappingNode, deep: 
     return loader.construct_mapping(node, deep=deep)
 
 
-SafeLimitedLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+for _loader in LOADERS:
+    _loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
 def load_yaml(text: str, source: str) -> Any:
@@ -103,6 +141,10 @@ def load_yaml(text: str, source: str) -> Any:
     if len(text) > MAX_BYTES:
         raise UserError(f"{source}: {len(text)} characters is too large for a YAML file here "
                         f"(limit {MAX_BYTES})", hint="check that this is the right file")
+    try:
+        return yaml.load(text, Loader=LOADERS[0])  # noqa: S506 - safe constructor only
+    except yaml.YAMLError:
+        pass  # read again below for the pure-Python loader's message (the error path only)
     try:
         return yaml.load(text, Loader=SafeLimitedLoader)  # noqa: S506 - SafeLoader subclass
     except yaml.MarkedYAMLError as exc:
@@ -134,7 +176,7 @@ def load_mapping_with_lines(text: str, source: str, expected: str) -> tuple[dict
         raise ProblemsFound(source, [Problem(source, "", "parse.not-a-mapping", f"the file must be {expected}",
                                              "`ngcx init --model PATH` writes a starting point")])
     lines: dict[tuple, int] = {}
-    _index(yaml.compose(text, Loader=SafeLimitedLoader), (), lines)
+    _index(yaml.compose(text, Loader=LOADERS[0]), (), lines)  # load_yaml read it: it composes
     return data, lines
 
 
