@@ -190,9 +190,9 @@ class Catalog:
     def spec(self) -> CatalogSpec:
         """The validated schema model; from the cache it is re-validated from spec_data on first use."""
         if self._spec is None:
-            from .schema import CatalogSpec
+            from .schema import validate
 
-            self._spec = CatalogSpec.model_validate(self.spec_data)
+            self._spec = validate(self.spec_data)
         return self._spec
 
     @property
@@ -252,6 +252,8 @@ def _require_cuda(cuda: str, floor: str, full: str, rules: Rules) -> str:
 
 def complete(spec: CatalogSpec, source: str) -> Catalog:
     """Resolve stacks and derive the values every later stage uses."""
+    from .schema import dump
+
     releases: dict[str, dict[str, Release]] = {}
     rules = spec.rules
     bases = {name: BaseInfo.of(b) for name, b in spec.bases.items()}
@@ -283,4 +285,4 @@ def complete(spec: CatalogSpec, source: str) -> Catalog:
                 require_cuda=_require_cuda(stack.cuda, floor, full, rules),
             )
     return Catalog(source=source, releases=releases, images={n: ImageInfo.of(i) for n, i in spec.images.items()},
-                   bases=bases, spec_data=spec.model_dump(mode="json", by_alias=True), _spec=spec)
+                   bases=bases, spec_data=dump(spec), _spec=spec)

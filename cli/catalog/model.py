@@ -4,7 +4,7 @@ Separate steps, as cog does (parse -> validate -> complete), one module each:
   parse     core/yamlio.py: YAML -> plain data, with line numbers, duplicate keys, deep nesting and
             alias bombs caught (PyYAML silently keeps the last duplicate, which would hide a
             second `"24.05":` release);
-  schema    schema.py: strict pydantic models (unknown keys rejected, typed versions);
+  schema    schema.py: strict typed dataclasses, validated by pydantic-core (unknown keys rejected);
   rules     rules.py: the compatibility rules, which are data in the same file; every violation
             is collected as a typed Problem (core/problems.py), not just the first;
   complete  complete.py: stacks resolved into each release, min driver / GPU range / labels.
@@ -16,14 +16,14 @@ cache.py (keyed by the file's sha256 and this code's), which is what load_catalo
 
 from __future__ import annotations
 
-from pydantic import ValidationError
+from pydantic_core import ValidationError
 
 from ..core.errors import UserError
 from ..core.problems import Problem, ProblemsFound
 from ..core.yamlio import load_yaml
 from .complete import Catalog, Pin, Release, complete, parse_pin
 from .rules import Checker
-from .schema import PIN, RELEASE_TAG, CatalogSpec, ReleaseSpec, Rules, _schema_errors
+from .schema import PIN, RELEASE_TAG, CatalogSpec, ReleaseSpec, Rules, _schema_errors, validate
 
 __all__ = ["PIN", "RELEASE_TAG", "Catalog", "CatalogInvalid", "CatalogSpec", "Checker", "Pin", "Release",
            "ReleaseSpec", "Rules", "complete", "parse", "parse_pin", "problems_of", "validated_catalog"]
@@ -54,7 +54,7 @@ def problems_of(text: str, source: str) -> tuple[CatalogSpec | None, list[Proble
     """Parse + validate; returns the spec (if the schema held) and every violation found."""
     data = parse(text, source)
     try:
-        spec = CatalogSpec.model_validate(data)
+        spec = validate(data)
     except ValidationError as exc:
         return None, _schema_errors(exc, source)
     checker = Checker(spec)
