@@ -13,7 +13,8 @@ DIR/targets.json; saved runs: bench/results/gpu/targets/.
   bs1  ResNet-50 FP16, batch 1 from 64 clients (the batcher merges them), over the same round's
        GPU-resident batch-1 figure in process. Target: >= 70 %.
 
-One server (`python -m ngcx_runtime.serve PLAN --max-queue-delay-ms 1`) and one reference process (the
+One server (`python -m ngcx_runtime.serve PLAN --max-queue-delay-ms 1` plus --serve-args: `--mps 4` is
+four processes behind the port, runtime/mps.py) and one reference process (the
 same plan loaded in process) stay up for the whole run; each round measures the references first (the
 server idle), then the two served loads (the reference process idle), so a round's ratio compares
 figures taken seconds apart: the GPU's clocks drift over minutes (the references of one earlier run
@@ -143,12 +144,13 @@ def main() -> int:
     server = serving.Server([r50["dir"], "--max-queue-delay-ms", "1", "--max-connections", "1024",
                              *shlex.split(args.serve_args)], env, work / "logs" / "server.log")
     report["server_ready_s"] = server.ready_s
+    phase = "resnet50 " + (args.serve_args.strip() or "1 process")
     try:
         for r in range(args.rounds):
             report["references"].append(refs.round(r))
             for name, make, conns, batch in loads:
                 res = serving.load(server.port, make, conns, args.seconds)
-                row = {"phase": "resnet50_1proc", "load": name, "round": r, "connections": conns, "batch": batch, **res}
+                row = {"phase": phase, "load": name, "round": r, "connections": conns, "batch": batch, **res}
                 if "req_s" in res:
                     row["img_s"] = round(res["req_s"] * batch, 1)
                 report["rows"].append(row)

@@ -11,6 +11,7 @@ plan.load refuses or rebuilds on a mismatch.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -321,12 +322,23 @@ def _gpu_and_id(gpu: bool, device: int | str | None) -> tuple[bool, int]:
     return gpu, device if isinstance(device, int) else 0
 
 
+def omp_threads() -> int:
+    """OMP_NUM_THREADS if it is a positive integer, else 0 (ONNX Runtime's default: one per core).
+
+    Why ONNX Runtime reads it too: its CPU build has its own thread pool and ignores the variable, so
+    `serve --processes N` (runtime/mps.py gives each child cores / N through it) would otherwise run
+    N pools of one thread per core each, on the same cores."""
+    text = os.environ.get("OMP_NUM_THREADS", "")
+    return int(text) if text.isdigit() and int(text) > 0 else 0
+
+
 def _session(path: Path, gpu: bool, plan_dir: Path | None, precision: str, level: str,
              device: int | str | None = None):
     import onnxruntime
 
     so = onnxruntime.SessionOptions()
     so.graph_optimization_level = getattr(onnxruntime.GraphOptimizationLevel, level)
+    so.intra_op_num_threads = omp_threads()
     use_gpu, device_id = _gpu_and_id(gpu, device)
     try:
         return onnxruntime.InferenceSession(str(path), so,

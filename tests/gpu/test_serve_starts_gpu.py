@@ -5,7 +5,10 @@ repo's own recorded run, bench/results/gpu/serving/serving_h100.json, phase resn
 logged. Here ROUNDS x AT_ONCE servers of one fp16 plan (PyTorch backend: torch.compile + CUDA graphs) start
 AT_ONCE at a time, as the serving bench's instances and MPS phases do, each takes concurrent traffic as soon as
 it is ready, and stops on SIGTERM with exit 0. Every server has faulthandler on (runtime/serve.py run()): a
-crash fails the test with every thread's stack from its log. Skipped with the reason where there is no GPU
+crash fails the test with every thread's stack from its log. The second test is the case the first run had
+and later runs did not: servers compiling at once into one cold Inductor / Triton cache (the plan's
+inductor-cache/ emptied before every round), so that a cache race, if it is the cause, has its chance to show.
+Skipped with the reason where there is no GPU
 (this project's CI); run on the lent GPU: `python -m pytest tests/gpu` (tests/gpu/conftest.py sets the import
 path of a plain checkout).
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -130,19 +134,35 @@ class Server:
         return self.proc.returncode
 
 
-@needs_gpu
-def test_twenty_resnet18_starts_four_at_a_time_none_dies(plan):
+def _start_rounds(plan: Path, rounds: int, at_once: int, cold: bool) -> list[float]:
+    """`rounds` times: `at_once` servers start together, take traffic, stop; any exit but 0 fails with its log."""
     seconds = []
-    for round_ in range(ROUNDS):
-        servers = [Server(plan) for _ in range(AT_ONCE)]
+    for round_ in range(rounds):
+        if cold:
+            shutil.rmtree(plan / "inductor-cache", ignore_errors=True)
+        servers = [Server(plan) for _ in range(at_once)]
         try:
             for server in servers:
                 seconds.append(server.ready())
-            with ThreadPoolExecutor(AT_ONCE) as pool:
+            with ThreadPoolExecutor(at_once) as pool:
                 list(pool.map(lambda s: s.traffic(), servers))
         finally:
             codes = [server.stop() for server in servers]
         crashed = [(s.proc.returncode, s.log()) for s in servers if s.proc.returncode != 0]
         assert not crashed, f"round {round_ + 1}: {crashed[0][0]} (exit codes {codes}); its log:\n{crashed[0][1]}"
-    print(f"{len(seconds)} starts, ready in {min(seconds):.1f}-{max(seconds):.1f} s")
-    assert len(seconds) == ROUNDS * AT_ONCE == 20
+    kind = "cold" if cold else "warm"
+    print(f"{len(seconds)} starts ({kind} cache), ready in {min(seconds):.1f}-{max(seconds):.1f} s")
+    return seconds
+
+
+@needs_gpu
+def test_twenty_resnet18_starts_four_at_a_time_none_dies(plan):
+    assert len(_start_rounds(plan, ROUNDS, AT_ONCE, cold=False)) == ROUNDS * AT_ONCE == 20
+
+
+@needs_gpu
+def test_servers_compiling_into_one_cold_cache_at_once_none_dies(plan, tmp_path):
+    """Six servers at a time compile every bucket into the same empty cache (writers racing), three rounds."""
+    cold_plan = tmp_path / "plan"
+    shutil.copytree(plan, cold_plan)
+    assert len(_start_rounds(cold_plan, 3, 6, cold=True)) == 18

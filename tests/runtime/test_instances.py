@@ -142,6 +142,17 @@ def test_bad_instance_flags_are_one_line_and_exit_2(tmp_path, flags, fragment):
     assert proc.returncode == 2 and len(lines) == 1 and fragment in lines[0], proc.stderr
 
 
+@pytest.mark.parametrize(("value", "threads"), [("3", 3), ("", 0), ("0", 0), ("four", 0), ("-2", 0)])
+def test_onnx_runtime_takes_its_thread_pool_size_from_omp_num_threads(tmp_path, monkeypatch, value, threads):
+    """ONNX Runtime ignores OMP_NUM_THREADS by itself; a child of --processes N relies on it (0: one per core)."""
+    from ngcx_runtime.backends import onnxruntime as ort_backend
+
+    models.mlp(tmp_path / "model.onnx")
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    engine = ort_backend.load_model(tmp_path / "model.onnx", gpu=False, name="mlp")
+    assert engine._sess.get_session_options().intra_op_num_threads == threads
+
+
 @pytest.mark.skipif(mps.gpu_present(), reason="this host has a GPU: the refusal is for hosts without one")
 def test_instances_on_a_gpu_without_one_fail_the_load_with_one_line(tmp_path):
     path = models.mlp(tmp_path / "mlp.onnx")
@@ -177,13 +188,14 @@ def _free_port() -> int:
 
 def test_processes_share_one_port_and_all_stop_on_sigterm(tmp_path):
     """... and every process gets the access settings: the keys file from the environment, the admin key
-    and model control from the flags."""
+    and model control from the flags; and its share of the cores for its compute threads (runtime/mps.py:
+    N pools of one thread per core cut the H100's --mps 4 batch-1 figure to an eighth)."""
     root = tmp_path / "repo"
     models.mlp(root / "mlp" / "1" / "model.onnx")
     port = _free_port()
     keys = tmp_path / "keys"
     keys.write_text(f"{sha256_hex(USER_KEY)}\n")
-    env = {k: v for k, v in os.environ.items() if k != "NGCX_RUNTIME_MPS"}
+    env = {k: v for k, v in os.environ.items() if k not in ("NGCX_RUNTIME_MPS", "OMP_NUM_THREADS")}
     env["NGCX_RUNTIME_AUTH_KEYS"] = str(keys)
     proc = subprocess.Popen([sys.executable, "-m", "ngcx_runtime.serve", str(root), "--port", str(port),
                              "--processes", "2", "--model-control-mode", "explicit", "--admin-key-sha256",
@@ -213,6 +225,9 @@ def test_processes_share_one_port_and_all_stop_on_sigterm(tmp_path):
         pids = {int(line.split()[0]) for line in subprocess.run(
             ["pgrep", "-f", "--", f"--port {port} --reuse-port"], capture_output=True, text=True).stdout.split()}
         assert len(pids) == 2, pids
+        share = f"OMP_NUM_THREADS={max(1, len(os.sched_getaffinity(0)) // 2)}"
+        for pid in pids:
+            assert share in Path(f"/proc/{pid}/environ").read_text().split("\0"), share
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(TIMEOUT) == 0, "".join(lines)
