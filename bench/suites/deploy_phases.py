@@ -7,7 +7,8 @@
 Paths (issue 10's performance table, issue 11's for AWS): local (image present), and through the real
 Alibaba Cloud SDK / boto3 against the ECS emulator / moto + tests/emulators/aws_ec2.py, whose instances are
 real machines (tests/emulators): a running host reused,
-a stopped host restarted, a fresh host from a baked image, a fresh host that pulls. The emulator's
+a stopped host restarted, a fresh host from a baked image, a fresh host that pulls, and a fresh host from the
+baked image serving the app's next release (it pulls only the layers the release changed). The emulator's
 API-side delays are set to published figures where one exists, since no Alibaba Cloud figure is
 published (cold-start.md §1), and the same for AWS: start from stopped 16.4 s, launch 17.8 s (EC2 pending -> running,
 cold-start.md [V1]); the machine's own boot (its dockerd) and every pull are real, on this host.
@@ -23,6 +24,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -38,6 +40,7 @@ sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "e2e")]
 START_S, LAUNCH_S = 16.4, 17.8      # cold-start.md [V1]: EC2 start-from-stopped and cold launch, pending -> running
 AK, AWS_KEY, SECRET = "LTAIbenchKey", "AKIANGCXBENCH0000001", "bench-secret-not-printed"
 PHASES = ("api", "boot", "pull", "start", "ready")
+NEW_RELEASE = "fresh-host (baked, new release)"
 
 
 @contextlib.contextmanager
@@ -137,9 +140,10 @@ def _env(cloud: str, emu, relay: str, home: Path) -> dict[str, str]:
 
 
 def _paths(root: Path, env: dict[str, str], cloud: str, relay, repeat: int) -> dict[str, list[dict]]:
-    """A fresh host that pulls, then the bake, then per repetition: fresh (baked), running x2, stopped."""
+    """A fresh host that pulls, then the bake, then per repetition: fresh (baked), running x2, stopped;
+    then per repetition a new release of the app on a fresh host of the same baked image."""
     rows: dict[str, list[dict]] = {"running-host": [], "stopped-host": [], "fresh-host (baked)": [],
-                                   "fresh-host (pull)": []}
+                                   "fresh-host (pull)": [], NEW_RELEASE: []}
     gpu, registry, region = {"aliyun": ("A10", "acr://cn-hangzhou/bench", "cn-hangzhou"),
                              "aws": ("A10G", "ecr://us-east-1/bench", "us-east-1")}[cloud]
     deploy = ["--cloud", cloud, "--gpu", gpu, "--gpu-mode", "auto"]
@@ -160,8 +164,33 @@ def _paths(root: Path, env: dict[str, str], cloud: str, relay, repeat: int) -> d
         ngcx(root, env, "deployments", "stop", str(last_record(root, env)["id"]))
         rows["stopped-host"].append(measured(root, env, deploy))
         ngcx(root, env, "deployments", "destroy", str(last_record(root, env)["id"]), "--yes")
+    rows[NEW_RELEASE] = _new_releases(root, env, deploy, registry, relay, repeat)
     rows["bake_s"] = [{"wall_s": round(bake_s, 1)}]
     return rows
+
+
+def _new_releases(root: Path, env: dict[str, str], deploy: list[str], registry: str, relay,
+                  repeat: int) -> list[dict]:
+    """The app's next releases, each on a fresh host of the image baked with the first: the host has the base,
+    Python and CUDA layers, so the pull is the layers a release changed (here ngcx.yaml's: one serving setting).
+    This is the bake's point for every image on the same stack; the release is put back after."""
+    spec = root / "ngcx.yaml"
+    original = spec.read_text()
+    out = []
+    try:
+        for i in range(repeat):
+            spec.write_text(re.sub(r"max_queue_delay_ms: [0-9.]+", f"max_queue_delay_ms: {2 + i}.0", original, count=1))
+            ngcx(root, {"NGCX_BASE": "offline"}, "build")
+            ngcx(root, env, "push", "ngcx-app/onnx-zero-code:latest", "--registry", registry)
+            before = relay.bytes_from_target
+            row = measured(root, env, deploy)
+            row["relay_bytes"] = relay.bytes_from_target - before
+            out.append(row)
+            ngcx(root, env, "deployments", "destroy", str(row["record"]), "--yes")
+    finally:
+        spec.write_text(original)
+        ngcx(root, {"NGCX_BASE": "offline"}, "build")
+    return out
 
 
 def summary(rows: list[dict]) -> dict:
