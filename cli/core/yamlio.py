@@ -11,13 +11,15 @@ never executed.
 Why two loaders: PyYAML's pure-Python scanner and parser were 0.052 s of a cold `ngcx render`'s
 registry.yaml read, libyaml's C ones 0.007 s (tests/perf figures in BENCHMARKS.md, cli suite). The
 fast loader keeps the Python composer and constructor, so every limit above holds unchanged; only
-tokens and events come from C. A file the fast loader refuses is read again by the pure-Python
-one, whose messages name the offending character (libyaml's: "found character that cannot start
-any token"), so an error reads the same with or without libyaml.
+tokens and events come from C. It reads only text both parsers read alike (`_ALIKE`: fuzzing found
+them apart on tags, complex keys, byte-order marks and other non-ASCII line breaks); a file it
+refuses is read again by the pure-Python one, whose messages name the offending character
+(libyaml's: "found character that cannot start any token"), so an error reads the same either way.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +113,18 @@ else:  # pragma: no cover - PyYAML wheels ship libyaml; a source build without i
     LOADERS = (SafeLimitedLoader,)
 
 
+# What libyaml and PyYAML read alike (fuzzed: tests/core/test_yamlio.py): lines of printable characters
+# (no tab, CR, byte-order mark, NEL or Unicode line separator: the parsers split lines differently) without
+# a tag ('!': libyaml reads a lone '!' as '', PyYAML as None), a complex key ('?') or a block scalar header
+# running into a comment ('|#', which only libyaml accepts). Anything else goes to the pure-Python loader.
+_ALIKE = re.compile(r"[^\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\ufeff\ud800-\udfff]*\Z")
+_UNLIKE = re.compile(r"[!?]|[|>][-+0-9]*#")
+
+
+def _libyaml_reads_alike(text: str) -> bool:
+    return bool(_ALIKE.match(text)) and not _UNLIKE.search(text)
+
+
 def _construct_mapping(loader: _Limits, node: yaml.MappingNode, deep: bool = False) -> dict:
     """Refuse duplicate keys (PyYAML silently keeps the last one, hiding a second release)."""
     seen: dict[Any, int] = {}
@@ -141,10 +155,11 @@ def load_yaml(text: str, source: str) -> Any:
     if len(text) > MAX_BYTES:
         raise UserError(f"{source}: {len(text)} characters is too large for a YAML file here "
                         f"(limit {MAX_BYTES})", hint="check that this is the right file")
-    try:
-        return yaml.load(text, Loader=LOADERS[0])  # noqa: S506 - safe constructor only
-    except yaml.YAMLError:
-        pass  # read again below for the pure-Python loader's message (the error path only)
+    if _libyaml_reads_alike(text):
+        try:
+            return yaml.load(text, Loader=LOADERS[0])  # noqa: S506 - safe constructor only
+        except yaml.YAMLError:
+            pass  # read again below for the pure-Python loader's message (the error path only)
     try:
         return yaml.load(text, Loader=SafeLimitedLoader)  # noqa: S506 - SafeLoader subclass
     except yaml.MarkedYAMLError as exc:
@@ -176,8 +191,18 @@ def load_mapping_with_lines(text: str, source: str, expected: str) -> tuple[dict
         raise ProblemsFound(source, [Problem(source, "", "parse.not-a-mapping", f"the file must be {expected}",
                                              "`ngcx init --model PATH` writes a starting point")])
     lines: dict[tuple, int] = {}
-    _index(yaml.compose(text, Loader=LOADERS[0]), (), lines)  # load_yaml read it: it composes
+    _index(_compose(text), (), lines)
     return data, lines
+
+
+def _compose(text: str) -> yaml.Node | None:
+    """The node tree of text that load_yaml read, by the loader that read it (libyaml's may have refused it)."""
+    if _libyaml_reads_alike(text):
+        try:
+            return yaml.compose(text, Loader=LOADERS[0])  # noqa: S506 - composes only, constructs nothing
+        except yaml.YAMLError:
+            pass
+    return yaml.compose(text, Loader=SafeLimitedLoader)  # noqa: S506
 
 
 def _index(node: yaml.Node | None, path: tuple, lines: dict[tuple, int]) -> None:
