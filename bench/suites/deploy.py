@@ -42,7 +42,7 @@ def _docker_run_baseline(project: Path, repeat: int) -> list[float]:
         while not client.ready():
             time.sleep(0.1)
         times.append(time.monotonic() - t0)
-        one_inference(project, f"http://127.0.0.1:{port}")
+        one_inference(project, f"http://127.0.0.1:{port}", deployed=False)
         client.close()
         subprocess.run(["/usr/bin/docker", "rm", "-f", cid.strip()], capture_output=True)
     return times

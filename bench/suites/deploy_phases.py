@@ -79,7 +79,7 @@ def measured(cwd: Path, env: dict[str, str], args: list[str]) -> dict:
     done = ngcx(cwd, env, "deploy", *args)
     wall = time.monotonic() - t0
     t1 = time.monotonic()
-    one_inference(cwd, done.stdout.strip())
+    one_inference(cwd, done.stdout.strip(), env)
     first_inference = time.monotonic() - t1
     rec = last_record(cwd, env)
     return {"path": rec["path"], "wall_s": round(wall, 3), "first_inference_s": round(first_inference, 3),
@@ -104,39 +104,49 @@ def local_rows(root: Path, work: Path, repeat: int) -> list[dict]:
 def cloud_rows(root: Path, work: Path, repeat: int) -> dict[str, list[dict]]:
     """Every VM path on every emulated cloud: keys '<cloud> <path>' (e.g. 'aliyun running-host')."""
     import docker
+    from clouds import reach_from_hosts
     from emulators.docker_hosts import DockerHosts, RegistryRelay, bridge_gateway
 
     client = docker.from_env()
+    gateway = bridge_gateway(client)
     rows: dict[str, list[dict]] = {}
-    with RegistryRelay("127.0.0.1:5000", listen_host=bridge_gateway(client)) as relay:
+    with RegistryRelay("127.0.0.1:5000", listen_host=gateway) as relay:
         for cloud in ("aliyun", "aws"):
             hosts = DockerHosts(client, insecure_registries=[relay.address])
-            with _emulator(cloud, hosts) as emu:
-                env = {**_env(cloud, emu, relay.address, work / cloud), "HTTP_PROXY": "", "HTTPS_PROXY": "",
+            with contextlib.ExitStack() as stack:
+                emu = stack.enter_context(_emulator(cloud, hosts, gateway))
+                # as tests/e2e/clouds.py: hosts reach the metadata service (their pull role) and the API
+                api = reach_from_hosts(stack, emu, hosts, gateway, METADATA[cloud])
+                env = {**_env(cloud, emu, relay.address, api, work / cloud), "HTTP_PROXY": "", "HTTPS_PROXY": "",
                        "http_proxy": "", "https_proxy": ""}
                 rows.update({f"{cloud} {k}": v for k, v in _paths(root, env, cloud, relay, repeat).items()})
     return rows
 
 
-def _emulator(cloud: str, hosts):
+METADATA = {"aliyun": "100.100.100.200:80", "aws": "169.254.169.254:80"}   # each cloud's own metadata address
+
+
+def _emulator(cloud: str, hosts, gateway: str):
     if cloud == "aliyun":
         from emulators.aliyun_ecs import EcsEmulator
 
-        return EcsEmulator(hosts, access_keys={AK: SECRET}, boot_seconds=LAUNCH_S, start_seconds=START_S)
+        return EcsEmulator(hosts, access_keys={AK: SECRET}, boot_seconds=LAUNCH_S, start_seconds=START_S,
+                           metadata_host=gateway)
     from emulators.aws_ec2 import Ec2Emulator
 
-    return Ec2Emulator(hosts, access_keys={AWS_KEY: SECRET}, boot_seconds=LAUNCH_S, start_seconds=START_S)
+    return Ec2Emulator(hosts, access_keys={AWS_KEY: SECRET}, boot_seconds=LAUNCH_S, start_seconds=START_S,
+                       metadata_host=gateway)
 
 
-def _env(cloud: str, emu, relay: str, home: Path) -> dict[str, str]:
+def _env(cloud: str, emu, relay: str, api: str, home: Path) -> dict[str, str]:
     common = {"NGCX_STATE_DIR": str(home / "state"), "DOCKER_CONFIG": str(home / "docker"), "HOME": str(home)}
     if cloud == "aliyun":
         return {**common, "ALIBABA_CLOUD_ACCESS_KEY_ID": AK, "ALIBABA_CLOUD_ACCESS_KEY_SECRET": SECRET,
                 "NGCX_ALIYUN_ECS_ENDPOINT": emu.endpoint, "NGCX_ACR_ENDPOINT": "127.0.0.1:5000",
-                "NGCX_ACR_VPC_ENDPOINT": relay, "NGCX_ACR_INSTANCE_ID": "cri-bench"}
+                "NGCX_ACR_VPC_ENDPOINT": relay, "NGCX_ACR_INSTANCE_ID": "cri-bench", "NGCX_ACR_API_HOST_ENDPOINT": api}
     return {**common, "AWS_ACCESS_KEY_ID": AWS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_DEFAULT_REGION": "us-east-1",
             "AWS_ENDPOINT_URL": emu.endpoint, "AWS_EC2_METADATA_DISABLED": "true",
-            "NGCX_ECR_ENDPOINT": "127.0.0.1:5000", "NGCX_ECR_VPC_ENDPOINT": relay}
+            "NGCX_ECR_ENDPOINT": "127.0.0.1:5000", "NGCX_ECR_VPC_ENDPOINT": relay, "NGCX_ECR_API_HOST_ENDPOINT": api}
 
 
 def _paths(root: Path, env: dict[str, str], cloud: str, relay, repeat: int) -> dict[str, list[dict]]:

@@ -59,14 +59,15 @@ def access(project: Path, url: str, env: dict[str, str] | None = None) -> tuple[
     return (key.stdout.strip() if key.returncode == 0 else None), record["spec"].get("tls_sha256")
 
 
-def one_inference(project: Path, url: str, env: dict[str, str] | None = None) -> np.ndarray:
+def one_inference(project: Path, url: str, env: dict[str, str] | None = None, *, deployed: bool = True) -> np.ndarray:
     """Send examples.yaml's input to URL with the deployment's key (over TLS pinned to its host's
-    certificate); the logits, checked against the example's expected values."""
+    certificate); the logits, checked against the example's expected values. `deployed=False`: a container
+    a user ran by hand (no deployment record, no key: the runtime's open development server)."""
     from ngcx.project.client import Client
     from ngcx.project.examples import load_examples
 
     [example] = load_examples(project / "examples.yaml")
-    key, pin = access(project, url, env)
+    key, pin = access(project, url, env) if deployed else (None, None)
     client = Client(url, timeout=60, key=key, pin=pin)
     try:
         answer = client.infer(MODEL, {"image": example.inputs["image"]})
