@@ -39,12 +39,14 @@ def _docker_run_baseline(project: Path, repeat: int) -> list[float]:
         cid = subprocess.run(["/usr/bin/docker", "run", "-d", "-p", f"127.0.0.1:{port}:8000",
                               "ngcx-app/onnx-zero-code:latest"], capture_output=True, text=True, check=True).stdout
         client = Client(f"http://127.0.0.1:{port}", timeout=5)
-        while not client.ready():
-            time.sleep(0.1)
-        times.append(time.monotonic() - t0)
-        one_inference(project, f"http://127.0.0.1:{port}", deployed=False)
-        client.close()
-        subprocess.run(["/usr/bin/docker", "rm", "-f", cid.strip()], capture_output=True)
+        try:
+            while not client.ready():
+                time.sleep(0.1)
+            times.append(time.monotonic() - t0)
+            one_inference(project, f"http://127.0.0.1:{port}", deployed=False)
+        finally:                                    # a failed check leaves no container behind
+            client.close()
+            subprocess.run(["/usr/bin/docker", "rm", "-f", cid.strip()], capture_output=True)
     return times
 
 
