@@ -17,8 +17,8 @@ time-sliced. Where MPS cannot run (no nvidia-cuda-mps-control and no running dae
 Why each child gets cores / N compute threads (OMP_NUM_THREADS, unless the caller set it): every
 child's torch (and ONNX Runtime) would otherwise size its thread pool to all the cores, and N
 pools spinning on the same cores starved the children's request threads. Measured on the H100
-(16 cores, bench/results/gpu/targets/): ResNet-50 batch 1 from 64 clients under --mps 4 served
-479 img/s with a pool of 16 per child, 3,693 with 4.
+(16 cores, one call, bench/results/gpu/targets/targets_threads_*_h100.json): ResNet-50 batch 1
+from 64 clients under --mps 4 served 514 img/s with 16 threads per child, 3,887 with 4.
 
 What is per process: each child has its own models, batchers, shared-memory registrations
 (registrations made over one keep-alive connection serve the requests of that connection, as

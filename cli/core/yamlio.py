@@ -8,8 +8,8 @@ raised ValueError from deep inside PyYAML. Here each of those is a UserError nam
 the fix. Only YAML's safe tags are constructed (SafeLoader): `!!python/object...` is an error,
 never executed.
 
-Why two loaders: PyYAML's pure-Python scanner and parser were 0.052 s of a cold `ngcx render`'s
-registry.yaml read, libyaml's C ones 0.007 s (tests/perf figures in BENCHMARKS.md, cli suite). The
+Why two loaders: PyYAML's pure-Python scanner and parser took 0.052 s to read registry.yaml in a
+cold `ngcx render`, libyaml's C ones 0.007 s (in process; the whole command: BENCHMARKS.md#cli). The
 fast loader keeps the Python composer and constructor, so every limit above holds unchanged; only
 tokens and events come from C. It reads only text both parsers read alike (`_ALIKE`: fuzzing found
 them apart on tags, complex keys, byte-order marks and other non-ASCII line breaks); a file it
