@@ -125,6 +125,17 @@ def _libyaml_reads_alike(text: str) -> bool:
     return bool(_ALIKE.match(text)) and not _UNLIKE.search(text)
 
 
+def _read(text: str, call: Any) -> Any:
+    """call(text, Loader=...) (yaml.load or yaml.compose) by libyaml where it reads alike, else by the
+    pure-Python loader; a libyaml error is read again there, for its message (the error path only)."""
+    if _libyaml_reads_alike(text):
+        try:
+            return call(text, Loader=LOADERS[0])
+        except yaml.YAMLError:
+            pass
+    return call(text, Loader=SafeLimitedLoader)
+
+
 def _construct_mapping(loader: _Limits, node: yaml.MappingNode, deep: bool = False) -> dict:
     """Refuse duplicate keys (PyYAML silently keeps the last one, hiding a second release)."""
     seen: dict[Any, int] = {}
@@ -155,13 +166,8 @@ def load_yaml(text: str, source: str) -> Any:
     if len(text) > MAX_BYTES:
         raise UserError(f"{source}: {len(text)} characters is too large for a YAML file here "
                         f"(limit {MAX_BYTES})", hint="check that this is the right file")
-    if _libyaml_reads_alike(text):
-        try:
-            return yaml.load(text, Loader=LOADERS[0])  # noqa: S506 - safe constructor only
-        except yaml.YAMLError:
-            pass  # read again below for the pure-Python loader's message (the error path only)
     try:
-        return yaml.load(text, Loader=SafeLimitedLoader)  # noqa: S506 - SafeLoader subclass
+        return _read(text, yaml.load)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
@@ -191,18 +197,8 @@ def load_mapping_with_lines(text: str, source: str, expected: str) -> tuple[dict
         raise ProblemsFound(source, [Problem(source, "", "parse.not-a-mapping", f"the file must be {expected}",
                                              "`ngcx init --model PATH` writes a starting point")])
     lines: dict[tuple, int] = {}
-    _index(_compose(text), (), lines)
+    _index(_read(text, yaml.compose), (), lines)
     return data, lines
-
-
-def _compose(text: str) -> yaml.Node | None:
-    """The node tree of text that load_yaml read, by the loader that read it (libyaml's may have refused it)."""
-    if _libyaml_reads_alike(text):
-        try:
-            return yaml.compose(text, Loader=LOADERS[0])  # noqa: S506 - composes only, constructs nothing
-        except yaml.YAMLError:
-            pass
-    return yaml.compose(text, Loader=SafeLimitedLoader)  # noqa: S506
 
 
 def _index(node: yaml.Node | None, path: tuple, lines: dict[tuple, int]) -> None:
