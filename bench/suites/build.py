@@ -162,6 +162,21 @@ def removable_records(records: list[dict[str, Any]], before: set[str], markers: 
                   if new[rid].get("Type") == "regular" and not new[rid].get("Shared") and not new[rid].get("InUse"))
 
 
+# The cache mounts a build downloads into: ngcx's wheel pool (recipes/macros.j2) and pip's own cache.
+DOWNLOAD_CACHES = ("/root/.cache/ngcx-wheels", "/root/.cache/pip")
+
+
+def download_cache_records(records: list[dict[str, Any]]) -> list[str]:
+    """The build-cache records that hold downloaded wheels (DOWNLOAD_CACHES), whoever made them.
+
+    Why: `--no-cache` ignores cache mounts, so after the warm-up builds a "cold" ngcx build would take
+    every wheel from its pool and download nothing. Emptied before each cold build, the pool then holds
+    what a user's first build leaves in it, which is what the rebuilds after it may use."""
+    return sorted(r["ID"] for r in records
+                  if r.get("Type") == "exec.cachemount" and not r.get("InUse")
+                  and any((r.get("Description") or "").startswith(f"cached mount {path} ") for path in DOWNLOAD_CACHES))
+
+
 def edit_app_file(context: Path, round_: int) -> None:
     """A one-line code edit in the app (a new comment in one ngcx-runtime module)."""
     with (context / APP_FILE).open("a") as f:
@@ -229,6 +244,10 @@ class Engine:
 
     def prune_records(self) -> None:
         self._prune(lambda records: removable_records(records, self.before, self.markers))
+
+    def empty_download_caches(self) -> None:
+        """A cold build downloads every wheel: no pool, no pip cache (download_cache_records says why)."""
+        self._prune(download_cache_records)
 
     def _prune(self, removable: Callable[[list[dict[str, Any]]], list[str]]) -> None:
         """Remove the build-cache records `removable` picks from the engine's list, leaf first: a record's
@@ -388,6 +407,7 @@ def _measure(result: SuiteResult, engine: Engine, work: Path, out: Path) -> None
                                                 for k in ("cold", "edit", *(b.key for b in BUMPS))}
     for round_ in range(1, result.repeat + 1):
         print(f"bench build: round {round_}/{result.repeat}", file=sys.stderr)
+        engine.empty_download_caches()  # once: only ngcx's steps read them, and its cold build refills them
         for tool in TOOLS:
             times["cold"][tool].append(engine.build(files[tool], context, tag(tool, REF, "cold"), no_cache=True))
             engine.discard(tag(tool, REF, "cold"))
@@ -568,11 +588,9 @@ def notes(ms: list[Measurement], stack_bytes: float, common: int | None, parting
     if losses:
         out.append("ngcx is slower than hpccm on " + "; ".join(losses) + ". What ngcx's steps do on top of "
                    "hpccm's: one pip start per CUDA wheel layer (4 against hpccm's one install: the price of a "
-                   "bump that rebuilds one wheel); pip's download cache in a BuildKit cache mount, which saves "
-                   "nothing here: this machine's proxy sends PyPI's files without caching headers, so pip's HTTP "
-                   "cache keeps none and every rebuilt layer downloads its wheel again, as hpccm's `pip "
-                   "--no-cache-dir` does (where PyPI's own headers arrive, unchanged wheels come back from the "
-                   "cache); and the pins check (python-version check, pins file, pip check, stripping the wheels' "
+                   "bump that rebuilds one wheel), each a `pip download` into the wheel pool then an install from "
+                   "it (a cold build starts with the pool emptied, so it downloads every wheel as hpccm does); "
+                   "and the pins check (python-version check, pins file, pip check, stripping the wheels' "
                    "headers and static libraries, ldconfig). Where the ranges overlap it is within this machine's "
                    "noise.")
     timed = "; ".join(f"{b.where} ngcx {med[f'ngcx: {b.label}']:.1f} s, hpccm {med[f'hpccm: {b.label}']:.1f} s, "
@@ -581,7 +599,9 @@ def notes(ms: list[Measurement], stack_bytes: float, common: int | None, parting
                "reinstalls all of it; ngcx installs one wheel per layer in the catalog's order (recipes/cuda.j2; "
                "registry.yaml lists a wheel after those it requires, then the largest first), so a bump reinstalls "
                "the bumped wheel and those after it: the runtime's 1 MB wheel alone, or for cuBLAS every wheel, each "
-               "with its own pip start.")
+               "with its own pip start; only the bumped wheel is downloaded, the others come from the wheel pool "
+               "(a BuildKit cache mount: recipes/macros.j2 `pool_install`), where hpccm's `pip --no-cache-dir` "
+               "downloads the whole stack again.")
     key = f"bytes shared with its {SECOND}"
     if all(f"{t}: {key}" in med for t in TOOLS):
         out += sharing_notes({t: med[f"{t}: {key}"] for t in TOOLS}, stack_bytes, common, parting)

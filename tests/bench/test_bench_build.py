@@ -93,6 +93,22 @@ def test_only_this_runs_unused_cache_records_are_removed() -> None:
     assert build.removable_records(rec, before={"old"}, markers=markers) == ["copy", "run"]
 
 
+def test_a_cold_build_starts_without_the_wheel_pool_or_pips_cache() -> None:
+    """--no-cache keeps cache mounts, so the bench empties the two that hold downloads before a cold
+    build: ngcx's wheel pool and pip's cache; apt's lists, a record in use and layers stay."""
+    rec = [
+        {"ID": "pool", "Type": "exec.cachemount",
+         "Description": "cached mount /root/.cache/ngcx-wheels from exec /bin/sh -c pip download x"},
+        {"ID": "pip", "Type": "exec.cachemount", "Description": "cached mount /root/.cache/pip from exec pip"},
+        {"ID": "busy", "Type": "exec.cachemount", "InUse": True,
+         "Description": "cached mount /root/.cache/ngcx-wheels from exec /bin/sh -c pip download y"},
+        {"ID": "apt", "Type": "exec.cachemount", "Description": "cached mount /var/lib/apt/lists from exec apt-get"},
+        {"ID": "other", "Type": "exec.cachemount", "Description": "cached mount /root/.cache/pipx from exec pipx"},
+        {"ID": "layer", "Type": "regular", "Description": "mount / from exec /bin/sh -c pip download z"},
+    ]
+    assert build.download_cache_records(rec) == ["pip", "pool"]
+
+
 def test_build_notes_explain_a_loss_with_this_runs_figures() -> None:
     def figs(tool: str, cold: list[float], edit: float, bump: float, size: float, shared: float) -> list[Measurement]:
         rows = [("cold build", "s", cold), ("rebuild after editing one app file", "s", [edit]),

@@ -37,31 +37,36 @@ RUN python3 -c 'import sys; v="%d.%d" % sys.version_info[:2]; sys.exit(0 if v ==
     && mkdir -p /etc/ngcx
 # ---- CUDA 12.4 libraries as pinned wheels, one layer per wheel in the catalog's order (a wheel's
 #      dependencies before it, then the largest first): a patch bump rebuilds the bumped wheel's layer and the
-#      smaller ones after it, not the whole stack. --no-deps: a layer installs its pin and nothing else ----
-RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+#      smaller ones after it, not the whole stack, and those come from the wheel pool (a BuildKit cache mount),
+#      not the network. --no-deps: a layer installs its pin and nothing else ----
+RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip install --progress-bar off --no-deps nvidia-cublas-cu12==12.4.5.8
-RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    && pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cublas-cu12==12.4.5.8 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cublas-cu12==12.4.5.8
+RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip install --progress-bar off --no-deps nvidia-cudnn-cu12==9.1.0.70
-RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    && pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cudnn-cu12==9.1.0.70 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cudnn-cu12==9.1.0.70
+RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip install --progress-bar off --no-deps nvidia-nccl-cu12==2.21.5
-RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    && pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-nccl-cu12==2.21.5 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-nccl-cu12==2.21.5
+RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip install --progress-bar off --no-deps nvidia-cuda-runtime-cu12==12.4.127
+    && pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cuda-runtime-cu12==12.4.127 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cuda-runtime-cu12==12.4.127
 # ---- the stack's pins, written after its wheels (so a bump does not change the first wheel layer), checked as
 #      one set (pip check: every wheel's own requirements met), and registered with the loader ----
 RUN printf '%s\n' \

@@ -37,34 +37,39 @@ RUN python3 -c 'import sys; v="%d.%d" % sys.version_info[:2]; sys.exit(0 if v ==
     && mkdir -p /etc/ngcx
 # ---- CUDA 12.8 libraries as pinned wheels, one layer per wheel in the catalog's order (a wheel's
 #      dependencies before it, then the largest first): a patch bump rebuilds the bumped wheel's layer and the
-#      smaller ones after it, not the whole stack. --no-deps: a layer installs its pin and nothing else ----
-RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+#      smaller ones after it, not the whole stack, and those come from the wheel pool (a BuildKit cache mount),
+#      not the network. --no-deps: a layer installs its pin and nothing else ----
+RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip install --progress-bar off --no-deps nvidia-cublas-cu12==12.8.4.1 \
+    && pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cublas-cu12==12.8.4.1 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cublas-cu12==12.8.4.1 \
     && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia \( -type d -name include -o -type f -name '*.a' \) -prune -exec rm -rf {} +
-RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip install --progress-bar off --no-deps nvidia-cudnn-cu12==9.10.2.21 \
+    && pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cudnn-cu12==9.10.2.21 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cudnn-cu12==9.10.2.21 \
     && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia \( -type d -name include -o -type f -name '*.a' \) -prune -exec rm -rf {} +
-RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip install --progress-bar off --no-deps nvidia-nccl-cu12==2.27.3 \
+    && pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-nccl-cu12==2.27.3 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-nccl-cu12==2.27.3 \
     && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia \( -type d -name include -o -type f -name '*.a' \) -prune -exec rm -rf {} +
-RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip install --progress-bar off --no-deps nvidia-cuda-runtime-cu12==12.8.90 \
+    && pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cuda-runtime-cu12==12.8.90 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cuda-runtime-cu12==12.8.90 \
     && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia \( -type d -name include -o -type f -name '*.a' \) -prune -exec rm -rf {} +
 # ---- the stack's pins, written after its wheels (so a bump does not change the first wheel layer), checked as
 #      one set (pip check: every wheel's own requirements met), and registered with the loader ----

@@ -251,13 +251,22 @@ def test_nvidia_container_environment(ref: str, variant: str) -> None:
     assert env["PIP_CONSTRAINT"] == "/etc/ngcx/constraints.txt"
 
 
+POOL = "/root/.cache/ngcx-wheels"  # recipes/macros.j2 wheel_pool
+
+
 @pytest.mark.parametrize(("ref", "variant"), CASES, ids=CASE_IDS)
 def test_cuda_wheels_pinned_and_registered_with_the_loader(ref: str, variant: str) -> None:
-    """One layer per pinned wheel in the catalog's order, then the pins file, pip check and the loader."""
+    """One layer per pinned wheel in the catalog's order, each installed from the wheel pool (a cache mount,
+    so a rebuilt layer downloads only a wheel the pool lacks), then the pins file, pip check and the loader."""
     rel = CATALOG.resolve(ref)
     items = instructions(render(ref, variant))
-    wheel_runs = [index_of(items, "RUN", f"--no-deps {pin.requirement}") for pin in rel.pins]
+    wheel_runs = [index_of(items, "RUN", f"--find-links {POOL} {pin.requirement}") for pin in rel.pins]
     assert wheel_runs == sorted(wheel_runs) and len(set(wheel_runs)) == len(rel.pins), wheel_runs
+    for pin, i in zip(rel.pins, wheel_runs, strict=True):
+        run = items[i][1]
+        assert f"--mount=type=cache,id=ngcx-wheels,target={POOL},sharing=locked" in run
+        assert f"pip download --progress-bar off --no-cache-dir --no-deps --dest {POOL} {pin.requirement}" in run
+        assert f"--no-deps --no-index --find-links {POOL} {pin.requirement}" in run
     for pin, i in zip(rel.pins, wheel_runs, strict=True):
         others = [p.requirement for p in rel.pins if p is not pin]
         assert not any(other in items[i][1] for other in others), f"{pin.requirement} shares its layer"
@@ -277,8 +286,8 @@ def test_a_patch_bump_leaves_the_layers_before_the_bumped_wheel_unchanged() -> N
     before = instructions(render("cuda:24.05", "runtime"))
     after = instructions(render("cuda:24.05", "runtime").replace(last, last + ".0"))
     first_changed = next(i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b)
-    assert first_changed == index_of(before, "RUN", f"--no-deps {last}")
-    assert all(index_of(before, "RUN", f"--no-deps {p.requirement}") < first_changed for p in rel.pins[:-1])
+    assert first_changed == index_of(before, "RUN", f"--find-links {POOL} {last}")
+    assert all(index_of(before, "RUN", f"--find-links {POOL} {p.requirement}") < first_changed for p in rel.pins[:-1])
 
 
 @pytest.mark.parametrize(("ref", "variant"), CASES, ids=CASE_IDS)
@@ -304,7 +313,7 @@ def test_variant_contents(ref: str, variant: str) -> None:
     """runtime: headers and static libs stripped from every wheel layer; devel: kept + compilers."""
     items = instructions(render(ref, variant))
     wheel_runs = [a for k, a in items if k == "RUN" and "pip install" in a
-                  and ("--no-deps nvidia" in a or "site-packages/nvidia" in a)]
+                  and (f"--find-links {POOL} nvidia" in a or "site-packages/nvidia" in a)]
     assert wheel_runs
     apt = " ".join(a for k, a in items if k == "RUN" and "apt-get install" in a).split()
     if variant == "runtime":
