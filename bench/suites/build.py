@@ -472,7 +472,7 @@ def _figures(times: dict[str, dict[str, list[float]]], images: dict[str, dict[st
              seconds: dict[str, dict[str, Any]], files: dict[str, Path]) -> list[Measurement]:
     what = {"cold": ("cold build", "no layer cache (--no-cache)"),
             "edit": ("rebuild after editing one app file", f"one comment line added to {APP_FILE}"),
-            **{key: (label, f"{pin} -> {patched}") for key, label, pin, patched in BUMPS}}
+            **{b.key: (b.label, f"{b.pin} -> {b.patched}") for b in BUMPS}}
     ms = []
     for key, (label, note) in what.items():
         for tool in TOOLS:

@@ -109,6 +109,22 @@ def test_a_cold_build_starts_without_the_wheel_pool_or_pips_cache() -> None:
     assert build.download_cache_records(rec) == ["pip", "pool"]
 
 
+def test_the_timed_rounds_become_one_figure_per_tool_and_case(tmp_path) -> None:
+    """The step after 50 minutes of builds: every timed case (cold, edit, each bump) gives each tool a figure
+    named as the report and the ratios read it (a run of 2026-11-27 died here on an unpacking error)."""
+    keys = ("cold", "edit", *(b.key for b in build.BUMPS))
+    times = {k: {t: [10.0, 12.0, 11.0] for t in build.TOOLS} for k in keys}
+    images = {t: {"size": 2e9, "layers": 13} for t in build.TOOLS}
+    files = {t: tmp_path / f"{t}.Dockerfile" for t in build.TOOLS}
+    ms = build._figures(times, images, {}, files)
+    names = {m.name for m in ms}
+    for label in ("cold build", "rebuild after editing one app file", *(b.label for b in build.BUMPS)):
+        assert {f"{t}: {label}" for t in build.TOOLS} <= names
+    bump = next(m for m in ms if m.name == f"ngcx: {build.BUMPS[1].label}")
+    assert bump.wall.median == 11.0 and bump.note == f"{build.BUMPS[1].pin} -> {build.BUMPS[1].patched}"
+    assert {r.name for r in build._ratios(ms)} >= {f"{build.BUMPS[1].label}: ngcx / hpccm"}
+
+
 def test_build_notes_explain_a_loss_with_this_runs_figures() -> None:
     def figs(tool: str, cold: list[float], edit: float, bump: float, size: float, shared: float) -> list[Measurement]:
         rows = [("cold build", "s", cold), ("rebuild after editing one app file", "s", [edit]),
