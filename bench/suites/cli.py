@@ -130,11 +130,11 @@ def notes(m: dict[str, Measurement], hp: Measurement) -> list[str]:
            "ngcx's sources on every call.",
            f"The catalog cache saves {cpu['cold'] - cpu['warm']:.3f} s CPU per `ngcx render` "
            f"({cpu['cold']:.3f} -> {cpu['warm']:.3f} s): no validation, no Jinja2.",
-           f"The fast path (cli/fastpath.py: plain `render` and `catalog ls` lines parsed without typer) saves "
-           f"{cpu['via_typer'] - cpu['warm']:.3f} s CPU: the same render through typer's parser takes "
+           "The fast path (cli/commands/fastpath.py: plain `render` and `catalog ls` lines parsed without typer) "
+           f"saves {cpu['via_typer'] - cpu['warm']:.3f} s CPU: the same render through typer's parser takes "
            f"{cpu['via_typer']:.3f} s, of which importing typer is {cpu['typer'] - cpu['floor']:.3f} s and typer "
            f"0.29's pydantic coercion {cpu['adapters'] - cpu['typer']:.3f} s more. Outputs are identical "
-           "(checked in this run and by tests/unit/test_fastpath.py)."]
+           "(checked in this run and by tests/commands/test_fastpath.py)."]
     for name, key in ((f"ngcx render {REF} (warm)", "warm"), ("ngcx catalog ls (warm)", "ls")):
         verdict = "no slower than" if cpu[key] <= cpu["hp"] else "slower than"
         out.append(f"{name}: {cpu[key]:.3f} s CPU, {cpu[key] / cpu['hp']:.2f}x hpccm ({cpu['hp']:.3f} s): "
