@@ -33,6 +33,7 @@ def installed(tmp_path_factory) -> Path:
     assert "ngcx/_data/images/pytorch/image.yaml" in names
     assert any(n.startswith("ngcx/_data/images/cuda/tests/") for n in names)
     assert "ngcx_runtime/cli.py" in names
+    assert {"ngcx/catalog/registry.seed", "ngcx/render/recipes.seed", "ngcx/render/compiled/cuda_j2.py"} <= set(names)
     target = tmp_path_factory.mktemp("site")
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
                    check=True, capture_output=True)
@@ -60,3 +61,17 @@ def test_installed_wheel_renders_a_full_context(installed, tmp_path):
     assert "torch==2.5.1" in (tmp_path / "ctx" / "Dockerfile").read_text()
     assert (tmp_path / "ctx" / "ngcx-runtime" / "ngcx_runtime" / "cli.py").is_file()
     assert (tmp_path / "ctx" / "tests").is_dir()
+
+
+def test_installed_wheel_renders_cold_from_what_it_ships(installed, tmp_path):
+    """A first render from the wheel (empty cache) uses its seeds and compiled recipes: no validator, no YAML,
+    no template compiled (cli/catalog/cache.py, cli/render/recipe.py, cli/render/precompiled.py)."""
+    probe = ("import sys, jinja2; compiled = []; orig = jinja2.Environment.compile\n"
+             "jinja2.Environment.compile = lambda self, *a, **k: compiled.append(a[1]) or orig(self, *a, **k)\n"
+             "import ngcx.main\ntry: ngcx.main.main(['render', 'pytorch:24.11'])\nexcept SystemExit: pass\n"
+             "print(sorted({'pydantic_core', 'yaml'} & set(sys.modules)), compiled, file=sys.stderr)")
+    env = {**os.environ, "PYTHONPATH": str(installed), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env.pop("NGCX_DATA_DIR", None)
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert proc.returncode == 0 and "torch==2.5.1" in proc.stdout, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "[] []"

@@ -486,7 +486,7 @@ def sharing_notes(shared: dict[str, float], stack_bytes: float, common: int | No
              "and share the base only; naive installs one apt set for every image, then copies each image's own "
              "app before its one pip install, so it shares base and apt layer and stores the CUDA stack twice.")
     if common is not None and common >= STACK_LAYERS:
-        from ngcx.render.dockerfile import image_packages, load_recipe
+        from ngcx.render.recipe import image_packages, load_recipe
 
         own = ", ".join(image_packages(load_recipe(SECOND.split(":")[0]))) or "none"
         return [f"{figures} ngcx's two images share their bottom {common} layers: the base, OS packages, venv and "

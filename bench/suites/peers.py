@@ -30,7 +30,8 @@ def hpccm_recipe(ref: str, base: str | None = None) -> str:
     `base` replaces the catalog's base image, as `ngcx render --base` does (the build suite builds
     both FROM the local ngcx/base:bookworm: nothing can be pulled here)."""
     from ngcx.catalog import load_catalog
-    from ngcx.render.dockerfile import BASE_APT, load_recipe, resolve_base
+    from ngcx.render.dockerfile import resolve_base
+    from ngcx.render.recipe import BASE_APT, load_recipe
 
     cat = load_catalog()
     rel = cat.resolve(ref)

@@ -278,10 +278,11 @@ def _tree_bytes(folder: Path) -> int:
 def _context_bytes(release: Release) -> int:
     """What a context takes on disk: each file rounded up to a 4 KB block, plus the folders."""
     from ..render import dockerfile as render
+    from ..render.recipe import load_recipe
 
     block = 4096
     sizes = [len(data) for data in render.runtime_package_files().values()]
-    tests = render.load_recipe(release.image).tests_dir
+    tests = load_recipe(release.image).tests_dir
     if tests.is_dir():
         sizes += [f.stat().st_size for f in tests.rglob("*") if f.is_file() and "__pycache__" not in f.parts]
     sizes += [64 * 1024, 64]  # the Dockerfile (generous) and .dockerignore

@@ -16,68 +16,14 @@ from typing import TYPE_CHECKING
 
 from ngcx_runtime import __version__
 
+from .recipe import BASE_APT, PACKAGES_BLOCK, STACK_BLOCKS, Recipe, image_packages, load_recipe
+
 if TYPE_CHECKING:
 
     from ..catalog.model import Catalog, Release
 
-# The OS packages every image needs, in the base layer; image.yaml's `apt:` adds an image's own in
-# a layer of their own after the CUDA wheels (see layer_blocks). Python comes from the base OS.
-BASE_APT = ("ca-certificates", "python3", "python3-venv", "libgomp1")
+# The OS packages only devel images add (recipes/devel.j2).
 DEVEL_APT = ("build-essential", "python3-dev", "git", "pkg-config")
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """images/NAME/image.yaml, validated."""
-
-    name: str
-    blocks: tuple[str, ...]
-    apt: tuple[str, ...]
-    entrypoint: tuple[str, ...]
-    cmd: tuple[str, ...]
-    ports: tuple[int, ...]
-    tests_dir: Path
-
-
-KNOWN_BLOCKS = ("base", "python", "cuda", "framework", "devel", "runtime", "app")
-# The blocks whose layers depend only on the base, python and the CUDA stack: identical in every
-# image on one stack, so nothing image-specific may come before their end.
-STACK_BLOCKS = ("base", "python", "cuda")
-# Not written in image.yaml: rendered from its `apt:` list, placed by layer_blocks.
-PACKAGES_BLOCK = "packages"
-RECIPE_KEYS = {"blocks", "apt", "entrypoint", "cmd", "ports"}
-
-
-def load_recipe(image: str) -> Recipe:
-    """Read and check images/IMAGE/image.yaml (unknown keys or blocks -> UserError)."""
-    from ..core import paths
-    from ..core.errors import UserError
-    from ..core.yamlio import load_yaml
-
-    folder = paths.images_dir() / image
-    file = folder / "image.yaml"
-    try:
-        data = load_yaml(file.read_text(encoding="utf-8"), str(file)) or {}
-    except FileNotFoundError:
-        raise UserError(f"image {image!r} has no recipe file {file}",
-                        hint="add images/<name>/image.yaml listing its blocks") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{file}: must be a mapping with the keys {', '.join(sorted(RECIPE_KEYS))}")
-    unknown = set(data) - RECIPE_KEYS
-    if unknown:
-        raise UserError(f"{file}: unknown key(s) {', '.join(sorted(unknown))}",
-                        hint=f"allowed: {', '.join(sorted(RECIPE_KEYS))}")
-    blocks = tuple(data.get("blocks") or ())
-    bad = [b for b in blocks if b not in KNOWN_BLOCKS]
-    if bad or not blocks or blocks[0] != "base" or blocks[-1] != "app":
-        raise UserError(f"{file}: blocks must start with base, end with app and use only "
-                        f"{', '.join(KNOWN_BLOCKS)} (got {', '.join(blocks) or 'none'})")
-    return Recipe(
-        name=image, blocks=blocks, apt=tuple(data.get("apt") or ()),
-        entrypoint=tuple(data.get("entrypoint") or ("ngcx-runtime",)),
-        cmd=tuple(data.get("cmd") or ("info",)), ports=tuple(data.get("ports") or ()),
-        tests_dir=folder / "tests",
-    )
 
 
 def _config_base() -> str | None:
@@ -122,15 +68,11 @@ def resolve_base(release: "Release", base: str | None) -> str:
 
 
 def _environment():
-    from jinja2 import Environment, FileSystemLoader, StrictUndefined
-
+    """The recipes' Jinja2 environment, rendering from the precompiled modules where they are current."""
     from ..core import paths
+    from .precompiled import environment
 
-    return Environment(
-        loader=FileSystemLoader(str(paths.recipes_dir())),
-        undefined=StrictUndefined, keep_trailing_newline=True,
-        trim_blocks=True, lstrip_blocks=True, autoescape=False,
-    )
+    return environment(paths.recipes_dir())
 
 
 def render_dockerfile(release: "Release", variant: str = "runtime", base: str | None = None,
@@ -177,11 +119,6 @@ def _render(release: "Release", variant: str, base: str | None, description: str
         site=f"/opt/ngcx/venv/lib/python{release.spec.python}/site-packages",
     )
     return _tidy(text)
-
-
-def image_packages(recipe: Recipe) -> list[str]:
-    """The image's own OS packages: image.yaml's `apt:` less what the base layer already installs."""
-    return sorted(set(recipe.apt) - set(BASE_APT))
 
 
 def layer_blocks(recipe: Recipe, release: "Release") -> list[str]:

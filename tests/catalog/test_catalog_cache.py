@@ -52,8 +52,10 @@ def catalog_entries(folder: Path) -> list[Path]:
 
 
 def copy_catalog(tmp_path: Path, text: str | None = None) -> Path:
+    """The shipped catalog (or `text`) in a file of its own; one trailing comment makes its bytes another
+    catalog's than the shipped one, which the seed holds ready (tests below: the user's cache at work)."""
     file = tmp_path / "registry.yaml"
-    file.write_text(text if text is not None else SHIPPED.read_text(encoding="utf-8"), encoding="utf-8")
+    file.write_text(text if text is not None else SHIPPED.read_text(encoding="utf-8") + "# a copy\n", encoding="utf-8")
     return file
 
 
@@ -66,28 +68,80 @@ def edit(file: Path, old: str, new: str) -> None:
 # ----------------------------------------------------------------------------- hits
 
 
-def test_a_hit_is_the_catalog_a_fresh_validation_gives(_own_dirs: Path) -> None:
-    fresh = validated_catalog(SHIPPED.read_text(encoding="utf-8"), str(SHIPPED))
-    first = cache.load_catalog()                     # miss: validated, then stored
+def test_a_hit_is_the_catalog_a_fresh_validation_gives(tmp_path: Path, _own_dirs: Path) -> None:
+    file = copy_catalog(tmp_path)
+    fresh = validated_catalog(file.read_text(encoding="utf-8"), str(file))
+    first = cache.load_catalog(file)                 # miss: validated, then stored
     assert len(catalog_entries(_own_dirs)) == 1
-    hit = cache.cached_catalog(SHIPPED.read_bytes(), str(SHIPPED))
+    hit = cache.cached_catalog(file.read_bytes(), str(file))
     assert hit is not None, "the stored entry was not used"
     assert hit == fresh == first
     assert hit.spec == fresh.spec                    # the lazily re-validated schema model, too
     assert [r.labels() for r in hit.all_releases()] == [r.labels() for r in fresh.all_releases()]
-    assert cache.load_catalog() == fresh
+    assert cache.load_catalog(file) == fresh
 
 
-def test_a_warm_render_imports_neither_pydantic_nor_jinja2_and_prints_the_same(_own_dirs: Path) -> None:
+# ----------------------------------------------------------------------------- the shipped seed
+
+
+def test_the_shipped_seed_is_current() -> None:
+    """cli/catalog/registry.seed holds the shipped catalog validated by this code; NGCX_UPDATE_GOLDEN=1 rewrites it."""
+    want = cache.seed_entry(SHIPPED.read_bytes(), str(SHIPPED))
+    if os.environ.get("NGCX_UPDATE_GOLDEN") == "1":
+        cache.SEED.write_bytes(want)
+    assert cache.SEED.read_bytes() == want, (
+        "registry.yaml or the validation code changed: NGCX_UPDATE_GOLDEN=1 .venv/bin/python -m pytest "
+        "tests/catalog/test_catalog_cache.py -k seed, then review the diff")
+
+
+def test_the_seed_is_the_catalog_a_fresh_validation_gives(_own_dirs: Path) -> None:
+    """An empty cache loads the shipped catalog from the seed: the same Catalog, nothing validated, nothing stored."""
+    seeded = cache.seeded_catalog(SHIPPED.read_bytes(), str(SHIPPED))
+    assert seeded is not None, "the seed does not match the shipped catalog"
+    fresh = validated_catalog(SHIPPED.read_text(encoding="utf-8"), str(SHIPPED))
+    assert cache.load_catalog() == seeded == fresh
+    assert [r.labels() for r in seeded.all_releases()] == [r.labels() for r in fresh.all_releases()]
+    assert catalog_entries(_own_dirs) == []
+
+
+@pytest.mark.parametrize("damage", ["missing", "other-catalog", "flipped-byte"])
+def test_a_seed_that_does_not_match_is_validated_as_before(damage: str, tmp_path: Path, _own_dirs: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A seed for other bytes (an edited catalog or rule, another version) or a damaged one is a miss, never used."""
+    seed = tmp_path / "registry.seed"
+    data = cache.SEED.read_bytes()
+    if damage == "other-catalog":
+        seed.write_bytes(cache.seed_entry(copy_catalog(tmp_path).read_bytes(), "x"))
+    elif damage == "flipped-byte":
+        seed.write_bytes(data.replace(b"9.1.0.70", b"9.1.0.71", 1))
+    monkeypatch.setattr(cache, "SEED", seed)
+    assert cache.seeded_catalog(SHIPPED.read_bytes(), str(SHIPPED)) is None
+    assert cache.load_catalog() == validated_catalog(SHIPPED.read_text(encoding="utf-8"), str(SHIPPED))
+    assert len(catalog_entries(_own_dirs)) == 1      # validated, then stored in the user's cache
+
+
+def test_a_warm_render_imports_neither_pydantic_nor_jinja2_and_prints_the_same(tmp_path: Path) -> None:
     """The point of the cache: the second `ngcx render` skips validation and templating, same bytes.
-    A cold one validates with pydantic-core alone: building pydantic models was 0.15-0.30 s of it."""
-    probe = ("import sys, ngcx.catalog, ngcx.render.dockerfile as r; c = ngcx.catalog.load_catalog(); "
+    A cold one of the shipped catalog reads the seeds (no pydantic-core, no YAML), and of an edited catalog
+    validates with pydantic-core alone: building pydantic models was 0.15-0.30 s of it."""
+    probe = ("import sys, ngcx.catalog, ngcx.render.dockerfile as r; c = ngcx.catalog.load_catalog({}); "
              "t = r.render_dockerfile(c.resolve('pytorch:24.11'), 'runtime', None, c); "
-             "print(sorted({'pydantic', 'pydantic_core', 'jinja2', 'yaml'} & set(sys.modules)))")
-    cold = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    warm = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    assert cold.stdout.strip() == "['jinja2', 'pydantic_core', 'yaml']", cold.stderr
-    assert warm.stdout.strip() == "[]", warm.stderr
+             "print(sorted({{'pydantic', 'pydantic_core', 'jinja2', 'yaml'}} & set(sys.modules)))")
+
+    def imported(catalog: Path | None) -> str:
+        """The heavy modules one load + render imports; each catalog its own cache (same Dockerfile, same key)."""
+        folder = tmp_path / ("edited" if catalog else "shipped")
+        proc = subprocess.run([sys.executable, "-c", probe.format(repr(str(catalog)) if catalog else "")],
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "XDG_CACHE_HOME": str(folder)})
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    assert imported(None) == "['jinja2']"                                       # cold, seeded
+    assert imported(None) == "[]"                                               # warm
+    edited = copy_catalog(tmp_path)
+    assert imported(edited) == "['jinja2', 'pydantic_core', 'yaml']"            # cold, validated
+    assert imported(edited) == "[]"
     first, second = ngcx("render", "pytorch:24.11"), ngcx("render", "pytorch:24.11")
     uncached = ngcx("render", "pytorch:24.11", XDG_CACHE_HOME=str(SHIPPED))  # a file: no cache at all
     assert first.returncode == second.returncode == uncached.returncode == 0
@@ -166,18 +220,19 @@ def test_an_entry_others_could_write_is_not_trusted(tmp_path: Path, _own_dirs: P
 
 def test_a_shared_or_linked_cache_folder_is_not_used(tmp_path: Path, _own_dirs: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    cache.load_catalog()
+    file = copy_catalog(tmp_path)
+    cache.load_catalog(file)
     assert _own_dirs.stat().st_mode & 0o777 == 0o700
     _own_dirs.chmod(0o777)
-    assert cache.cached_catalog(SHIPPED.read_bytes(), str(SHIPPED)) is None
+    assert cache.cached_catalog(file.read_bytes(), str(file)) is None
     _own_dirs.chmod(0o700)
     linked = tmp_path / "linked"
     linked.mkdir()
     (linked / "ngcx").symlink_to(_own_dirs)
     monkeypatch.setenv("XDG_CACHE_HOME", str(linked))
-    assert cache.cached_catalog(SHIPPED.read_bytes(), str(SHIPPED)) is None
+    assert cache.cached_catalog(file.read_bytes(), str(file)) is None
     before = sorted(p.name for p in _own_dirs.iterdir())
-    assert cache.load_catalog() == validated_catalog(SHIPPED.read_text(encoding="utf-8"), str(SHIPPED))
+    assert cache.load_catalog(file) == validated_catalog(file.read_text(encoding="utf-8"), str(file))
     assert sorted(p.name for p in _own_dirs.iterdir()) == before, "wrote through a symlinked folder"
 
 
@@ -245,8 +300,8 @@ def test_a_render_error_is_not_cached(tmp_path: Path) -> None:
     assert ngcx("render", "pytorch:24.11", **env).returncode == 0
 
 
-def test_entries_are_json_data_not_pickles(_own_dirs: Path) -> None:
-    cache.load_catalog()
+def test_entries_are_json_data_not_pickles(tmp_path: Path, _own_dirs: Path) -> None:
+    cache.load_catalog(copy_catalog(tmp_path))
     [entry] = catalog_entries(_own_dirs)
     header, _, body = entry.read_bytes().partition(b"\n")
     assert header.startswith(cache.FORMAT.encode() + b" ")

@@ -16,6 +16,7 @@ import sys
 import pytest
 import typer
 
+from ngcx.core import paths
 from ngcx.main import stage_modules
 
 HEAVY = ("pydantic", "pydantic_core", "jinja2", "docker", "boto3", "botocore", "aliyunsdkcore", "rich", "yaml",
@@ -102,10 +103,13 @@ def test_startup_imports_no_heavy_module() -> None:
 
 def test_probe_would_notice_a_heavy_import(tmp_path) -> None:
     """Guard for the test above: the same probe does see the validator (pydantic-core, catalog/schema.py)
-    once the catalog is validated (an empty cache folder, so the catalog cache cannot spare the validation)."""
-    code = "import sys, ngcx.catalog; ngcx.catalog.load_catalog(); print('pydantic_core' in sys.modules)"
+    once the catalog is validated (an empty cache folder and a catalog other than the shipped one, so neither
+    the catalog cache nor its shipped seed can spare the validation)."""
+    edited = tmp_path / "registry.yaml"
+    edited.write_text(paths.registry_file().read_text(encoding="utf-8") + "# edited\n", encoding="utf-8")
+    code = f"import sys, ngcx.catalog as c; c.load_catalog({str(edited)!r}); print('pydantic_core' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
+                          env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
     assert proc.stdout.strip() == "True", proc.stderr
 
 

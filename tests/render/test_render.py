@@ -30,7 +30,8 @@ from ngcx.catalog import load_catalog
 from ngcx.catalog.model import Release
 from ngcx.core import naming, paths
 from ngcx.core.errors import UserError
-from ngcx.render.dockerfile import BASE_APT, DEVEL_APT, load_recipe, render_dockerfile, write_context
+from ngcx.render.dockerfile import DEVEL_APT, render_dockerfile, write_context
+from ngcx.render.recipe import BASE_APT, load_recipe
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 CATALOG = load_catalog()
