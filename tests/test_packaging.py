@@ -33,7 +33,8 @@ def installed(tmp_path_factory) -> Path:
     assert "ngcx/_data/images/pytorch/image.yaml" in names
     assert any(n.startswith("ngcx/_data/images/cuda/tests/") for n in names)
     assert "ngcx_runtime/cli.py" in names
-    assert {"ngcx/catalog/registry.seed", "ngcx/render/recipes.seed", "ngcx/render/compiled/cuda_j2.py"} <= set(names)
+    assert {"ngcx/catalog/registry.seed", "ngcx/render/recipes.seed", "ngcx/render/dockerfiles.seed",
+            "ngcx/render/compiled/cuda_j2.py"} <= set(names)
     target = tmp_path_factory.mktemp("site")
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
                    check=True, capture_output=True)

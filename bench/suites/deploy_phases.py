@@ -1,8 +1,9 @@
 """Deploy -> first successful inference, per phase (api, boot, pull, start, ready), for every path.
 
-    .venv/bin/python -m bench.suites.deploy_phases [--repeat 3] [--out bench/results/deploy_phases.json]
+    .venv/bin/python -m bench.suites.deploy_phases [--repeat 3] [--running-only] [--out FILE.json]
 
-(from the repo root; `python -m bench deploy` runs the same measurement as a suite).
+(from the repo root; FILE.json defaults to bench/results/deploy_phases.json; `python -m bench deploy` runs the
+same measurement as a suite).
 
 Paths (issue 10's performance table, issue 11's for AWS): local (image present), and through the real
 Alibaba Cloud SDK / boto3 against the ECS emulator / moto + tests/emulators/aws_ec2.py, whose instances are
@@ -13,6 +14,8 @@ API-side delays are set to published figures where one exists, since no Alibaba 
 published (cold-start.md §1), and the same for AWS: start from stopped 16.4 s, launch 17.8 s (EC2 pending -> running,
 cold-start.md [V1]); the machine's own boot (its dockerd) and every pull are real, on this host.
 Each row ends with a real KServe inference checked against the example's expected logits.
+--running-only measures the running host alone (per cloud: one fresh host that pulls, not a row, then
+--repeat redeploys onto it): ~6 minutes instead of ~26.
 Needs: scripts/setup.sh done, the onnx-zero-code example built (`ngcx build` in a copy with its model
 exported), the registry on 127.0.0.1:5000.
 """
@@ -101,7 +104,7 @@ def local_rows(root: Path, work: Path, repeat: int) -> list[dict]:
     return rows
 
 
-def cloud_rows(root: Path, work: Path, repeat: int) -> dict[str, list[dict]]:
+def cloud_rows(root: Path, work: Path, repeat: int, running_only: bool = False) -> dict[str, list[dict]]:
     """Every VM path on every emulated cloud: keys '<cloud> <path>' (e.g. 'aliyun running-host')."""
     import docker
     from clouds import reach_from_hosts
@@ -119,7 +122,8 @@ def cloud_rows(root: Path, work: Path, repeat: int) -> dict[str, list[dict]]:
                 api = reach_from_hosts(stack, emu, hosts, gateway, METADATA[cloud])
                 env = {**_env(cloud, emu, relay.address, api, work / cloud), "HTTP_PROXY": "", "HTTPS_PROXY": "",
                        "http_proxy": "", "https_proxy": ""}
-                rows.update({f"{cloud} {k}": v for k, v in _paths(root, env, cloud, relay, repeat).items()})
+                paths = _running_path if running_only else _paths
+                rows.update({f"{cloud} {k}": v for k, v in paths(root, env, cloud, relay, repeat).items()})
     return rows
 
 
@@ -149,16 +153,30 @@ def _env(cloud: str, emu, relay: str, api: str, home: Path) -> dict[str, str]:
             "NGCX_ECR_ENDPOINT": "127.0.0.1:5000", "NGCX_ECR_VPC_ENDPOINT": relay, "NGCX_ECR_API_HOST_ENDPOINT": api}
 
 
+def _deploy_args(root: Path, env: dict[str, str], cloud: str) -> tuple[list[str], str, str]:
+    """(the deploy's arguments, the registry, the region) for `cloud`, the app pushed there."""
+    gpu, registry, region = {"aliyun": ("A10", "acr://cn-hangzhou/bench", "cn-hangzhou"),
+                             "aws": ("A10G", "ecr://us-east-1/bench", "us-east-1")}[cloud]
+    Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
+    ngcx(root, env, "push", "ngcx-app/onnx-zero-code:latest", "--registry", registry)
+    return ["--cloud", cloud, "--gpu", gpu, "--gpu-mode", "auto"], registry, region
+
+
+def _running_path(root: Path, env: dict[str, str], cloud: str, relay, repeat: int) -> dict[str, list[dict]]:
+    """--running-only: one fresh host that pulls (not a row), then `repeat` redeploys onto it."""
+    deploy, _registry, _region = _deploy_args(root, env, cloud)
+    measured(root, env, deploy)
+    rows = [measured(root, env, deploy) for _ in range(repeat)]
+    ngcx(root, env, "deployments", "destroy", str(rows[-1]["record"]), "--yes")
+    return {"running-host": rows}
+
+
 def _paths(root: Path, env: dict[str, str], cloud: str, relay, repeat: int) -> dict[str, list[dict]]:
     """A fresh host that pulls, then the bake, then per repetition: fresh (baked), running x2, stopped;
     then per repetition a new release of the app on a fresh host of the same baked image."""
     rows: dict[str, list[dict]] = {"running-host": [], "stopped-host": [], "fresh-host (baked)": [],
                                    "fresh-host (pull)": [], NEW_RELEASE: []}
-    gpu, registry, region = {"aliyun": ("A10", "acr://cn-hangzhou/bench", "cn-hangzhou"),
-                             "aws": ("A10G", "ecr://us-east-1/bench", "us-east-1")}[cloud]
-    deploy = ["--cloud", cloud, "--gpu", gpu, "--gpu-mode", "auto"]
-    Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
-    ngcx(root, env, "push", "ngcx-app/onnx-zero-code:latest", "--registry", registry)
+    deploy, registry, region = _deploy_args(root, env, cloud)
     before = relay.bytes_from_target
     row = measured(root, env, deploy)       # fresh, no baked image: the whole image crosses the VPC endpoint
     row["relay_bytes"] = relay.bytes_from_target - before
@@ -215,17 +233,20 @@ def summary(rows: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--running-only", action="store_true", help="the running host alone (module docstring)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "deploy_phases.json")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ngcx-bench-deploy-"))
     try:
         root = project_copy(work)
-        results = {"local": local_rows(root, work, args.repeat), **cloud_rows(root, work, args.repeat)}
+        local = {} if args.running_only else {"local": local_rows(root, work, args.repeat)}
+        results = {**local, **cloud_rows(root, work, args.repeat, args.running_only)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report = {"machine": {"cores": os.cpu_count(), "load": os.getloadavg(), "python": platform.python_version()},
               "emulator": {"start_seconds": START_S, "boot_seconds": LAUNCH_S},
-              "command": "python -m bench.suites.deploy_phases --repeat " + str(args.repeat),
+              "command": f"python -m bench.suites.deploy_phases --repeat {args.repeat}"
+                         + (" --running-only" if args.running_only else ""),
               "rows": results, "summary": {k: summary(v) for k, v in results.items() if not k.endswith("bake_s")}}
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"{'path':22} " + " ".join(f"{p:>7}" for p in (*PHASES, "total")) + "   (median s)")

@@ -220,13 +220,9 @@ def _read_catalog(file: Path) -> bytes:
 
 
 def _decode(raw: bytes, file: Path) -> str:
-    """UTF-8 text with universal newlines, exactly as Path.read_text gave it before the cache."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UserError(f"catalog {file} is not UTF-8 text (byte {exc.start})",
-                        hint="save it as UTF-8, or check that this is the right file") from None
-    return text.replace("\r\n", "\n").replace("\r", "\n")
+    from ..core.yamlio import decode_text
+
+    return decode_text(raw, f"catalog {file}", hint="save it as UTF-8, or check that this is the right file")
 
 
 def cached_catalog(raw: bytes, source: str) -> Catalog | None:

@@ -10,6 +10,7 @@ cost of `ngcx render`; this module therefore imports the schema only when comple
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,13 @@ class Pin:
     @property
     def requirement(self) -> str:
         return f"{self.wheel}=={self.version}"
+
+    @property
+    def wheel_glob(self) -> str:
+        """The file name pip gives this pin's wheel, as a shell glob over its tags: the name escaped as wheel
+        files spell it (PEP 427: runs of - _ . become _), then the version. recipes/macros.j2 pool_install
+        installs straight from the wheel pool when a file matches, without asking the index."""
+        return f"{re.sub(r'[-_.]+', '_', self.wheel).lower()}-{self.version}-*.whl"
 
 
 def parse_pin(text: str) -> tuple[str, str] | None:

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from .output import redact
 
 STEP_LINE = re.compile(r"^#(?P<id>\d+) (?P<rest>.*)$")
-DOCKERFILE_STEP = re.compile(r"^\[(?:[\w.-]+ )?\d+/\d+\] ")  # "[3/8] RUN ..." or "[stage-0 3/8] RUN ..."
+# "[3/8] RUN ...", "[stage-0 3/8] RUN ..."; BuildKit pads the number to the total's width: "[stage-0  4/13] RUN ..."
+DOCKERFILE_STEP = re.compile(r"^\[(?:[\w.-]+ )? *(\d+)/(\d+)\] ")
 
 
 @dataclass
@@ -62,7 +63,7 @@ class ProgressParser:
             self.error = rest
         elif not step.name:
             step.name = rest
-            m = re.match(r"^\[(?:[\w.-]+ )?(\d+)/(\d+)\] ", rest)
+            m = DOCKERFILE_STEP.match(rest)
             if m:
                 step.title = f"[{m.group(1)}/{m.group(2)}] " + self.titles.get(int(m.group(1)), rest[m.end():])
         else:

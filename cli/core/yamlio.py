@@ -32,6 +32,16 @@ MAX_DEPTH = 64  # the catalog nests 5 levels deep
 MAX_NODES = 100_000  # nodes after expanding every alias (the catalog has ~730)
 
 
+def decode_text(raw: bytes, what: str, hint: str = "save it as UTF-8") -> str:
+    """A YAML file's bytes as text with universal newlines, exactly as Path.read_text gives it (the caches
+    and seeds key on the bytes, so the files are read as bytes first); not UTF-8 -> one UserError line."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{what} is not UTF-8 text (byte {exc.start})", hint=hint) from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 class _Limits:
     """Refuses duplicate keys, deep nesting and alias bombs, and reports where (mixed into both loaders)."""
 

@@ -186,7 +186,8 @@ class Ecs:
         answer = self.api.ecs("RunCommand", {"Type": "RunShellScript", "InstanceId.1": instance_id,
                                              "CommandContent": base64.b64encode(script.encode()).decode(),
                                              "ContentEncoding": "Base64", "Timeout": int(timeout)}, write=True)
-        deadline, pause = time.monotonic() + timeout + 30, 0.1
+        started = time.monotonic()
+        deadline = started + timeout + 30
         while time.monotonic() < deadline:
             results = self.api.ecs("DescribeInvocationResults", {"InvokeId": answer["InvokeId"]}).get(
                 "Invocation", {}).get("InvocationResults", {}).get("InvocationResult", [])
@@ -194,8 +195,7 @@ class Ecs:
                 if result.get("InvocationStatus") in ("Success", "Failed", "Timeout", "Error", "Finished"):
                     output = base64.b64decode(result.get("Output") or "").decode(errors="replace")
                     return int(result.get("ExitCode") or 0), output
-            time.sleep(pause)
-            pause = min(1.0, pause * 1.5)
+            time.sleep(vm.poll_pause(started))
         raise UserError(f"Cloud Assistant command on {instance_id} did not finish in {timeout:.0f} s")
 
     def create_image(self, instance_id: str, name: str, tags: dict[str, str], token: str) -> str:

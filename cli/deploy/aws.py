@@ -286,7 +286,7 @@ class Ec2:
         """AWS-RunShellScript on the host; (exit code, stdout + stderr). Not retried after a 5xx (it may have run)."""
         deadline = time.monotonic() + timeout + 60
         command_id = self._send_command(instance_id, script, timeout)
-        pause = 0.2
+        started = time.monotonic()
         while time.monotonic() < deadline:
             invocation = self._invocation(command_id, instance_id)
             if invocation and invocation.get("Status") in SSM_DONE:
@@ -296,8 +296,7 @@ class Ec2:
                     code = 124 if invocation["Status"] == "TimedOut" else 1
                     output += f"\n(SSM: {invocation['Status']}: {invocation.get('StatusDetails', '')})"
                 return code, output
-            time.sleep(pause)
-            pause = min(1.0, pause * 1.5)
+            time.sleep(vm.poll_pause(started))
         raise UserError(f"SSM command {command_id} on {instance_id} did not finish in {timeout:.0f} s")
 
     def _send_command(self, instance_id: str, script: str, timeout: float) -> str:

@@ -17,6 +17,16 @@ from ..registry.credentials import Credentials
 from .roles import RoleLogin
 
 USER_DATA_LIMIT = 16 * 1024  # ECS: raw user-data up to 16 KB (cloud-apis.md §5.1)
+CERTIFICATE_MARK = "ngcx-host: tls pubkey sha256 "
+
+
+def certificate_probe(auth_dir: str) -> str:
+    """Shell that prints the host's TLS certificate, then CERTIFICATE_MARK and its key's pin (curl's
+    --pinnedpubkey). The host script ends with it, so a deploy onto a running host pins from the one
+    command it runs (vm.py certificate_with); the same line reads it back where that output is gone."""
+    crt = f'"{auth_dir}/tls.crt"'
+    return (f"cat {crt} && echo \"{CERTIFICATE_MARK}$(openssl x509 -in {crt} -pubkey -noout "
+            "| openssl pkey -pubin -outform der | openssl dgst -sha256 -binary | base64)\"")
 
 
 @dataclass(frozen=True)
@@ -43,6 +53,7 @@ def _env():
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
     env.filters["q"] = lambda value: shlex.quote(str(value))
     env.globals["role_login_program"] = role_login_program
+    env.globals["certificate_probe"] = certificate_probe
     return env
 
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..core.engine import image_labels
 from ..core.errors import UserError
 
 
 def resolve(ref: str | None, project_file: Path | None, variant: str | None,
             catalog_file: Path | None) -> tuple[str, dict[str, str]]:
     """(local image tag, its labels) for IMAGE[:RELEASE], a local tag, or the project here."""
-    from ..core.engine import engine_client, image_or_none
-
     if ref is None:
         from ..project import find_project_file
         from ..project.spec import load_project
@@ -21,10 +20,11 @@ def resolve(ref: str | None, project_file: Path | None, variant: str | None,
             raise UserError(f"no IMAGE given and no ngcx.yaml in {project_file or Path.cwd()}",
                             hint="give an image, or run `ngcx init` here")
         tag = load_project(file).image_tag
-        image = image_or_none(engine_client(), tag)
-        if image is None:
+        labels = image_labels(tag)
+        if labels is None:
             raise UserError(f"{tag} is not built", hint=f"run `ngcx build` in {file.parent}")
-        return tag, dict(image.labels or {})
+        return tag, labels
+    from ..core.engine import engine_client
     from ..workstation.host import resolve_image
 
     tag = resolve_image(ref, variant or "runtime", catalog_file)

@@ -22,6 +22,7 @@ from .common import (
     IN_FLIGHT,
     INTENT,
     LIVE,
+    REPLACED,
     SVC_BUSY,
     SVC_CREATING,
     SVC_LIVE,
@@ -134,6 +135,35 @@ def alive(pid: int | None) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def claim_host(old: DeployRecord, new_id: int) -> bool:
+    """Hand `old`'s host to deployment `new_id` if `old` is still in the status it was read in; False when
+    another deploy took it first.
+
+    Why one conditional UPDATE: a service's replicas deploy in parallel (service.py `_add`) and each looks
+    for a stopped host of the warm pool; read-then-write let two of them start and swap the same host, one
+    replica's container replacing the other's. The new record names the instance in the same transaction,
+    so a live record owns the host throughout (gc never takes it for an orphan while the deploy runs; one
+    interrupted after this point leaves it to gc, as one interrupted during the swap always did)."""
+    with state.connect() as conn:
+        taken = conn.execute("UPDATE deployments SET status = ?, pid = NULL, detail = ?, updated_at = ? "
+                             "WHERE id = ? AND status = ?",
+                             (REPLACED, f"host handed to deployment {new_id}", time.time(), old.id, old.status))
+        if taken.rowcount != 1:
+            return False
+        conn.execute("UPDATE deployments SET instance_id = ?, instance_type = ?, zone = ?, updated_at = ? "
+                     "WHERE id = ?", (old.instance_id, old.instance_type, old.zone, time.time(), new_id))
+    return True
+
+
+def release_host(old: DeployRecord, new_id: int, detail: str) -> None:
+    """Undo `claim_host`: `old` keeps its host (and says `detail`), deployment `new_id` names none."""
+    with state.connect() as conn:
+        conn.execute("UPDATE deployments SET status = ?, detail = ?, updated_at = ? WHERE id = ?",
+                     (old.status, detail, time.time(), old.id))
+        conn.execute("UPDATE deployments SET instance_id = NULL, instance_type = NULL, zone = NULL, updated_at = ? "
+                     "WHERE id = ?", (time.time(), new_id))
 
 
 def mark_destroyed(record_id: int, detail: str | None = None) -> DeployRecord:

@@ -33,7 +33,6 @@ from .common import (
     PATH_RUNNING,
     PATH_STOPPED,
     READY,
-    REPLACED,
     SERVE_PORT,
     STARTING,
     STOPPED,
@@ -45,6 +44,7 @@ from .common import (
 )
 
 BOOT_TIMEOUT_S = 900.0
+BOOT_TRIES = 2           # a fresh host the cloud deletes while it boots is made once more in its zone
 COMMAND_TIMEOUT_S = 900.0
 TAG_OWNER, TAG_DEPLOYMENT, TAG_HOST_IMAGE, TAG_ROLE = "ngcx:owner", "ngcx:deployment", "ngcx:host-image", "ngcx:role"
 TAG_SERVICE = "ngcx:service"      # a service's balancer and scaling group, and the hosts its group launches
@@ -119,6 +119,8 @@ def run(config: DeployConfig, record: DeployRecord, plan: Plan) -> DeployRecord:
         plan.role = plan.cloud.ensure_pull_role(plan.grant)
     names = {c.itype.name for c in plan.candidates}
     for old, status in reusable_hosts(plan, names, config, record.id):
+        if not store.claim_host(old, record.id):
+            continue            # a deploy beside this one (another replica of the service) took it first
         if status.state == "running":
             return _swap(config, record, plan, old, status, {"api": 0.0, "boot": 0.0}, PATH_RUNNING)
         try:
@@ -126,7 +128,7 @@ def run(config: DeployConfig, record: DeployRecord, plan: Plan) -> DeployRecord:
         except CapacityError as exc:
             say(f"stopped host {old.instance_id} cannot start again ({exc.code}: its GPU was released); "
                 "creating a new host")
-            store.update(old.id, detail=f"restart failed for capacity ({exc.code}) at {time.ctime()}")
+            store.release_host(old, record.id, f"restart failed for capacity ({exc.code}) at {time.ctime()}")
             continue
         t_api = time.time()
         status = wait_state(plan.cloud, old.instance_id or "", "running", BOOT_TIMEOUT_S)
@@ -160,8 +162,7 @@ def reusable_hosts(plan: Plan, names: set[str], config: DeployConfig, new_id: in
 
 def _swap(config: DeployConfig, record: DeployRecord, plan: Plan, old: DeployRecord, status: HostStatus,
           phases: dict[str, float], path: str) -> DeployRecord:
-    """Hand the host over from `old` to `record` and run the host script on it through the command channel."""
-    store.update(old.id, status=REPLACED, pid=None, detail=f"host handed to deployment {record.id}")
+    """Run the host script on the host `old` handed to `record` (store.claim_host) through the command channel."""
     record = store.update(record.id, status=STARTING, instance_id=old.instance_id, instance_type=old.instance_type,
                           zone=old.zone, host=status.address, endpoint=endpoint(status.address, config.tls), path=path,
                           region=plan.cloud.region, phases=phases)
@@ -171,7 +172,9 @@ def _swap(config: DeployConfig, record: DeployRecord, plan: Plan, old: DeployRec
                                           COMMAND_TIMEOUT_S)
     if code != 0:
         raise UserError(f"the host script failed on {record.instance_id}: {last_lines(output)}")
-    return store.update(record.id, spec=dict(record.spec, marks=_marks(output)))
+    found = _certificate(output)
+    certificate = {"certificate": {"pem": found[0], "pin": found[1]}} if found else {}
+    return store.update(record.id, spec=dict(record.spec, marks=_marks(output), **certificate))
 
 
 def _create(config: DeployConfig, record: DeployRecord, plan: Plan, t0: float) -> DeployRecord:
@@ -181,25 +184,33 @@ def _create(config: DeployConfig, record: DeployRecord, plan: Plan, t0: float) -
     attempt = 0
     for cand in plan.candidates:
         for zone in plan.cloud.zones_for(cand.itype.name, config.zone):
-            attempt += 1
-            token = f"ngcx-{store.owner_id()}-{record.id}-{attempt}"
-            record = store.update(record.id, status=CREATING, client_token=token, zone=zone,
-                                  instance_type=cand.itype.name, region=plan.cloud.region, path=PATH_FRESH)
-            spec = CreateSpec(cand.itype.name, zone, plan.host_image, host_script(config, record, plan, "user-data"),
-                              token, {TAG_OWNER: store.owner_id(), TAG_DEPLOYMENT: str(record.id)},
-                              f"ngcx-deploy-{record.id}", config.spot, config.max_price, plan.role)
-            try:
-                instance_id = plan.cloud.create(spec)
-            except CapacityError as exc:
-                tried.append(f"{cand.itype.name} in {zone}: {exc.code}")
-                say(f"{cand.itype.name} in {zone}: {exc.code}; trying the next")
-                continue
-            record = store.update(record.id, status=BOOTING, instance_id=instance_id)
-            t_api = time.time()
-            status = wait_state(plan.cloud, instance_id, "running", BOOT_TIMEOUT_S)
-            phases = {"api": round(t_api - t0, 3), "boot": round(time.time() - t_api, 3)}
-            return store.update(record.id, status=STARTING, host=status.address,
-                                endpoint=endpoint(status.address, config.tls), phases=phases)
+            for _ in range(BOOT_TRIES):
+                attempt += 1
+                token = f"ngcx-{store.owner_id()}-{record.id}-{attempt}"
+                record = store.update(record.id, status=CREATING, client_token=token, zone=zone, instance_id=None,
+                                      instance_type=cand.itype.name, region=plan.cloud.region, path=PATH_FRESH)
+                spec = CreateSpec(cand.itype.name, zone, plan.host_image,
+                                  host_script(config, record, plan, "user-data"), token,
+                                  {TAG_OWNER: store.owner_id(), TAG_DEPLOYMENT: str(record.id)},
+                                  f"ngcx-deploy-{record.id}", config.spot, config.max_price, plan.role)
+                try:
+                    instance_id = plan.cloud.create(spec)
+                except CapacityError as exc:
+                    tried.append(f"{cand.itype.name} in {zone}: {exc.code}")
+                    say(f"{cand.itype.name} in {zone}: {exc.code}; trying the next")
+                    break
+                record = store.update(record.id, status=BOOTING, instance_id=instance_id)
+                t_api = time.time()
+                status = wait_state(plan.cloud, instance_id, "running", BOOT_TIMEOUT_S)
+                if status.state == "gone":      # deleted by the cloud while booting (ECS: SystemFailure.Delete)
+                    plan.cloud.delete(instance_id)  # idempotent: nothing of it is left billed, seen or not
+                    tried.append(f"{cand.itype.name} in {zone}: {instance_id} deleted by the cloud while booting")
+                    say(f"{instance_id} ({cand.itype.name} in {zone}) was deleted by the cloud while booting; "
+                        "creating another")
+                    continue
+                phases = {"api": round(t_api - t0, 3), "boot": round(time.time() - t_api, 3)}
+                return store.update(record.id, status=STARTING, host=status.address,
+                                    endpoint=endpoint(status.address, config.tls), phases=phases)
     raise NoCapacity(f"no capacity for any fitting instance type in {plan.cloud.name} {plan.cloud.region}: "
                     f"{'; '.join(tried) or 'no zone offers one'}", hint="try another --region or --gpu, or later")
 
@@ -235,6 +246,14 @@ def host_script(config: DeployConfig, record: DeployRecord, plan: Plan, mode: st
     return hostscript.render(job, mode)
 
 
+def poll_pause(started: float) -> float:
+    """Seconds to wait before polling again a command started at `started` (time.monotonic): a tenth of its
+    age, 0.05 s to 1 s, so the finish is seen at most ~10 % late. The running-host deploy is a host script of
+    about a second (bench/results/deploy.json: pull + start 0.9-1.5 s); the old steps (0.1 s x 1.5) saw that
+    finish up to 0.7 s late. A pull of minutes is still polled once a second."""
+    return min(1.0, max(0.05, (time.monotonic() - started) / 10))
+
+
 AUTH_DIR = "/var/lib/ngcx/auth"   # host.sh.j2's $STATE/auth: the key hashes and the TLS key pair
 
 
@@ -250,15 +269,33 @@ def install_key_hashes_with(cloud: Any, record: DeployRecord, hashes_text: str) 
 
 
 def certificate_with(cloud: Any, record: DeployRecord) -> tuple[str, str]:
-    """(PEM, curl's --pinnedpubkey value) of the host's own TLS certificate, read through the command channel."""
-    code, out = cloud.run_command(
-        record.instance_id or "", f"cat {AUTH_DIR}/tls.crt && echo && openssl x509 -in {AUTH_DIR}/tls.crt -pubkey "
-        "-noout | openssl pkey -pubin -outform der | openssl dgst -sha256 -binary | base64", 60)
-    if code != 0 or "END CERTIFICATE" not in out:
+    """(PEM, curl's --pinnedpubkey value) of the host's own TLS certificate: from the host script's own output
+    when it ran through the command channel (a running or stopped host: _swap keeps it), else read with a
+    command of its own (a fresh host, whose user-data output no command returns)."""
+    from .hostscript import certificate_probe
+
+    kept = record.spec.get("certificate")
+    if kept:
+        return kept["pem"], kept["pin"]
+    code, out = cloud.run_command(record.instance_id or "", certificate_probe(AUTH_DIR), 60)
+    found = _certificate(out) if code == 0 else None
+    if not found:
         raise UserError(f"could not read the TLS certificate of {record.instance_id}: {last_lines(out)}")
-    pem, _, rest = out.partition("-----END CERTIFICATE-----")
-    pem = pem[pem.index("-----BEGIN CERTIFICATE-----"):] + "-----END CERTIFICATE-----\n"
-    return pem, rest.strip().splitlines()[-1].strip()
+    return found
+
+
+def _certificate(output: str) -> tuple[str, str] | None:
+    """The last certificate and pin that hostscript.certificate_probe printed in `output`, if whole."""
+    from .hostscript import CERTIFICATE_MARK
+
+    begin, end = output.rfind("-----BEGIN CERTIFICATE-----"), output.rfind("-----END CERTIFICATE-----")
+    if begin == -1 or end < begin:
+        return None
+    pins = [line.removeprefix(CERTIFICATE_MARK).strip() for line in output[end:].splitlines()
+            if line.startswith(CERTIFICATE_MARK)]
+    if not pins or not pins[-1]:
+        return None
+    return output[begin:end] + "-----END CERTIFICATE-----\n", pins[-1]
 
 
 def _marks(output: str) -> dict[str, float]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -223,11 +222,12 @@ def _docker_build(cli: str, project: Project, base: BaseImage, ctx: Path, opts: 
 def _fail(parser: ProgressParser, dockerfile: str, base_ref: str, requirements: str) -> None:
     """A failed wheels step that is a pin conflict -> one line, exit 2; anything else -> the step's log."""
     from ..build import image as cb
+    from ..core.progress import DOCKERFILE_STEP
     from .render import step_layers
 
     step = parser.failed()
     if step is not None:
-        m = re.match(r"^\[(?:[\w.-]+ )?(\d+)/\d+\] ", step.name)
+        m = DOCKERFILE_STEP.match(step.name)
         if m and step_layers(dockerfile).get(int(m.group(1))) == "wheels":
             problem = pip_problem(list(step.log), base_ref, requirements)
             if problem is not None:
@@ -237,12 +237,13 @@ def _fail(parser: ProgressParser, dockerfile: str, base_ref: str, requirements: 
 
 def _first_rebuilt(parser: ProgressParser, dockerfile: str) -> str | None:
     """The first layer with a step BuildKit ran (not CACHED); FROM itself is never cached."""
+    from ..core.progress import DOCKERFILE_STEP
     from .render import step_layers
 
     layers = step_layers(dockerfile)
     for step in parser.build_steps():
-        m = re.match(r"^\[(?:[\w.-]+ )?(\d+)/\d+\] (\w+)", step.name)
-        if m and m.group(2).upper() != "FROM" and step.status == "done":
+        m = DOCKERFILE_STEP.match(step.name)
+        if m and not step.name[m.end():].upper().startswith("FROM") and step.status == "done":
             return layers.get(int(m.group(1)))
     return None
 

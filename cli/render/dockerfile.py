@@ -79,9 +79,10 @@ def render_dockerfile(release: "Release", variant: str = "runtime", base: str | 
                       catalog: "Catalog | None" = None) -> str:
     """The Dockerfile text for one release and variant.
 
-    A text rendered before from exactly the same inputs (see _render_key) comes from the cache
-    (ngcx/catalog/cache.py: private folder, checksummed entries), which spares importing and
-    compiling Jinja2 on every `ngcx render`; anything else renders and is stored.
+    A text rendered before from exactly the same inputs (see render_inputs) comes from the cache
+    (ngcx/catalog/cache.py: private folder, checksummed entries), else from the Dockerfiles shipped rendered
+    (seed.py: the shipped catalog's), which spares importing Jinja2 on every `ngcx render`; anything else
+    renders and is stored.
     """
     from ..core import naming
     from ..core.errors import UserError
@@ -89,20 +90,25 @@ def render_dockerfile(release: "Release", variant: str = "runtime", base: str | 
     if variant not in naming.VARIANTS:
         raise UserError(f"unknown variant {variant!r}", hint=f"use one of {', '.join(naming.VARIANTS)}")
     description = catalog.image(release.image).description if catalog else release.image
-    key = _render_key(release, variant, base, description)
-    if key is not None:
-        from ..catalog import cache
+    inputs = render_inputs(release, variant, base, description)
+    key = _cache_key(inputs) if inputs is not None else None
+    if inputs is None or key is None:
+        return render_uncached(release, variant, base, description)
+    from ..catalog import cache
+    from . import seed
 
-        body = cache.read_entry("dockerfile", key)
-        if body is not None:
-            return body.decode()
-    text = _render(release, variant, base, description)
-    if key is not None:
-        cache.write_entry("dockerfile", key, text.encode())
+    body = cache.read_entry("dockerfile", key)
+    if body is not None:
+        return body.decode()
+    seeded = seed.lookup(inputs)
+    if seeded is not None:
+        return seeded
+    text = render_uncached(release, variant, base, description)
+    cache.write_entry("dockerfile", key, text.encode())
     return text
 
 
-def _render(release: "Release", variant: str, base: str | None, description: str) -> str:
+def render_uncached(release: "Release", variant: str, base: str | None, description: str) -> str:
     """Render Dockerfile.j2 (no cache): recipe checks first, then the base, as users see the errors."""
     from ..core.errors import UserError
 
@@ -119,6 +125,24 @@ def _render(release: "Release", variant: str, base: str | None, description: str
         site=f"/opt/ngcx/venv/lib/python{release.spec.python}/site-packages",
     )
     return _tidy(text)
+
+
+def seed_texts(catalog: "Catalog") -> dict[str, str]:
+    """What seed.SEED holds for `catalog` (the shipped one): {seed key: Dockerfile} for every release x variant x
+    base (the catalog's public one and its offline one), rendered now."""
+    from ..core import naming
+    from . import seed
+
+    texts = {}
+    for release in catalog.all_releases():
+        description = catalog.image(release.image).description
+        for variant in naming.VARIANTS:
+            for base in (None, "offline") if release.base.offline else (None,):
+                inputs = render_inputs(release, variant, base, description)
+                if inputs is None:
+                    raise OSError(f"{release.ref}: the render's inputs cannot be read")
+                texts[seed.key(inputs)] = render_uncached(release, variant, base, description)
+    return texts
 
 
 def layer_blocks(recipe: Recipe, release: "Release") -> list[str]:
@@ -141,13 +165,14 @@ def layer_blocks(recipe: Recipe, release: "Release") -> list[str]:
 RENDER_CODE = ("render/dockerfile.py", "core/naming.py", "catalog/complete.py", "catalog/patterns.py")  # under cli/
 
 
-def _render_key(release: "Release", variant: str, base: str | None, description: str) -> str | None:
-    """sha256 of every input of _render, or None (render without the cache) when one cannot be read.
+def render_inputs(release: "Release", variant: str, base: str | None, description: str) -> str | None:
+    """sha256 of every input of render_uncached but Jinja2, or None (render without the cache) when one cannot
+    be read.
 
     Inputs: the release's completed data, variant, the resolved base image, the description, the
-    image's image.yaml bytes, every file under recipes/ (templates include each other), the code in
-    RENDER_CODE with the ngcx version, and Jinja2's installed file (an upgrade may render differently).
-    Errors are never cached: on any problem here the uncached path runs and reports it as before.
+    image's image.yaml bytes, every file under recipes/ (templates include each other), and the code in
+    RENDER_CODE with the ngcx version. Errors are never cached: on any problem here the uncached path runs
+    and reports it as before.
     """
     import json
     from dataclasses import asdict
@@ -159,7 +184,6 @@ def _render_key(release: "Release", variant: str, base: str | None, description:
     here = Path(__file__).resolve().parent.parent
     try:
         h = hashlib.sha256(b"dockerfile\0" + source_digest([here / f for f in RENDER_CODE]).encode())
-        h.update(_module_stamp("jinja2").encode())
         h.update(json.dumps([asdict(release), variant, resolve_base(release, base), description],
                             sort_keys=True).encode())
         h.update(b"\0image.yaml\0" + (paths.images_dir() / release.image / "image.yaml").read_bytes())
@@ -169,6 +193,14 @@ def _render_key(release: "Release", variant: str, base: str | None, description:
     except (OSError, UserError):
         return None
     return h.hexdigest()
+
+
+def _cache_key(inputs: str) -> str | None:
+    """The user cache's key: the inputs and Jinja2's installed file (an upgrade may render differently)."""
+    try:
+        return hashlib.sha256(f"{inputs}\0{_module_stamp('jinja2')}".encode()).hexdigest()
+    except OSError:
+        return None
 
 
 def _module_stamp(name: str) -> str:

@@ -73,13 +73,9 @@ def _read(file: Path) -> bytes:
 
 def _checked(raw: bytes, file: Path) -> dict[str, Any]:
     """The recipe fields of image.yaml's bytes, checked (UserError names the file and the fix)."""
-    from ..core.yamlio import load_yaml
+    from ..core.yamlio import decode_text, load_yaml
 
-    try:
-        text = raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{file} is not UTF-8 text (byte {exc.start})", hint="save it as UTF-8") from None
-    data = load_yaml(text, str(file)) or {}
+    data = load_yaml(decode_text(raw, str(file)), str(file)) or {}
     if not isinstance(data, dict):
         raise UserError(f"{file}: must be a mapping with the keys {', '.join(sorted(RECIPE_KEYS))}")
     unknown = set(data) - RECIPE_KEYS

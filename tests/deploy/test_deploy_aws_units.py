@@ -149,6 +149,27 @@ def test_a_profile_in_the_credentials_file_signs_the_requests(env, monkeypatch, 
     aws.cloud_for("us-east-1").check()       # the emulator verifies the SigV4 signature with that key
 
 
+def test_one_session_serves_a_command_until_its_credentials_change_and_each_thread_has_its_own(clean_env, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    first = session()
+    assert session() is first                       # one command's calls share it, and the models it parsed
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "another-secret-7d1c")
+    changed = session()
+    assert changed is not first and changed.get_credentials().secret_key == "another-secret-7d1c"
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    (clean_env / ".aws").mkdir()
+    (clean_env / ".aws" / "credentials").write_text("[default]\naws_access_key_id = AKIAFILE\n"
+                                                    "aws_secret_access_key = from-the-file\n")
+    assert session().get_credentials().secret_key == "from-the-file"     # a credentials file written since
+    made: list = []
+    worker = threading.Thread(target=lambda: made.append(session()))
+    worker.start()
+    worker.join()
+    assert made[0] is not session()                 # botocore sessions are not thread-safe: one per thread
+
+
 def test_aws_endpoint_url_reaches_every_client_and_a_service_variable_overrides_it(clean_env, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:4566")
     monkeypatch.setenv("AWS_ENDPOINT_URL_EC2", "http://127.0.0.1:4599")

@@ -222,3 +222,51 @@ def test_each_cloud_pulls_from_its_own_registry_when_the_image_is_there():
     assert host == "localhost:5000"
     assert DeployConfig(cloud="aliyun", image="x", pull_ref=None, registry=None, labels={},
                         model=None).pick_push(lambda h: True) is None
+
+
+def test_the_host_scripts_certificate_lines_give_the_pem_and_the_key_pin(tmp_path):
+    """What a running host's deploy pins comes from the host script's last lines (no second command): the
+    probe run by a real shell over a real key pair gives back the file's PEM and the key's SHA-256, and output
+    cut before the pin line (a truncated command output) gives nothing, so the certificate is read again."""
+    import base64
+
+    from ngcx.deploy.hostscript import certificate_probe
+    from ngcx.deploy.vm import _certificate
+
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-days", "1", "-subj", "/CN=t", "-keyout", str(tmp_path / "tls.key"),
+                    "-out", str(tmp_path / "tls.crt")], check=True, capture_output=True)
+    out = subprocess.run(["bash", "-c", f"echo 'ngcx-host: started'; {certificate_probe(str(tmp_path))}"],
+                         check=True, capture_output=True, text=True).stdout
+    pem, pin = _certificate(out)
+    assert pem == (tmp_path / "tls.crt").read_text()
+    assert len(base64.b64decode(pin, validate=True)) == 32
+    assert _certificate(out[:out.index("ngcx-host: tls pubkey")]) is None
+
+
+def test_replicas_deploying_side_by_side_never_take_the_same_warm_host(no_env):
+    """service.py deploys a service's replicas in parallel and each looks for a stopped host of the warm pool:
+    exactly one of them may take it; the others go on to the next host (or create one)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ngcx.deploy.common import REPLACED, STOPPED
+
+    config = DeployConfig(cloud="aliyun", image="ngcx-app/x:latest", pull_ref=None, registry=None, labels={},
+                          model=None, region="cn-hangzhou")
+    warm = store.update(store.create_intent(config).id, status=STOPPED, instance_id="i-warm",
+                        instance_type="ecs.gn7i-c8g1.2xlarge", zone="cn-hangzhou-h")
+    replicas = [store.create_intent(config) for _ in range(6)]
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        won = list(pool.map(lambda r: store.claim_host(warm, r.id), replicas))
+    assert won.count(True) == 1, won
+    winner = replicas[won.index(True)]
+    assert store.get(warm.id).status == REPLACED
+    assert [store.get(r.id).instance_id for r in replicas].count("i-warm") == 1
+    assert store.get(winner.id).instance_id == "i-warm" and store.get(winner.id).zone == "cn-hangzhou-h"
+    assert store.owned_instance_ids("aliyun") == {"i-warm"}        # owned throughout: gc never takes it
+
+    # a host that cannot start again goes back to the pool, and the replica names no host
+    store.release_host(warm, winner.id, "restart failed for capacity")
+    assert (store.get(warm.id).status, store.get(warm.id).detail) == (STOPPED, "restart failed for capacity")
+    assert store.get(winner.id).instance_id is None
+    assert store.claim_host(warm, replicas[0].id)

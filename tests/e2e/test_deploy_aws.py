@@ -57,8 +57,15 @@ def test_push_bake_deploy_infer_stop_redeploy_running_restart_failure_destroy(aw
     logs = cloud.ngcx("deployments", "logs", str(second["id"]), "--tail", "20")
     assert logs.returncode == 0 and "ready" in logs.stdout.lower(), logs.stdout[-1500:]   # via SSM Run Command
 
+    sent, granted = len(cloud.emulator.commands_sent(rec["instance_id"])), len(cloud.emulator.token_grants)
     running = cloud.deploy()                                    # the running host: swap the container only
     assert running.returncode == 0, running.stderr[-3000:]
+    # it holds the image's digest already: no registry login (no token asked with its role), no pull
+    assert not [g for g in cloud.emulator.token_grants[granted:] if g["instance"] == rec["instance_id"]]
+    # no round trip for the certificate: the host script's own output carries what the endpoint is pinned to
+    host_script, *others = cloud.emulator.commands_sent(rec["instance_id"])[sent:]
+    assert "docker run -d --name ngcx-serve" in host_script
+    assert not any("tls.crt" in script for script in others), others
     third = cloud.records()[0]
     assert third["path"] == "running-host" and third["instance_id"] == rec["instance_id"]
     one_inference(cloud.project, running.stdout.strip(), cloud.env)

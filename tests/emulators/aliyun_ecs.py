@@ -154,6 +154,7 @@ class Invocation:
     invoke_id: str
     command_id: str
     instance_id: str
+    script: str = ""
     status: str = "Running"
     exit_code: int | None = None
     output: str = ""
@@ -279,6 +280,12 @@ class EcsEmulator(RpcService):
                      "security_group_ids": list(i.security_group_ids), "user_data": i.user_data,
                      "ram_role": i.ram_role}
                     for i in self._instances.values()]
+
+    def commands_sent(self, instance_id: str) -> list[str]:
+        """The scripts of the Cloud Assistant commands this instance has been sent, in order (each one a round
+        trip of a deploy)."""
+        with self._lock:
+            return [i.script for batch in self._invocations.values() for i in batch if i.instance_id == instance_id]
 
     def balancer_address(self, load_balancer: str, listener_port: int) -> tuple[str, int]:
         """(host, port) where the data plane serves this ALB listener (load balancer id or DNSName)."""
@@ -803,7 +810,7 @@ class EcsEmulator(RpcService):
         command_id, invoke_id = _new_id("c-hz"), _new_id("t-hz")
         self._invocations[invoke_id] = []
         for inst in instances:
-            invocation = Invocation(invoke_id, command_id, inst.id)
+            invocation = Invocation(invoke_id, command_id, inst.id, script=content)
             self._invocations[invoke_id].append(invocation)
             self._spawn(self._execute, invocation, content, timeout)
         return {"CommandId": command_id, "InvokeId": invoke_id}

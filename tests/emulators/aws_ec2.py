@@ -176,6 +176,7 @@ class Invocation:
     command_id: str
     instance_id: str
     comment: str
+    script: str = ""
     status: str = "Pending"
     code: int = -1
     output: str = ""
@@ -404,6 +405,11 @@ class Ec2Emulator:
         """The next StartInstances naming this instance answers 500 InsufficientInstanceCapacity."""
         with self._lock:
             self._restart_failures.add(instance_id)
+
+    def commands_sent(self, instance_id: str) -> list[str]:
+        """The scripts of the Run Commands this instance has been sent, in order (each a round trip of a deploy)."""
+        with self._lock:
+            return [i.script for i in self._invocations.values() if i.instance_id == instance_id]
 
     def instances(self) -> list[dict[str, Any]]:
         """Every instance launched through the emulator, as a client would see it now."""
@@ -1083,7 +1089,8 @@ class Ec2Emulator:
         command = body.get("Command") or {}
         command.update(Status="Pending", StatusDetails="Pending", TargetCount=len(instances), CompletedCount=0)
         for inst in instances:
-            invocation = Invocation(str(command.get("CommandId")), inst.id, str(document.get("Comment") or ""))
+            invocation = Invocation(str(command.get("CommandId")), inst.id, str(document.get("Comment") or ""),
+                                    script=script)
             with self._lock:
                 self._invocations[(invocation.command_id, inst.id)] = invocation
             self._spawn(self._execute, invocation, script, timeout)

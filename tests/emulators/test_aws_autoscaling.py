@@ -295,9 +295,13 @@ def test_target_tracking_on_a_custom_metric_scales_out(cloud) -> None:
 
     until("the controller scales out on the custom metric", busy, timeout=20, every=0.5)
     assert [d[1:3] for d in scaling.decisions if d[0] == "asg-custom"] == [(1, 2)]
-    group = asg.describe_auto_scaling_groups(AutoScalingGroupNames=["asg-custom"])["AutoScalingGroups"][0]
+
+    def resized() -> dict | None:    # the controller records its decision, then applies it: wait for the group
+        group = asg.describe_auto_scaling_groups(AutoScalingGroupNames=["asg-custom"])["AutoScalingGroups"][0]
+        return group if group["DesiredCapacity"] == 2 and len(group["Instances"]) == 2 else None
+
+    group = until("the group is resized to two instances", resized, timeout=10)
     ids = [i["InstanceId"] for i in group["Instances"]]
-    assert group["DesiredCapacity"] == 2 and len(ids) == 2
     until("both machines run", lambda: all(hosts.alive(i) for i in ids), timeout=10)
     asg.delete_auto_scaling_group(AutoScalingGroupName="asg-custom", ForceDelete=True)
     until("their machines are gone", lambda: not any(hosts.alive(i) for i in ids), timeout=10)

@@ -138,6 +138,8 @@ def test_scale_to_zero_through_the_warm_pool_and_the_503_alarm(cloud) -> None:
     assert alarm["StateValue"] == "ALARM" and "greater than or equal to" in alarm["StateReason"]
     [decision] = [d for d in scaling.decisions if d[0] == "warm"]
     assert decision[1:3] == (0, 1) and decision[3] >= 1
+    # the controller records its decision, then applies it: wait for the group to hold the woken host
+    until("the group holds one host", lambda: len(states(emulator, "warm")[0]) == 1, timeout=10)
     group, pool_now = states(emulator, "warm")
     [woke] = group
     assert woke in (first, warm) and set(pool_now) == {first, warm} - {woke}

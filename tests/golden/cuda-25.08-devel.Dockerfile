@@ -44,29 +44,37 @@ RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=lo
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cublas-cu12==12.8.4.1 \
-    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cublas-cu12==12.8.4.1
+    && { { ls /root/.cache/ngcx-wheels/nvidia_cublas_cu12-12.8.4.1-*.whl >/dev/null 2>&1 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cublas-cu12==12.8.4.1 2>/dev/null; } \
+    || { pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cublas-cu12==12.8.4.1 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cublas-cu12==12.8.4.1; }; }
 RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cudnn-cu12==9.10.2.21 \
-    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cudnn-cu12==9.10.2.21
+    && { { ls /root/.cache/ngcx-wheels/nvidia_cudnn_cu12-9.10.2.21-*.whl >/dev/null 2>&1 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cudnn-cu12==9.10.2.21 2>/dev/null; } \
+    || { pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cudnn-cu12==9.10.2.21 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cudnn-cu12==9.10.2.21; }; }
 RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-nccl-cu12==2.27.3 \
-    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-nccl-cu12==2.27.3
+    && { { ls /root/.cache/ngcx-wheels/nvidia_nccl_cu12-2.27.3-*.whl >/dev/null 2>&1 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-nccl-cu12==2.27.3 2>/dev/null; } \
+    || { pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-nccl-cu12==2.27.3 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-nccl-cu12==2.27.3; }; }
 RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cuda-runtime-cu12==12.8.90 \
-    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cuda-runtime-cu12==12.8.90
+    && { { ls /root/.cache/ngcx-wheels/nvidia_cuda_runtime_cu12-12.8.90-*.whl >/dev/null 2>&1 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cuda-runtime-cu12==12.8.90 2>/dev/null; } \
+    || { pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cuda-runtime-cu12==12.8.90 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cuda-runtime-cu12==12.8.90; }; }
 # ---- the stack's pins, written after its wheels (so a bump does not change the first wheel layer), checked as
 #      one set (pip check: every wheel's own requirements met), and registered with the loader ----
 RUN printf '%s\n' \

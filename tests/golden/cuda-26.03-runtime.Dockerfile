@@ -44,32 +44,40 @@ RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=lo
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cublas==13.1.0.3 \
-    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cublas==13.1.0.3 \
+    && { { ls /root/.cache/ngcx-wheels/nvidia_cublas-13.1.0.3-*.whl >/dev/null 2>&1 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cublas==13.1.0.3 2>/dev/null; } \
+    || { pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cublas==13.1.0.3 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cublas==13.1.0.3; }; } \
     && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia \( -type d -name include -o -type f -name '*.a' \) -prune -exec rm -rf {} +
 RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cudnn-cu13==9.19.0.56 \
-    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cudnn-cu13==9.19.0.56 \
+    && { { ls /root/.cache/ngcx-wheels/nvidia_cudnn_cu13-9.19.0.56-*.whl >/dev/null 2>&1 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cudnn-cu13==9.19.0.56 2>/dev/null; } \
+    || { pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cudnn-cu13==9.19.0.56 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cudnn-cu13==9.19.0.56; }; } \
     && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia \( -type d -name include -o -type f -name '*.a' \) -prune -exec rm -rf {} +
 RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-nccl-cu13==2.28.9 \
-    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-nccl-cu13==2.28.9 \
+    && { { ls /root/.cache/ngcx-wheels/nvidia_nccl_cu13-2.28.9-*.whl >/dev/null 2>&1 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-nccl-cu13==2.28.9 2>/dev/null; } \
+    || { pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-nccl-cu13==2.28.9 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-nccl-cu13==2.28.9; }; } \
     && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia \( -type d -name include -o -type f -name '*.a' \) -prune -exec rm -rf {} +
 RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cuda-runtime==13.0.96 \
-    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cuda-runtime==13.0.96 \
+    && { { ls /root/.cache/ngcx-wheels/nvidia_cuda_runtime-13.0.96-*.whl >/dev/null 2>&1 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cuda-runtime==13.0.96 2>/dev/null; } \
+    || { pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cuda-runtime==13.0.96 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cuda-runtime==13.0.96; }; } \
     && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia \( -type d -name include -o -type f -name '*.a' \) -prune -exec rm -rf {} +
 # ---- the stack's pins, written after its wheels (so a bump does not change the first wheel layer), checked as
 #      one set (pip check: every wheel's own requirements met), and registered with the loader ----

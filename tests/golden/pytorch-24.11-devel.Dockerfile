@@ -44,29 +44,37 @@ RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=lo
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cublas-cu12==12.4.5.8 \
-    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cublas-cu12==12.4.5.8
+    && { { ls /root/.cache/ngcx-wheels/nvidia_cublas_cu12-12.4.5.8-*.whl >/dev/null 2>&1 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cublas-cu12==12.4.5.8 2>/dev/null; } \
+    || { pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cublas-cu12==12.4.5.8 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cublas-cu12==12.4.5.8; }; }
 RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cudnn-cu12==9.1.0.70 \
-    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cudnn-cu12==9.1.0.70
+    && { { ls /root/.cache/ngcx-wheels/nvidia_cudnn_cu12-9.1.0.70-*.whl >/dev/null 2>&1 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cudnn-cu12==9.1.0.70 2>/dev/null; } \
+    || { pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cudnn-cu12==9.1.0.70 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cudnn-cu12==9.1.0.70; }; }
 RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-nccl-cu12==2.21.5 \
-    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-nccl-cu12==2.21.5
+    && { { ls /root/.cache/ngcx-wheels/nvidia_nccl_cu12-2.21.5-*.whl >/dev/null 2>&1 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-nccl-cu12==2.21.5 2>/dev/null; } \
+    || { pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-nccl-cu12==2.21.5 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-nccl-cu12==2.21.5; }; }
 RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cuda-runtime-cu12==12.4.127 \
-    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cuda-runtime-cu12==12.4.127
+    && { { ls /root/.cache/ngcx-wheels/nvidia_cuda_runtime_cu12-12.4.127-*.whl >/dev/null 2>&1 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cuda-runtime-cu12==12.4.127 2>/dev/null; } \
+    || { pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cuda-runtime-cu12==12.4.127 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cuda-runtime-cu12==12.4.127; }; }
 # ---- the stack's pins, written after its wheels (so a bump does not change the first wheel layer), checked as
 #      one set (pip check: every wheel's own requirements met), and registered with the loader ----
 RUN printf '%s\n' \

@@ -44,32 +44,40 @@ RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=lo
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cublas-cu12==12.5.3.2 \
-    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cublas-cu12==12.5.3.2 \
+    && { { ls /root/.cache/ngcx-wheels/nvidia_cublas_cu12-12.5.3.2-*.whl >/dev/null 2>&1 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cublas-cu12==12.5.3.2 2>/dev/null; } \
+    || { pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cublas-cu12==12.5.3.2 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cublas-cu12==12.5.3.2; }; } \
     && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia \( -type d -name include -o -type f -name '*.a' \) -prune -exec rm -rf {} +
 RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cudnn-cu12==9.3.0.75 \
-    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cudnn-cu12==9.3.0.75 \
+    && { { ls /root/.cache/ngcx-wheels/nvidia_cudnn_cu12-9.3.0.75-*.whl >/dev/null 2>&1 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cudnn-cu12==9.3.0.75 2>/dev/null; } \
+    || { pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cudnn-cu12==9.3.0.75 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cudnn-cu12==9.3.0.75; }; } \
     && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia \( -type d -name include -o -type f -name '*.a' \) -prune -exec rm -rf {} +
 RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-nccl-cu12==2.21.5 \
-    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-nccl-cu12==2.21.5 \
+    && { { ls /root/.cache/ngcx-wheels/nvidia_nccl_cu12-2.21.5-*.whl >/dev/null 2>&1 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-nccl-cu12==2.21.5 2>/dev/null; } \
+    || { pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-nccl-cu12==2.21.5 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-nccl-cu12==2.21.5; }; } \
     && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia \( -type d -name include -o -type f -name '*.a' \) -prune -exec rm -rf {} +
 RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cuda-runtime-cu12==12.5.82 \
-    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cuda-runtime-cu12==12.5.82 \
+    && { { ls /root/.cache/ngcx-wheels/nvidia_cuda_runtime_cu12-12.5.82-*.whl >/dev/null 2>&1 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cuda-runtime-cu12==12.5.82 2>/dev/null; } \
+    || { pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cuda-runtime-cu12==12.5.82 \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cuda-runtime-cu12==12.5.82; }; } \
     && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia \( -type d -name include -o -type f -name '*.a' \) -prune -exec rm -rf {} +
 # ---- the stack's pins, written after its wheels (so a bump does not change the first wheel layer), checked as
 #      one set (pip check: every wheel's own requirements met), and registered with the loader ----

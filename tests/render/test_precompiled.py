@@ -1,4 +1,5 @@
-"""What the render stage ships ahead of time: the recipes compiled to Python and the image.yaml files checked.
+"""What the render stage ships ahead of time: the recipes compiled to Python, the image.yaml files checked and
+the shipped catalog's Dockerfiles rendered.
 
 A user must never notice either but in speed (issue 24: a cold `ngcx render` no slower than hpccm): what
 they render is what Jinja2 renders from the sources, an edited recipe or image.yaml is read as it is now,
@@ -19,7 +20,7 @@ from jinja2 import Environment, FileSystemLoader
 
 from ngcx.catalog import load_catalog
 from ngcx.core import paths
-from ngcx.render import dockerfile, precompiled, recipe
+from ngcx.render import dockerfile, precompiled, recipe, seed
 
 COMPILED = Path(precompiled.__file__).with_name(precompiled.PACKAGE)
 UPDATE = os.environ.get("NGCX_UPDATE_GOLDEN") == "1"
@@ -32,6 +33,17 @@ def _no_user_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NGCX_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.delenv("NGCX_BASE", raising=False)
     monkeypatch.delenv("NGCX_DATA_DIR", raising=False)
+
+
+def edit_app_recipe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ngcx's data (recipes, images, catalog) copied, app.j2 edited (one comment line first), and in use."""
+    data = tmp_path / "data"
+    shutil.copytree(paths.recipes_dir(), data / "recipes")
+    shutil.copytree(paths.images_dir(), data / "images")
+    shutil.copy(paths.registry_file(), data / "registry.yaml")
+    app = data / "recipes" / "app.j2"
+    app.write_text("# edited app block\n" + app.read_text(encoding="utf-8"), encoding="utf-8")
+    monkeypatch.setenv("NGCX_DATA_DIR", str(data))
 
 
 def compiled_from_module(template) -> bool:
@@ -60,27 +72,21 @@ def test_every_release_renders_what_jinja2_renders_from_the_sources(monkeypatch:
     assert names and all(compiled_from_module(env.get_template(n)) for n in names)
     catalog = load_catalog()
     cases = [(r, v, catalog.image(r.image).description) for r in catalog.all_releases() for v in ("runtime", "devel")]
-    fast = [dockerfile._render(*case[:2], None, case[2]) for case in cases]
+    fast = [dockerfile.render_uncached(*case[:2], None, case[2]) for case in cases]
     plain = Environment(loader=FileSystemLoader(str(paths.recipes_dir())), **precompiled.OPTIONS)
     monkeypatch.setattr(dockerfile, "_environment", lambda: plain)
-    slow = [dockerfile._render(*case[:2], None, case[2]) for case in cases]
+    slow = [dockerfile.render_uncached(*case[:2], None, case[2]) for case in cases]
     assert len(cases) >= 8 and fast == slow
 
 
 def test_an_edited_recipe_renders_from_its_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The module of an edited recipe is stale and not used; the unedited ones still are."""
-    data = tmp_path / "data"
-    shutil.copytree(paths.recipes_dir(), data / "recipes")
-    shutil.copytree(paths.images_dir(), data / "images")
-    shutil.copy(paths.registry_file(), data / "registry.yaml")
-    app = data / "recipes" / "app.j2"
-    app.write_text("# edited app block\n" + app.read_text(encoding="utf-8"), encoding="utf-8")
-    monkeypatch.setenv("NGCX_DATA_DIR", str(data))
+    edit_app_recipe(tmp_path, monkeypatch)
     env = dockerfile._environment()
     assert not compiled_from_module(env.get_template("app.j2"))
     assert compiled_from_module(env.get_template("cuda.j2"))
     release = load_catalog().resolve("cuda:24.05")
-    assert "\n# edited app block\n" in dockerfile._render(release, "runtime", None, "d")
+    assert "\n# edited app block\n" in dockerfile.render_uncached(release, "runtime", None, "d")
 
 
 def test_other_options_or_another_jinja2_miss_every_module(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -128,3 +134,55 @@ def test_a_cold_load_of_a_shipped_recipe_reads_no_yaml() -> None:
     probe = "import sys, ngcx.render.recipe as r; r.load_recipe('pytorch'); print('yaml' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stdout + proc.stderr
+
+
+# ----------------------------------------------------------------------------- the shipped Dockerfiles, rendered
+
+
+def test_the_dockerfile_seed_is_current() -> None:
+    """It holds exactly what rendering the shipped catalog gives now (every release x variant x base)."""
+    want = seed.pack(dockerfile.seed_texts(load_catalog()))
+    if UPDATE:
+        seed.SEED.write_bytes(want)
+    assert seed.SEED.read_bytes() == want, f"a recipe, image.yaml, the catalog or the render code changed: {REWRITE}"
+
+
+def test_a_first_render_of_a_shipped_release_imports_no_jinja2_and_prints_what_jinja2_renders(
+        tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "empty-cache")}
+    probe = ("import sys; from ngcx.commands.render import render_command; render_command('pytorch:24.11'); "
+             "print('jinja2' in sys.modules, file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0 and proc.stderr.strip() == "False", proc.stderr
+    catalog = load_catalog()
+    release = catalog.resolve("pytorch:24.11")
+    assert proc.stdout == dockerfile.render_uncached(release, "runtime", None, catalog.image("pytorch").description)
+
+
+def test_an_edited_recipe_or_a_users_base_misses_the_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    catalog = load_catalog()
+    release = catalog.resolve("cuda:24.05")
+    description = catalog.image("cuda").description
+    assert seed.lookup(dockerfile.render_inputs(release, "runtime", None, description)) is not None
+    assert seed.lookup(dockerfile.render_inputs(release, "runtime", "example.com/my-base:1", description)) is None
+    edit_app_recipe(tmp_path, monkeypatch)
+    assert seed.lookup(dockerfile.render_inputs(release, "runtime", None, description)) is None
+    assert "\n# edited app block\n" in dockerfile.render_dockerfile(release, "runtime", None, catalog)
+
+
+def test_another_jinja2_misses_the_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key holds Jinja2's __init__.py (its version): another release of Jinja2 renders afresh."""
+    import jinja2
+
+    inputs = dockerfile.render_inputs(load_catalog().resolve("cuda:24.05"), "runtime", None,
+                                      load_catalog().image("cuda").description)
+    assert seed.lookup(inputs) is not None
+    other = tmp_path / "jinja2" / "__init__.py"
+    other.parent.mkdir()
+    other.write_bytes(Path(jinja2.__file__).read_bytes().replace(jinja2.__version__.encode(), b"9.9.9"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+
+    importlib.invalidate_caches()
+    monkeypatch.delitem(sys.modules, "jinja2")
+    assert seed.lookup(inputs) is None
