@@ -25,6 +25,21 @@ import pytest
 from e2e.deploy_helpers import built_zero_code, ngcx
 
 NO_PROXY_ENV = {"HTTP_PROXY": "", "HTTPS_PROXY": "", "http_proxy": "", "https_proxy": ""}  # SDKs ignore NO_PROXY
+_EMULATORS: dict[str, Any] = {}          # the session's clouds by name, for the failure report below
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    """A failing test's report carries what the emulators' machines raised (their `host_errors`): the cloud only
+    says "deleted while booting", and the why lives in the pytest process, gone once CI ends (stop 41's CI)."""
+    report = yield
+    if report.failed:
+        for name, emulator in _EMULATORS.items():
+            errors = getattr(emulator, "host_errors", [])
+            if errors:
+                lines = [f"{resource}: {what}" for resource, what in errors[-8:]]
+                report.sections.append((f"{name} emulator: machine errors ({len(errors)}, last 8)", "\n".join(lines)))
+    return report
 
 
 @dataclass
@@ -125,6 +140,7 @@ def aliyun(docker_client, registry, relay, project, tmp_path_factory) -> Iterato
     with contextlib.ExitStack() as stack:
         emulator = stack.enter_context(EcsEmulator(hosts, access_keys={ak: secret}, boot_seconds=1.0,
                                                    start_seconds=1.0, metadata_host=gateway))
+        _EMULATORS["aliyun"] = emulator
         api = reach_from_hosts(stack, emulator, hosts, gateway, "100.100.100.200:80")
         env = {"ALIBABA_CLOUD_ACCESS_KEY_ID": ak, "ALIBABA_CLOUD_ACCESS_KEY_SECRET": secret,
                "NGCX_ALIYUN_ECS_ENDPOINT": emulator.endpoint, "NGCX_ACR_ENDPOINT": registry,
@@ -158,6 +174,7 @@ def aws(docker_client, registry, relay, project, tmp_path_factory) -> Iterator[C
     with contextlib.ExitStack() as stack:
         emulator = stack.enter_context(Ec2Emulator(hosts, access_keys={AWS_KEY: AWS_SECRET}, boot_seconds=1.0,
                                                    start_seconds=1.0, metadata_host=gateway))
+        _EMULATORS["aws"] = emulator
         api = reach_from_hosts(stack, emulator, hosts, gateway, "169.254.169.254:80")
         env = {"AWS_ENDPOINT_URL": emulator.endpoint, "AWS_ACCESS_KEY_ID": AWS_KEY, "AWS_SECRET_ACCESS_KEY": AWS_SECRET,
                "AWS_DEFAULT_REGION": AWS_REGION, "AWS_EC2_METADATA_DISABLED": "true",
