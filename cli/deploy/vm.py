@@ -17,9 +17,11 @@ container; those stamps split the wait into pull / start / ready.
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -178,41 +180,49 @@ def _swap(config: DeployConfig, record: DeployRecord, plan: Plan, old: DeployRec
 
 
 def _create(config: DeployConfig, record: DeployRecord, plan: Plan, t0: float) -> DeployRecord:
-    """Create over candidates x zones with capacity; the first accepted wins."""
+    """Create over candidates x zones with capacity; the first host that boots wins."""
     plan.cloud.prepare_network(config.allow_from)
     tried: list[str] = []
-    attempt = 0
+    attempts = itertools.count(1)
     for cand in plan.candidates:
         for zone in plan.cloud.zones_for(cand.itype.name, config.zone):
-            for _ in range(BOOT_TRIES):
-                attempt += 1
-                token = f"ngcx-{store.owner_id()}-{record.id}-{attempt}"
-                record = store.update(record.id, status=CREATING, client_token=token, zone=zone, instance_id=None,
-                                      instance_type=cand.itype.name, region=plan.cloud.region, path=PATH_FRESH)
-                spec = CreateSpec(cand.itype.name, zone, plan.host_image,
-                                  host_script(config, record, plan, "user-data"), token,
-                                  {TAG_OWNER: store.owner_id(), TAG_DEPLOYMENT: str(record.id)},
-                                  f"ngcx-deploy-{record.id}", config.spot, config.max_price, plan.role)
-                try:
-                    instance_id = plan.cloud.create(spec)
-                except CapacityError as exc:
-                    tried.append(f"{cand.itype.name} in {zone}: {exc.code}")
-                    say(f"{cand.itype.name} in {zone}: {exc.code}; trying the next")
-                    break
-                record = store.update(record.id, status=BOOTING, instance_id=instance_id)
-                t_api = time.time()
-                status = wait_state(plan.cloud, instance_id, "running", BOOT_TIMEOUT_S)
-                if status.state == "gone":      # deleted by the cloud while booting (ECS: SystemFailure.Delete)
-                    plan.cloud.delete(instance_id)  # idempotent: nothing of it is left billed, seen or not
-                    tried.append(f"{cand.itype.name} in {zone}: {instance_id} deleted by the cloud while booting")
-                    say(f"{instance_id} ({cand.itype.name} in {zone}) was deleted by the cloud while booting; "
-                        "creating another")
-                    continue
-                phases = {"api": round(t_api - t0, 3), "boot": round(time.time() - t_api, 3)}
-                return store.update(record.id, status=STARTING, host=status.address,
-                                    endpoint=endpoint(status.address, config.tls), phases=phases)
+            made = _boot_in_zone(config, record, plan, cand.itype.name, zone, attempts, tried, t0)
+            if made is not None:
+                return made
     raise NoCapacity(f"no capacity for any fitting instance type in {plan.cloud.name} {plan.cloud.region}: "
-                    f"{'; '.join(tried) or 'no zone offers one'}", hint="try another --region or --gpu, or later")
+                     f"{'; '.join(tried) or 'no zone offers one'}", hint="try another --region or --gpu, or later")
+
+
+def _boot_in_zone(config: DeployConfig, record: DeployRecord, plan: Plan, itype: str, zone: str,
+                  attempts: Iterator[int], tried: list[str], t0: float) -> DeployRecord | None:
+    """A fresh host of `itype` in `zone`, booted; None (why appended to `tried`) when the zone has no capacity
+    or the cloud deleted BOOT_TRIES hosts while they booted (ECS: SystemFailure.Delete; EC2: terminated). Each
+    attempt has its own ClientToken, so a retried create never returns the deleted instance again."""
+    for _ in range(BOOT_TRIES):
+        token = f"ngcx-{store.owner_id()}-{record.id}-{next(attempts)}"
+        record = store.update(record.id, status=CREATING, client_token=token, zone=zone, instance_id=None,
+                              instance_type=itype, region=plan.cloud.region, path=PATH_FRESH)
+        spec = CreateSpec(itype, zone, plan.host_image, host_script(config, record, plan, "user-data"), token,
+                          {TAG_OWNER: store.owner_id(), TAG_DEPLOYMENT: str(record.id)}, f"ngcx-deploy-{record.id}",
+                          config.spot, config.max_price, plan.role)
+        try:
+            instance_id = plan.cloud.create(spec)
+        except CapacityError as exc:
+            tried.append(f"{itype} in {zone}: {exc.code}")
+            say(f"{itype} in {zone}: {exc.code}; trying the next")
+            return None
+        record = store.update(record.id, status=BOOTING, instance_id=instance_id)
+        t_api = time.time()
+        status = wait_state(plan.cloud, instance_id, "running", BOOT_TIMEOUT_S)
+        if status.state != "gone":
+            phases = {"api": round(t_api - t0, 3), "boot": round(time.time() - t_api, 3)}
+            return store.update(record.id, status=STARTING, host=status.address,
+                                endpoint=endpoint(status.address, config.tls), phases=phases)
+        plan.cloud.delete(instance_id)      # idempotent: nothing of it is left billed, seen or not
+        record = store.update(record.id, status=CREATING, instance_id=None)     # the record names no lost host
+        tried.append(f"{itype} in {zone}: {instance_id} deleted by the cloud while booting")
+        say(f"{instance_id} ({itype} in {zone}) was deleted by the cloud while booting; creating another")
+    return None
 
 
 def wait_state(cloud: Any, instance_id: str, state: str, timeout: float) -> HostStatus:

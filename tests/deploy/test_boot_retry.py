@@ -1,0 +1,117 @@
+"""A fresh host the cloud deletes while it boots is made again, and nothing of it stays billed.
+
+ECS forgets an instance whose machine could not be made (SystemFailure.Delete; the emulator does the same in
+tests/emulators/aliyun_ecs.py `_boot`). Stop 40's CI saw what ngcx did before: it recorded the replica
+`starting` with no address and waited on that for the service's whole ready timeout. What a user notices
+now: the deploy says which instance was lost, makes another (vm.BOOT_TRIES per zone, then the next zone),
+and a deploy that loses every one fails in one line naming them, with no instance left behind.
+
+The cloud is the Aliyun SDK (through ngcx.deploy.aliyun.Ecs) against the ECS emulator; its machines are
+paper ones (no engine needed), whose first `fail` creates raise, as a machine that cannot boot does.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from emulators.hosts_api import CommandResult
+
+from ngcx.core.errors import UserError
+from ngcx.deploy import store, vm
+from ngcx.deploy.common import STARTING, DeployConfig
+
+AK, SECRET = "LTAI5tBootRetryTest", "aliyun-boot-retry-secret-never-printed"
+
+
+class FailingMachines:
+    """HostBackend whose first `fail` machine creates raise (the cloud then deletes those instances)."""
+
+    def __init__(self) -> None:
+        self.fail = 0
+        self.created: list[str] = []
+        self._lock = threading.Lock()
+
+    def create(self, instance_id: str, image_id: str, user_data: bytes) -> str:
+        with self._lock:
+            if self.fail > 0:
+                self.fail -= 1
+                raise RuntimeError("no space left on device")
+            self.created.append(instance_id)
+            return f"10.98.0.{len(self.created)}"
+
+    def start(self, instance_id: str) -> str:
+        return "10.98.0.250"
+
+    def stop(self, instance_id: str) -> None: ...
+    def delete(self, instance_id: str) -> None: ...
+    def snapshot(self, instance_id: str, image_id: str) -> None: ...
+    def delete_image(self, image_id: str) -> None: ...
+    def console_output(self, instance_id: str) -> str:
+        return ""
+
+    def run_command(self, instance_id: str, script: str, timeout: float) -> CommandResult:
+        return CommandResult(0, "")
+
+    def close(self) -> None: ...
+
+
+@pytest.fixture(scope="module")
+def ecs() -> Iterator[Any]:
+    from emulators.aliyun_ecs import EcsEmulator
+
+    with EcsEmulator(FailingMachines(), access_keys={AK: SECRET}, boot_seconds=0.05, start_seconds=0.05,
+                     metadata_host="127.0.0.1") as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def plan(ecs, monkeypatch, tmp_path) -> Iterator[vm.Plan]:
+    from ngcx.clouds.aliyun import Api
+    from ngcx.deploy.aliyun import Ecs
+
+    for name, value in {"ALIBABA_CLOUD_ACCESS_KEY_ID": AK, "ALIBABA_CLOUD_ACCESS_KEY_SECRET": SECRET,
+                        "NGCX_ALIYUN_ECS_ENDPOINT": ecs.endpoint, "NGCX_STATE_DIR": str(tmp_path / "state")}.items():
+        monkeypatch.setenv(name, value)
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    candidates = vm.choose("aliyun", CONFIG).candidates
+    yield vm.Plan(Ecs(Api("cn-hangzhou")), candidates[:1], "ubuntu_22_04_x64_20G_alibase_20240926.vhd",
+                  "registry.example/app@sha256:" + "0" * 64, "registry.example", lambda: None)
+    ecs.hosts.fail = 0
+
+
+CONFIG = DeployConfig(cloud="aliyun", image="ngcx-app/x:latest", pull_ref=None, registry=None,
+                      labels={"ai.ngcx.compute-capabilities": "8.6", "ai.ngcx.min-driver": "535"},
+                      model=None, gpu="A10", region="cn-hangzhou", zone="cn-hangzhou-h")
+
+
+def live(ecs: Any, record_id: int) -> list[str]:
+    """The instances of this store's deployment `record_id` the cloud still has (each test has its own store)."""
+    return [i["id"] for i in ecs.instances() if i["tags"].get("ngcx:deployment") == str(record_id)
+            and i["tags"].get("ngcx:owner") == store.owner_id()]
+
+
+def test_a_host_the_cloud_deletes_while_booting_is_made_again_in_its_zone(ecs, plan, capsys):
+    ecs.hosts.fail = 1
+    record = vm._create(CONFIG, store.create_intent(CONFIG), plan, 0.0)
+    assert record.status == STARTING and record.host and record.host.startswith("10.98.0.")
+    assert record.zone == "cn-hangzhou-h" and record.instance_id == ecs.hosts.created[-1]
+    [(lost, _)] = ecs.host_errors[-1:]
+    assert f"{lost} (ecs.gn7i-c8g1.2xlarge in cn-hangzhou-h) was deleted by the cloud while booting" in \
+        capsys.readouterr().err
+    assert live(ecs, record.id) == [record.instance_id]           # only the one that booted
+
+
+def test_a_deploy_that_loses_every_host_fails_in_one_line_naming_them_and_leaves_none(ecs, plan):
+    ecs.hosts.fail = vm.BOOT_TRIES
+    errors_before = len(ecs.host_errors)
+    intent = store.create_intent(CONFIG)
+    with pytest.raises(UserError, match="no capacity for any fitting instance type") as err:
+        vm._create(CONFIG, intent, plan, 0.0)
+    lost = [instance for instance, _ in ecs.host_errors[errors_before:]]
+    assert len(lost) == vm.BOOT_TRIES
+    assert all(f"{i} deleted by the cloud while booting" in str(err.value) for i in lost), str(err.value)
+    assert live(ecs, intent.id) == [] and store.get(intent.id).instance_id is None
