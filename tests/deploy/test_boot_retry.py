@@ -12,12 +12,11 @@ paper ones (no engine needed), whose first `fail` creates raise, as a machine th
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from emulators.hosts_api import CommandResult
+from emulators.hosts_api import PaperHosts
 
 from ngcx.core.errors import UserError
 from ngcx.deploy import store, vm
@@ -26,13 +25,13 @@ from ngcx.deploy.common import STARTING, DeployConfig
 AK, SECRET = "LTAI5tBootRetryTest", "aliyun-boot-retry-secret-never-printed"
 
 
-class FailingMachines:
-    """HostBackend whose first `fail` machine creates raise (the cloud then deletes those instances)."""
+class FailingMachines(PaperHosts):
+    """Paper machines whose first `fail` creates raise (the cloud then deletes those instances)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.fail = 0
         self.created: list[str] = []
-        self._lock = threading.Lock()
 
     def create(self, instance_id: str, image_id: str, user_data: bytes) -> str:
         with self._lock:
@@ -40,22 +39,7 @@ class FailingMachines:
                 self.fail -= 1
                 raise RuntimeError("no space left on device")
             self.created.append(instance_id)
-            return f"10.98.0.{len(self.created)}"
-
-    def start(self, instance_id: str) -> str:
-        return "10.98.0.250"
-
-    def stop(self, instance_id: str) -> None: ...
-    def delete(self, instance_id: str) -> None: ...
-    def snapshot(self, instance_id: str, image_id: str) -> None: ...
-    def delete_image(self, image_id: str) -> None: ...
-    def console_output(self, instance_id: str) -> str:
-        return ""
-
-    def run_command(self, instance_id: str, script: str, timeout: float) -> CommandResult:
-        return CommandResult(0, "")
-
-    def close(self) -> None: ...
+        return self._next_ip()
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from emulators.aws_ec2 import Ec2Emulator
-from emulators.hosts_api import CommandResult
+from emulators.hosts_api import CommandResult, PaperHosts
 
 from ngcx.clouds.aws import Api, AwsError, default_region, session
 from ngcx.core.errors import UserError
@@ -33,39 +33,18 @@ AWS_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "
             "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
 
 
-class PaperMachines:
+class PaperMachines(PaperHosts):
     """The emulator's HostBackend without machines: a command's output names the command, `exit N` exits N."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.scripts: list[str] = []
-        self._ip = 10
-        self._lock = threading.Lock()
-
-    def _next_ip(self) -> str:
-        with self._lock:
-            self._ip += 1
-            return f"10.98.0.{self._ip}"
-
-    def create(self, instance_id: str, image_id: str, user_data: bytes) -> str:
-        return self._next_ip()
-
-    def start(self, instance_id: str) -> str:
-        return self._next_ip()
-
-    def stop(self, instance_id: str) -> None: ...
-    def delete(self, instance_id: str) -> None: ...
-    def snapshot(self, instance_id: str, image_id: str) -> None: ...
-    def delete_image(self, image_id: str) -> None: ...
-    def console_output(self, instance_id: str) -> str:
-        return ""
 
     def run_command(self, instance_id: str, script: str, timeout: float) -> CommandResult:
         with self._lock:
             self.scripts.append(script)
         code = int(script.split("exit ", 1)[1].split()[0]) if "exit " in script else 0
         return CommandResult(code, f"ran on {instance_id}: {script[:40]}\n")
-
-    def close(self) -> None: ...
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from emulators.hosts_api import CommandResult
+from emulators.hosts_api import PaperHosts
 
 from ngcx.core import paths
 from ngcx.deploy import roles
@@ -31,26 +31,14 @@ AK, SECRET = "LTAI5tRoleLoginTest", "aliyun-role-secret-never-printed"
 AWS_KEY, AWS_SECRET = "AKIAROLELOGINTEST001", "aws-role-secret-never-printed-88a1"
 
 
-class LoopbackMachines:
-    """HostBackend whose every machine has this process's address, so it can speak as the instance."""
+class LoopbackMachines(PaperHosts):
+    """Paper machines that all have this process's address, so it can speak as the instance."""
 
     def create(self, instance_id: str, image_id: str, user_data: bytes) -> str:
         return "127.0.0.1"
 
     def start(self, instance_id: str) -> str:
         return "127.0.0.1"
-
-    def stop(self, instance_id: str) -> None: ...
-    def delete(self, instance_id: str) -> None: ...
-    def snapshot(self, instance_id: str, image_id: str) -> None: ...
-    def delete_image(self, image_id: str) -> None: ...
-    def console_output(self, instance_id: str) -> str:
-        return ""
-
-    def run_command(self, instance_id: str, script: str, timeout: float) -> CommandResult:
-        return CommandResult(0, "")
-
-    def close(self) -> None: ...
 
 
 def login_program(metadata_address: str, cloud: str) -> ModuleType:

@@ -8,6 +8,7 @@ network namespace, and it runs the user-data exactly as ECS passes it.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -51,3 +52,37 @@ class HostBackend(Protocol):
 
     def close(self) -> None:
         """Remove every machine and image this backend made (test teardown)."""
+
+
+class PaperHosts:
+    """A HostBackend on paper: the emulator keeps its API state, and no machine exists behind an instance (each
+    gets the next address of 10.98.0.0/24; commands succeed with no output). Tests of the API and of ngcx's
+    decisions subclass it and override what they exercise; docker_hosts.DockerHosts is the real one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last = 0
+
+    def _next_ip(self) -> str:
+        with self._lock:
+            self._last += 1
+            return f"10.98.0.{self._last}"
+
+    def create(self, instance_id: str, image_id: str, user_data: bytes) -> str:
+        return self._next_ip()
+
+    def start(self, instance_id: str) -> str:
+        return self._next_ip()
+
+    def stop(self, instance_id: str) -> None: ...
+    def delete(self, instance_id: str) -> None: ...
+    def snapshot(self, instance_id: str, image_id: str) -> None: ...
+    def delete_image(self, image_id: str) -> None: ...
+
+    def run_command(self, instance_id: str, script: str, timeout: float) -> CommandResult:
+        return CommandResult(0, "")
+
+    def console_output(self, instance_id: str) -> str:
+        return ""
+
+    def close(self) -> None: ...
