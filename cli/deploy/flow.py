@@ -108,10 +108,15 @@ def reason(exc: BaseException) -> str:
 
 
 def wait_ready(module: ModuleType, record: DeployRecord, timeout: float) -> float:
-    """Poll the endpoint's /v2/health/ready (the server answers it after load and warm-up)."""
+    """Poll the endpoint's /v2/health/ready (the server answers it after load and warm-up). A record with no
+    endpoint has no host to ask: that is said at once, never polled for `timeout` (stop 40's CI waited 900 s on
+    "deployment 13 at None", a host the cloud had deleted while it booted)."""
     from ..project.client import Client
 
-    client = Client(record.endpoint or "", timeout=5.0)
+    if not record.endpoint:
+        raise NotReady(f"deployment {record.id} has no address to check ({record.status}): its host never came up",
+                       hint=f"the record keeps it: ngcx deployments show {record.id}")
+    client = Client(record.endpoint, timeout=5.0)
     start = last_check = time.monotonic()
     try:
         while time.monotonic() - start < timeout:

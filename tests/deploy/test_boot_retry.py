@@ -99,3 +99,17 @@ def test_a_deploy_that_loses_every_host_fails_in_one_line_naming_them_and_leaves
     assert len(lost) == vm.BOOT_TRIES
     assert all(f"{i} deleted by the cloud while booting" in str(err.value) for i in lost), str(err.value)
     assert live(ecs, intent.id) == [] and store.get(intent.id).instance_id is None
+
+
+def test_a_record_without_an_address_is_not_waited_on(plan):
+    """flow.wait_ready says at once that there is no host to ask, instead of polling nothing for the ready timeout."""
+    import time
+
+    from ngcx.deploy import flow
+    from ngcx.deploy.common import NotReady
+
+    intent = store.create_intent(CONFIG)
+    t0 = time.monotonic()
+    with pytest.raises(NotReady, match=f"deployment {intent.id} has no address to check"):
+        flow.wait_ready(flow.target("aliyun"), intent, 900.0)
+    assert time.monotonic() - t0 < 5
