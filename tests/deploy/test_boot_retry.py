@@ -7,7 +7,8 @@ now: the deploy says which instance was lost, makes another (vm.BOOT_TRIES per z
 and a deploy that loses every one fails in one line naming them, with no instance left behind.
 
 The cloud is the Aliyun SDK (through ngcx.deploy.aliyun.Ecs) against the ECS emulator; its machines are
-paper ones (no engine needed), whose first `fail` creates raise, as a machine that cannot boot does.
+paper ones (hosts_api.PaperHosts, no engine needed), whose next `fail_next` creates raise, as a machine that
+cannot be made does.
 """
 
 from __future__ import annotations
@@ -25,28 +26,11 @@ from ngcx.deploy.common import STARTING, DeployConfig
 AK, SECRET = "LTAI5tBootRetryTest", "aliyun-boot-retry-secret-never-printed"
 
 
-class FailingMachines(PaperHosts):
-    """Paper machines whose first `fail` creates raise (the cloud then deletes those instances)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fail = 0
-        self.created: list[str] = []
-
-    def create(self, instance_id: str, image_id: str, user_data: bytes) -> str:
-        with self._lock:
-            if self.fail > 0:
-                self.fail -= 1
-                raise RuntimeError("no space left on device")
-            self.created.append(instance_id)
-        return self._next_ip()
-
-
 @pytest.fixture(scope="module")
 def ecs() -> Iterator[Any]:
     from emulators.aliyun_ecs import EcsEmulator
 
-    with EcsEmulator(FailingMachines(), access_keys={AK: SECRET}, boot_seconds=0.05, start_seconds=0.05,
+    with EcsEmulator(PaperHosts(), access_keys={AK: SECRET}, boot_seconds=0.05, start_seconds=0.05,
                      metadata_host="127.0.0.1") as emulator:
         yield emulator
 
@@ -64,7 +48,7 @@ def plan(ecs, monkeypatch, tmp_path) -> Iterator[vm.Plan]:
     candidates = vm.choose("aliyun", CONFIG).candidates
     yield vm.Plan(Ecs(Api("cn-hangzhou")), candidates[:1], "ubuntu_22_04_x64_20G_alibase_20240926.vhd",
                   "registry.example/app@sha256:" + "0" * 64, "registry.example", lambda: None)
-    ecs.hosts.fail = 0
+    ecs.hosts.fail_next = 0
 
 
 CONFIG = DeployConfig(cloud="aliyun", image="ngcx-app/x:latest", pull_ref=None, registry=None,
@@ -79,10 +63,10 @@ def live(ecs: Any, record_id: int) -> list[str]:
 
 
 def test_a_host_the_cloud_deletes_while_booting_is_made_again_in_its_zone(ecs, plan, capsys):
-    ecs.hosts.fail = 1
+    ecs.hosts.fail_next = 1
     record = vm._create(CONFIG, store.create_intent(CONFIG), plan, 0.0)
-    assert record.status == STARTING and record.host and record.host.startswith("10.98.0.")
-    assert record.zone == "cn-hangzhou-h" and record.instance_id == ecs.hosts.created[-1]
+    assert record.status == STARTING and record.host and record.host.startswith("10.99.0.")
+    assert record.zone == "cn-hangzhou-h" and record.instance_id == ecs.hosts.made()[-1]
     [(lost, _)] = ecs.host_errors[-1:]
     assert f"{lost} (ecs.gn7i-c8g1.2xlarge in cn-hangzhou-h) was deleted by the cloud while booting" in \
         capsys.readouterr().err
@@ -90,7 +74,7 @@ def test_a_host_the_cloud_deletes_while_booting_is_made_again_in_its_zone(ecs, p
 
 
 def test_a_deploy_that_loses_every_host_fails_in_one_line_naming_them_and_leaves_none(ecs, plan):
-    ecs.hosts.fail = vm.BOOT_TRIES
+    ecs.hosts.fail_next = vm.BOOT_TRIES
     errors_before = len(ecs.host_errors)
     intent = store.create_intent(CONFIG)
     with pytest.raises(UserError, match="no capacity for any fitting instance type") as err:

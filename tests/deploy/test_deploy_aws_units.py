@@ -36,13 +36,8 @@ AWS_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "
 class PaperMachines(PaperHosts):
     """The emulator's HostBackend without machines: a command's output names the command, `exit N` exits N."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.scripts: list[str] = []
-
     def run_command(self, instance_id: str, script: str, timeout: float) -> CommandResult:
-        with self._lock:
-            self.scripts.append(script)
+        super().run_command(instance_id, script, timeout)
         code = int(script.split("exit ", 1)[1].split()[0]) if "exit " in script else 0
         return CommandResult(code, f"ran on {instance_id}: {script[:40]}\n")
 

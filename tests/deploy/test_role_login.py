@@ -22,23 +22,13 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from emulators.hosts_api import PaperHosts
+from emulators.hosts_api import LoopbackHosts
 
 from ngcx.core import paths
 from ngcx.deploy import roles
 
 AK, SECRET = "LTAI5tRoleLoginTest", "aliyun-role-secret-never-printed"
 AWS_KEY, AWS_SECRET = "AKIAROLELOGINTEST001", "aws-role-secret-never-printed-88a1"
-
-
-class LoopbackMachines(PaperHosts):
-    """Paper machines that all have this process's address, so it can speak as the instance."""
-
-    def create(self, instance_id: str, image_id: str, user_data: bytes) -> str:
-        return "127.0.0.1"
-
-    def start(self, instance_id: str) -> str:
-        return "127.0.0.1"
 
 
 def login_program(metadata_address: str, cloud: str) -> ModuleType:
@@ -68,7 +58,7 @@ def wait_running(describe: Any, instance_id: str) -> None:
 def ecs() -> Iterator[Any]:
     from emulators.aliyun_ecs import EcsEmulator
 
-    with EcsEmulator(LoopbackMachines(), access_keys={AK: SECRET}, boot_seconds=0.05, start_seconds=0.05,
+    with EcsEmulator(LoopbackHosts(), access_keys={AK: SECRET}, boot_seconds=0.05, start_seconds=0.05,
                      metadata_host="127.0.0.1") as emulator:
         yield emulator
 
@@ -159,7 +149,7 @@ def test_a_widened_ram_policy_is_narrowed_again_by_the_next_deploy(ecs, aliyun_c
 def ec2() -> Iterator[Any]:
     from emulators.aws_ec2 import Ec2Emulator
 
-    with Ec2Emulator(LoopbackMachines(), access_keys={AWS_KEY: AWS_SECRET}, boot_seconds=0.05, start_seconds=0.05,
+    with Ec2Emulator(LoopbackHosts(), access_keys={AWS_KEY: AWS_SECRET}, boot_seconds=0.05, start_seconds=0.05,
                      metadata_host="127.0.0.1") as emulator:
         yield emulator
 

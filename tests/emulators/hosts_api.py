@@ -9,8 +9,9 @@ network namespace, and it runs the user-data exactly as ECS passes it.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -55,34 +56,99 @@ class HostBackend(Protocol):
 
 
 class PaperHosts:
-    """A HostBackend on paper: the emulator keeps its API state, and no machine exists behind an instance (each
-    gets the next address of 10.98.0.0/24; commands succeed with no output). Tests of the API and of ngcx's
-    decisions subclass it and override what they exercise; docker_hosts.DockerHosts is the real one."""
+    """A HostBackend on paper: the emulator keeps its API state and no machine exists behind an instance.
 
-    def __init__(self) -> None:
+    One recording backend for every test of the emulators' API and of ngcx's decisions (docker_hosts.DockerHosts
+    is the real one): each call is kept in `calls` (see `named`); machines get the addresses a test queues in
+    `addresses`, then 10.99.0.N; a command answers what `results` holds for its script, else exit 0 with no output.
+    Faults, as a machine that cannot be made: a create of an image in `failing_creates` raises, and so do the next
+    `fail_next` creates of any image.
+    """
+
+    def __init__(self, create_delay: float = 0.0, snapshot_delay: float = 0.0) -> None:
+        self.create_delay, self.snapshot_delay = create_delay, snapshot_delay
+        self.calls: list[tuple[Any, ...]] = []
+        self.machines: dict[str, dict[str, Any]] = {}
+        self.images: set[str] = set()
+        self.results: dict[str, CommandResult] = {}
+        self.addresses: list[str] = []
+        self.failing_creates: set[str] = set()
+        self.fail_next = 0
+        self.closed = False
         self._lock = threading.Lock()
-        self._last = 0
+        self._last_octet = 10
 
-    def _next_ip(self) -> str:
+    def _ip(self) -> str:
         with self._lock:
-            self._last += 1
-            return f"10.98.0.{self._last}"
+            if self.addresses:
+                return self.addresses.pop(0)
+            self._last_octet += 1
+            return f"10.99.0.{self._last_octet}"
+
+    def _record(self, *call: Any) -> None:
+        with self._lock:
+            self.calls.append(call)
+
+    def named(self, method: str) -> list[tuple[Any, ...]]:
+        """The calls of one method, oldest first: ("create", instance_id, image_id, user_data), ..."""
+        with self._lock:
+            return [c for c in self.calls if c[0] == method]
+
+    def made(self) -> list[str]:
+        """The instance ids whose machine was made (a create that raised made none), oldest first."""
+        with self._lock:
+            return list(self.machines)
 
     def create(self, instance_id: str, image_id: str, user_data: bytes) -> str:
-        return self._next_ip()
+        self._record("create", instance_id, image_id, user_data)
+        time.sleep(self.create_delay)
+        with self._lock:
+            if image_id in self.failing_creates:
+                raise RuntimeError(f"no disk for {image_id}")
+            if self.fail_next > 0:
+                self.fail_next -= 1
+                raise RuntimeError("no space left on device")
+            self.machines[instance_id] = {"image": image_id, "user_data": user_data, "on": True}
+        return self._ip()
 
     def start(self, instance_id: str) -> str:
-        return self._next_ip()
+        self._record("start", instance_id)
+        self.machines[instance_id]["on"] = True
+        return self._ip()
 
-    def stop(self, instance_id: str) -> None: ...
-    def delete(self, instance_id: str) -> None: ...
-    def snapshot(self, instance_id: str, image_id: str) -> None: ...
-    def delete_image(self, image_id: str) -> None: ...
+    def stop(self, instance_id: str) -> None:
+        self._record("stop", instance_id)
+        self.machines[instance_id]["on"] = False
+
+    def delete(self, instance_id: str) -> None:
+        self._record("delete", instance_id)
+        self.machines.pop(instance_id, None)
+
+    def snapshot(self, instance_id: str, image_id: str) -> None:
+        self._record("snapshot", instance_id, image_id)
+        time.sleep(self.snapshot_delay)
+        self.images.add(image_id)
+
+    def delete_image(self, image_id: str) -> None:
+        self._record("delete_image", image_id)
+        self.images.discard(image_id)
 
     def run_command(self, instance_id: str, script: str, timeout: float) -> CommandResult:
-        return CommandResult(0, "")
+        self._record("run_command", instance_id, script, timeout)
+        return self.results.get(script, CommandResult(0, ""))
 
     def console_output(self, instance_id: str) -> str:
-        return ""
+        machine = self.machines.get(instance_id)
+        return "paper boot log\n" + machine["user_data"].decode() if machine else ""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        self.closed = True
+
+
+class LoopbackHosts(PaperHosts):
+    """PaperHosts whose machines all have this process's address (unless a test queues others in `addresses`),
+    so a test can speak to the emulator's metadata service as the instance."""
+
+    def _ip(self) -> str:
+        with self._lock:
+            return self.addresses.pop(0) if self.addresses else "127.0.0.1"

@@ -4,7 +4,7 @@ Attach/Describe/DetachInstanceRamRole), the metadata service handing that instan
 credentials, and those credentials getting a registry token from cr GetAuthorizationToken only when
 the role's policies allow it.
 
-The machines are LoopbackHosts: paper machines whose private IP is chosen by the test, so that one of
+The machines are PaperHosts (hosts_api.py) whose first private IP the test chooses, so that one of
 them is "127.0.0.1" and this process can call the metadata service as that instance.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 import calendar
 import http.client
 import json
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -32,7 +31,7 @@ from aliyunsdkecs.request.v20140526 import (
 
 from emulators.aliyun_ecs import EcsEmulator
 from emulators.aliyun_ram import ACCOUNT_UID, ROLE_ATTACHED
-from emulators.hosts_api import CommandResult
+from emulators.hosts_api import PaperHosts
 
 AK, SECRET = "test-ak", "test-secret"
 IMAGE = "ubuntu_22_04_x64_20G_alibase_20240926.vhd"
@@ -49,47 +48,6 @@ PULL_POLICY = json.dumps({"Version": "1", "Statement": [
     {"Effect": "Allow", "Action": ["cr:PullRepository", "cr:Get*"], "Resource": [REPO, "acs:cr:*:*:instance/x"]}]})
 
 
-class LoopbackHosts:
-    """A HostBackend on paper whose machines get the IPs the test queues (then 10.99.0.N)."""
-
-    def __init__(self, ips: list[str]) -> None:
-        self.ips = list(ips)
-        self._next = 10
-        self._lock = threading.Lock()
-
-    def _ip(self) -> str:
-        with self._lock:
-            self._next += 1
-            return self.ips.pop(0) if self.ips else f"10.99.0.{self._next}"
-
-    def create(self, instance_id: str, image_id: str, user_data: bytes) -> str:
-        return self._ip()
-
-    def start(self, instance_id: str) -> str:
-        return self._ip()
-
-    def stop(self, instance_id: str) -> None:
-        """Nothing runs on paper."""
-
-    def delete(self, instance_id: str) -> None:
-        """Nothing to remove."""
-
-    def snapshot(self, instance_id: str, image_id: str) -> None:
-        """No disks on paper."""
-
-    def delete_image(self, image_id: str) -> None:
-        """No disks on paper."""
-
-    def run_command(self, instance_id: str, script: str, timeout: float) -> CommandResult:
-        return CommandResult(0, "")
-
-    def console_output(self, instance_id: str) -> str:
-        return ""
-
-    def close(self) -> None:
-        """Nothing to clean up."""
-
-
 @pytest.fixture(autouse=True)
 def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
     """The SDK sends even 127.0.0.1 through HTTP(S)_PROXY (it ignores NO_PROXY)."""
@@ -99,8 +57,9 @@ def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def emu() -> Iterator[EcsEmulator]:
-    with EcsEmulator(LoopbackHosts(["127.0.0.1"]), boot_seconds=0.05, start_seconds=0.05,
-                     stop_seconds=0.05) as emulator:
+    hosts = PaperHosts()
+    hosts.addresses.append("127.0.0.1")     # the first machine is this process, so the test can be it
+    with EcsEmulator(hosts, boot_seconds=0.05, start_seconds=0.05, stop_seconds=0.05) as emulator:
         yield emulator
 
 

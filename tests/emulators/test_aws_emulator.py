@@ -31,7 +31,7 @@ from botocore.exceptions import ClientError
 
 from emulators.aws_ec2 import Ec2Emulator
 from emulators.docker_hosts import NAME_PREFIX, DockerHosts, ensure_host_image
-from emulators.hosts_api import CommandResult
+from emulators.hosts_api import PaperHosts
 from ngcx.core.engine import containers
 from support import missing
 
@@ -40,72 +40,6 @@ GPU_AMI_PARAMETER = "/aws/service/ecs/optimized-ami/amazon-linux-2/gpu/recommend
 G5 = "g5.xlarge"
 ZONE_A, ZONE_B, ZONE_C = "us-east-1a", "us-east-1b", "us-east-1c"
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy")
-
-
-class PaperHosts:
-    """A HostBackend on paper: records every call, hands out made-up IPs, runs nothing at all."""
-
-    def __init__(self, create_delay: float = 0.0, snapshot_delay: float = 0.0) -> None:
-        self.create_delay, self.snapshot_delay = create_delay, snapshot_delay
-        self.calls: list[tuple[Any, ...]] = []
-        self.machines: dict[str, dict[str, Any]] = {}
-        self.images: set[str] = set()
-        self.failing_creates: set[str] = set()    # image ids whose create() raises
-        self.closed = False
-        self._lock = threading.Lock()
-        self._last_octet = 10
-
-    def _ip(self) -> str:
-        with self._lock:
-            self._last_octet += 1
-            return f"10.99.0.{self._last_octet}"
-
-    def _record(self, *call: Any) -> None:
-        with self._lock:
-            self.calls.append(call)
-
-    def named(self, method: str) -> list[tuple[Any, ...]]:
-        with self._lock:
-            return [c for c in self.calls if c[0] == method]
-
-    def create(self, instance_id: str, image_id: str, user_data: bytes) -> str:
-        self._record("create", instance_id, image_id, user_data)
-        time.sleep(self.create_delay)
-        if image_id in self.failing_creates:
-            raise RuntimeError(f"no disk for {image_id}")
-        self.machines[instance_id] = {"image": image_id, "user_data": user_data, "on": True}
-        return self._ip()
-
-    def start(self, instance_id: str) -> str:
-        self._record("start", instance_id)
-        self.machines[instance_id]["on"] = True
-        return self._ip()
-
-    def stop(self, instance_id: str) -> None:
-        self._record("stop", instance_id)
-        self.machines[instance_id]["on"] = False
-
-    def delete(self, instance_id: str) -> None:
-        self._record("delete", instance_id)
-        self.machines.pop(instance_id, None)
-
-    def snapshot(self, instance_id: str, image_id: str) -> None:
-        self._record("snapshot", instance_id, image_id)
-        time.sleep(self.snapshot_delay)
-        self.images.add(image_id)
-
-    def delete_image(self, image_id: str) -> None:
-        self._record("delete_image", image_id)
-        self.images.discard(image_id)
-
-    def run_command(self, instance_id: str, script: str, timeout: float) -> CommandResult:
-        return CommandResult(0, "")
-
-    def console_output(self, instance_id: str) -> str:
-        return ""
-
-    def close(self) -> None:
-        self.closed = True
 
 
 # --- helpers -----------------------------------------------------------------------------------------

@@ -28,7 +28,8 @@ import pytest
 from botocore.config import Config
 
 from emulators.aws_ec2 import Ec2Emulator
-from emulators.test_aws_emulator import PaperHosts, client, error_of, gpu_ami, launch, until
+from emulators.hosts_api import LoopbackHosts
+from emulators.test_aws_emulator import client, error_of, gpu_ami, launch, until
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
@@ -39,18 +40,6 @@ PULL_APP = [{"Effect": "Allow", "Action": "ecr:GetAuthorizationToken", "Resource
                                            "ecr:BatchCheckLayerAvailability"], "Resource": APP_REPO}]
 IMDS_V2 = {"HttpTokens": "required", "HttpEndpoint": "enabled"}
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy")
-
-
-class LoopbackHosts(PaperHosts):
-    """PaperHosts whose machines get the loopback addresses queued in `addresses` (then 127.0.0.1)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.addresses: list[str] = []
-
-    def _ip(self) -> str:
-        with self._lock:
-            return self.addresses.pop(0) if self.addresses else "127.0.0.1"
 
 
 @pytest.fixture(autouse=True)

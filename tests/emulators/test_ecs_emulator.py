@@ -50,76 +50,12 @@ from aliyunsdkecs.request.v20140526 import (
 
 from emulators.aliyun_ecs import PUBLIC_IMAGES, EcsEmulator
 from emulators.aliyun_rpc import NonceStore, sign, signed_query, string_to_sign, verify
-from emulators.hosts_api import CommandResult
+from emulators.hosts_api import CommandResult, PaperHosts
 
 AK, SECRET = "test-ak", "test-secret"
 IMAGE = "ubuntu_22_04_x64_20G_alibase_20240926.vhd"
 A10 = "ecs.gn7i-c8g1.2xlarge"
 ZONE_H, ZONE_I, ZONE_J = "cn-hangzhou-h", "cn-hangzhou-i", "cn-hangzhou-j"
-
-
-class PaperHosts:
-    """A HostBackend on paper: records every call, returns fake IPs, runs nothing at all."""
-
-    def __init__(self, create_delay: float = 0.0) -> None:
-        self.create_delay = create_delay
-        self.calls: list[tuple[Any, ...]] = []
-        self.machines: dict[str, dict[str, Any]] = {}
-        self.images: set[str] = set()
-        self.results: dict[str, CommandResult] = {}
-        self.closed = False
-        self._lock = threading.Lock()
-        self._last_octet = 10
-
-    def _ip(self) -> str:
-        with self._lock:
-            self._last_octet += 1
-            return f"10.99.0.{self._last_octet}"
-
-    def _record(self, *call: Any) -> None:
-        with self._lock:
-            self.calls.append(call)
-
-    def create(self, instance_id: str, image_id: str, user_data: bytes) -> str:
-        self._record("create", instance_id, image_id, user_data)
-        time.sleep(self.create_delay)
-        self.machines[instance_id] = {"image": image_id, "user_data": user_data, "on": True}
-        return self._ip()
-
-    def start(self, instance_id: str) -> str:
-        self._record("start", instance_id)
-        self.machines[instance_id]["on"] = True
-        return self._ip()
-
-    def stop(self, instance_id: str) -> None:
-        self._record("stop", instance_id)
-        self.machines[instance_id]["on"] = False
-
-    def delete(self, instance_id: str) -> None:
-        self._record("delete", instance_id)
-        del self.machines[instance_id]
-
-    def snapshot(self, instance_id: str, image_id: str) -> None:
-        self._record("snapshot", instance_id, image_id)
-        self.images.add(image_id)
-
-    def delete_image(self, image_id: str) -> None:
-        self._record("delete_image", image_id)
-        self.images.discard(image_id)
-
-    def run_command(self, instance_id: str, script: str, timeout: float) -> CommandResult:
-        self._record("run_command", instance_id, script, timeout)
-        return self.results.get(script, CommandResult(0, ""))
-
-    def console_output(self, instance_id: str) -> str:
-        return "paper boot log\n" + self.machines[instance_id]["user_data"].decode()
-
-    def close(self) -> None:
-        self.closed = True
-
-    def named(self, method: str) -> list[tuple[Any, ...]]:
-        with self._lock:
-            return [call for call in self.calls if call[0] == method]
 
 
 @pytest.fixture(autouse=True)
