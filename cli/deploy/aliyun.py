@@ -115,6 +115,9 @@ class Ecs:
         if allow_from == "0.0.0.0/0":
             vm.say(f"port {SERVE_PORT} of ngcx hosts is open to 0.0.0.0/0; restrict it with --allow-from CIDR")
 
+    def pull_role_name(self, grant: roles.PullGrant | roles.PullRole) -> str:
+        return roles.pull_role(grant).role_name
+
     def ensure_pull_role(self, grant: roles.PullGrant | roles.PullRole) -> str:
         """The RAM role ECS hosts assume to pull `grant`'s repositories: made once, found by its name after that."""
         from ..clouds.aliyun import AliyunError
@@ -291,11 +294,10 @@ def prepare(config: DeployConfig) -> vm.Plan:
         reasons = "; ".join(f"{r.itype.name}: {r.reason}" for r in choice.rejected[:4])
         raise UserError(f"no Alibaba Cloud instance type fits {config.image}: {reasons}",
                         hint="relax --gpu / --max-price, or see them all with --dry-run")
-    baked = cloud.host_images()
-    host_image = baked[-1][0] if baked else FALLBACK_IMAGE
-    notes = [] if baked else [f"no baked ngcx host image in {cloud.region}: a fresh host installs its driver and "
-                              "Docker at boot (5-10 min); make one once: "
-                              f"ngcx hosts bake --cloud aliyun --region {cloud.region}"]
+    host_image = vm.baked_or(cloud, lambda: FALLBACK_IMAGE, (
+        f"no baked ngcx host image in {cloud.region}: a fresh host installs its driver and Docker at boot "
+        f"(5-10 min); make one once: ngcx hosts bake --cloud aliyun --region {cloud.region}"))
+    notes: list[str] = []
     acr_region = acr.region_of(config_registry)
     pull_ref, registry = config_pull, config_registry
     if acr_region:  # hosts pull in-region through the VPC endpoint, logged in by their RAM role

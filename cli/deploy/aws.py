@@ -227,6 +227,9 @@ class Ec2:
 
     # ------------------------------------------------------------ pull roles (aws_roles.py)
 
+    def pull_role_name(self, grant: roles.PullGrant | roles.PullRole) -> str:
+        return os.environ.get("NGCX_AWS_INSTANCE_PROFILE") or roles.pull_role(grant).role_name
+
     def ensure_pull_role(self, grant: roles.PullGrant | roles.PullRole) -> str:
         from . import aws_roles
 
@@ -481,11 +484,11 @@ def prepare(config: DeployConfig) -> vm.Plan:
                         hint="relax --gpu / --max-price, or see them all with --dry-run")
     cloud = cloud_for(region_of(config))
     cloud.check()  # proves the credentials before anything is written
-    baked = cloud.host_images()
-    host_image = baked[-1][0] if baked else cloud.fallback_image()
-    notes = [] if baked else [f"no baked ngcx host image in {cloud.region}: hosts boot the ECS GPU AMI and pull every "
-                              "layer at deploy time; make one once (driver, Docker, toolkit, base layers): "
-                              f"ngcx hosts bake --cloud aws --region {cloud.region}"]
+    host_image = vm.baked_or(cloud, cloud.fallback_image, (
+        f"no baked ngcx host image in {cloud.region}: hosts boot the ECS GPU AMI and pull every layer at deploy "
+        "time; make one once (driver, Docker, toolkit, base layers): "
+        f"ngcx hosts bake --cloud aws --region {cloud.region}"))
+    notes: list[str] = []
     ecr_region = ecr.region_of(config_registry)
     pull_ref, registry = config_pull, config_registry
     if ecr_region:   # hosts pull through the VPC's name for the registry, logged in by their instance profile

@@ -1,10 +1,15 @@
-"""A fresh host the cloud deletes while it boots is made again, and nothing of it stays billed.
+"""The VM paths' decisions on a cloud whose machines are paper: a fresh host the cloud deletes while it boots is
+made again, and nothing of it stays billed; a redeploy onto the running host asks the cloud only what it must.
 
 ECS forgets an instance whose machine could not be made (SystemFailure.Delete; the emulator does the same in
 tests/emulators/aliyun_ecs.py `_boot`). Stop 40's CI saw what ngcx did before: it recorded the replica
 `starting` with no address and waited on that for the service's whole ready timeout. What a user notices
 now: the deploy says which instance was lost, makes another (vm.BOOT_TRIES per zone, then the next zone),
 and a deploy that loses every one fails in one line naming them, with no instance left behind.
+
+A redeploy of the same image onto its running host (issue 24 item 6: <= 3 s) makes no host, so it asks for no host
+image, and its host already holds the pull role its record names, so it asks RAM nothing; a redeploy whose
+repository changed still gets its own role, on the same host.
 
 The cloud is the Aliyun SDK (through ngcx.deploy.aliyun.Ecs) against the ECS emulator; its machines are
 paper ones (hosts_api.PaperHosts, no engine needed), whose next `fail_next` creates raise, as a machine that
@@ -20,8 +25,8 @@ import pytest
 from emulators.hosts_api import PaperHosts
 
 from ngcx.core.errors import UserError
-from ngcx.deploy import store, vm
-from ngcx.deploy.common import STARTING, DeployConfig
+from ngcx.deploy import roles, store, vm
+from ngcx.deploy.common import PATH_FRESH, PATH_RUNNING, READY, STARTING, DeployConfig
 
 AK, SECRET = "LTAI5tBootRetryTest", "aliyun-boot-retry-secret-never-printed"
 
@@ -37,18 +42,26 @@ def ecs() -> Iterator[Any]:
 
 @pytest.fixture
 def plan(ecs, monkeypatch, tmp_path) -> Iterator[vm.Plan]:
-    from ngcx.clouds.aliyun import Api
-    from ngcx.deploy.aliyun import Ecs
-
     for name, value in {"ALIBABA_CLOUD_ACCESS_KEY_ID": AK, "ALIBABA_CLOUD_ACCESS_KEY_SECRET": SECRET,
                         "NGCX_ALIYUN_ECS_ENDPOINT": ecs.endpoint, "NGCX_STATE_DIR": str(tmp_path / "state")}.items():
         monkeypatch.setenv(name, value)
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
         monkeypatch.delenv(name, raising=False)
-    candidates = vm.choose("aliyun", CONFIG).candidates
-    yield vm.Plan(Ecs(Api("cn-hangzhou")), candidates[:1], "ubuntu_22_04_x64_20G_alibase_20240926.vhd",
-                  "registry.example/app@sha256:" + "0" * 64, "registry.example", lambda: None)
+    yield new_plan()
     ecs.hosts.fail_next = 0
+
+
+def new_plan(grant: roles.PullGrant | None = None, images_asked: list[str] | None = None) -> vm.Plan:
+    """What aliyun.prepare hands vm.run; `images_asked` gets a line each time the host image is asked for."""
+    from ngcx.clouds.aliyun import Api
+    from ngcx.deploy.aliyun import Ecs
+
+    def image() -> str:
+        (images_asked if images_asked is not None else []).append("asked")
+        return "ubuntu_22_04_x64_20G_alibase_20240926.vhd"
+
+    return vm.Plan(Ecs(Api("cn-hangzhou")), vm.choose("aliyun", CONFIG).candidates[:1], image,
+                   "registry.example/app@sha256:" + "0" * 64, "registry.example", lambda: None, grant=grant)
 
 
 CONFIG = DeployConfig(cloud="aliyun", image="ngcx-app/x:latest", pull_ref=None, registry=None,
@@ -73,7 +86,7 @@ def test_a_host_the_cloud_deletes_while_booting_is_made_again_in_its_zone(ecs, p
     assert live(ecs, record.id) == [record.instance_id]           # only the one that booted
 
 
-def test_a_deploy_that_loses_every_host_fails_in_one_line_naming_them_and_leaves_none(ecs, plan):
+def test_a_deploy_that_loses_every_host_fails_in_one_line_naming_them_and_leaves_none(ecs, plan, capsys):
     ecs.hosts.fail_next = vm.BOOT_TRIES
     errors_before = len(ecs.host_errors)
     intent = store.create_intent(CONFIG)
@@ -83,6 +96,9 @@ def test_a_deploy_that_loses_every_host_fails_in_one_line_naming_them_and_leaves
     assert len(lost) == vm.BOOT_TRIES
     assert all(f"{i} deleted by the cloud while booting" in str(err.value) for i in lost), str(err.value)
     assert live(ecs, intent.id) == [] and store.get(intent.id).instance_id is None
+    said = [line for line in capsys.readouterr().err.splitlines() if "deleted by the cloud while booting" in line]
+    assert [line.rsplit("; ", 1)[1] for line in said] == ["creating another"] * (vm.BOOT_TRIES - 1) + [
+        "no more tries in cn-hangzhou-h"]
 
 
 def test_a_record_without_an_address_is_not_waited_on(plan):
@@ -97,3 +113,30 @@ def test_a_record_without_an_address_is_not_waited_on(plan):
     with pytest.raises(NotReady, match=f"deployment {intent.id} has no address to check"):
         flow.wait_ready(flow.target("aliyun"), intent, 900.0)
     assert time.monotonic() - t0 < 5
+
+
+def test_a_redeploy_onto_the_running_host_asks_for_no_image_and_no_role_and_keeps_its_role(ecs, plan):
+    grant = roles.PullGrant("aliyun", "cn-hangzhou", "team/app", "cri-unit")
+    first = vm.run(CONFIG, store.create_intent(CONFIG), new_plan(grant))
+    assert first.path == PATH_FRESH and _role_of(ecs, first.instance_id) == grant.role_name
+    store.update(first.id, status=READY)
+    calls = ("ListPoliciesForRole", "CreateRole", "DescribeImages", "DescribeInstanceRamRole", "AttachInstanceRamRole")
+    before, asked = {c: ecs.performed(c) for c in calls}, []
+    second = vm.run(CONFIG, store.create_intent(CONFIG), new_plan(grant, asked))
+    assert second.path == PATH_RUNNING and second.instance_id == first.instance_id
+    assert {c: ecs.performed(c) for c in calls} == before and asked == []
+    assert _role_of(ecs, second.instance_id) == grant.role_name and second.spec["role"] == grant.role_name
+
+
+def test_a_redeploy_whose_repository_changed_gets_its_own_role_on_the_running_host(ecs, plan):
+    old, new = (roles.PullGrant("aliyun", "cn-hangzhou", f"team/{n}", "cri-unit") for n in ("old", "new"))
+    first = vm.run(CONFIG, store.create_intent(CONFIG), new_plan(old))
+    store.update(first.id, status=READY)
+    made = ecs.performed("CreateRole")
+    second = vm.run(CONFIG, store.create_intent(CONFIG), new_plan(new))
+    assert second.path == PATH_RUNNING and second.instance_id == first.instance_id
+    assert ecs.performed("CreateRole") == made + 1 and _role_of(ecs, second.instance_id) == new.role_name
+
+
+def _role_of(ecs: Any, instance_id: str | None) -> str:
+    return next(i["ram_role"] for i in ecs.instances() if i["id"] == instance_id)
