@@ -31,6 +31,19 @@ LOOPBACK_REGISTRY = "127.0.0.1:5000"
 BASE_IMAGE = "ngcx/base:bookworm"
 
 
+PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy")
+
+
+def aliyun_sdk_on(monkeypatch: pytest.MonkeyPatch, endpoint: str, access_key: str, secret: str) -> None:
+    """ngcx's Aliyun clients (ngcx.clouds.aliyun.Api) go to the ECS emulator at `endpoint` with this key pair;
+    no proxy is left set (the SDK sends even 127.0.0.1 through HTTP(S)_PROXY: it ignores NO_PROXY)."""
+    for name, value in {"ALIBABA_CLOUD_ACCESS_KEY_ID": access_key, "ALIBABA_CLOUD_ACCESS_KEY_SECRET": secret,
+                        "NGCX_ALIYUN_ECS_ENDPOINT": endpoint}.items():
+        monkeypatch.setenv(name, value)
+    for name in PROXY_VARS:
+        monkeypatch.delenv(name, raising=False)
+
+
 def require_docker() -> bool:
     """True when missing Docker/registry/base must fail the test instead of skipping it."""
     return os.environ.get("CI", "").lower() == "true" or os.environ.get("NGCX_REQUIRE_DOCKER") == "1"

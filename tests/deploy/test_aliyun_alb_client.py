@@ -28,7 +28,7 @@ from emulators.test_aliyun_alb import LoopbackMachines, get
 from ngcx.clouds.aliyun import AliyunError
 from ngcx.core.errors import UserError
 from ngcx.deploy.balancer import BalancerRef, BalancerSpec
-from support import missing
+from support import aliyun_sdk_on, missing
 
 AK, SECRET = "LTAI5tAlbClientTest", "alb-client-secret-never-printed"
 TAGS = {"ngcx:owner": "owner-1", "ngcx:service": "svc-1"}
@@ -57,11 +57,7 @@ def alb(emu: EcsEmulator, isolated_state: Any, monkeypatch: pytest.MonkeyPatch) 
     from ngcx.deploy.aliyun import Ecs
     from ngcx.deploy.aliyun_alb import Alb
 
-    for name, value in {"ALIBABA_CLOUD_ACCESS_KEY_ID": AK, "ALIBABA_CLOUD_ACCESS_KEY_SECRET": SECRET,
-                        "NGCX_ALIYUN_ECS_ENDPOINT": emu.endpoint}.items():
-        monkeypatch.setenv(name, value)
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
-        monkeypatch.delenv(name, raising=False)
+    aliyun_sdk_on(monkeypatch, emu.endpoint, AK, SECRET)
     ecs = Ecs(Api("cn-hangzhou", deadline_s=20))
     ecs.prepare_network("10.0.0.0/8")
     return Alb(ecs)

@@ -42,6 +42,7 @@ from emulators.traffic import PacedLoad, get
 from ngcx.core.errors import UserError
 from ngcx.deploy.aliyun_ess import WAKE_METRIC, GroupRef, GroupSpec, Metric, ScalingGroups
 from ngcx.deploy.balancer import BalancerRef
+from support import aliyun_sdk_on
 
 OWNER = {"ngcx:owner": "ess-owner", "ngcx:service": "svc1"}
 IMAGE = "ubuntu_22_04_x64_20G_alibase_20240926.vhd"
@@ -64,11 +65,7 @@ def groups(cloud, monkeypatch) -> Iterator[ScalingGroups]:
     """ScalingGroups on ngcx's Api (its retries and errors); every tagged group is gone after."""
     from ngcx.clouds.aliyun import Api
 
-    for name, value in {"ALIBABA_CLOUD_ACCESS_KEY_ID": AK, "ALIBABA_CLOUD_ACCESS_KEY_SECRET": SECRET,
-                        "NGCX_ALIYUN_ECS_ENDPOINT": cloud[0].endpoint}.items():
-        monkeypatch.setenv(name, value)
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
+    aliyun_sdk_on(monkeypatch, cloud[0].endpoint, AK, SECRET)
     made = ScalingGroups(Api("cn-hangzhou", deadline_s=20))
     yield made
     for ref in made.tagged({}):

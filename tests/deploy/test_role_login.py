@@ -26,6 +26,7 @@ from emulators.hosts_api import LoopbackHosts
 
 from ngcx.core import paths
 from ngcx.deploy import roles
+from support import aliyun_sdk_on
 
 AK, SECRET = "LTAI5tRoleLoginTest", "aliyun-role-secret-never-printed"
 AWS_KEY, AWS_SECRET = "AKIAROLELOGINTEST001", "aws-role-secret-never-printed-88a1"
@@ -68,11 +69,7 @@ def aliyun_cloud(ecs, monkeypatch) -> Iterator[Any]:
     from ngcx.clouds.aliyun import Api
     from ngcx.deploy.aliyun import Ecs
 
-    for name, value in {"ALIBABA_CLOUD_ACCESS_KEY_ID": AK, "ALIBABA_CLOUD_ACCESS_KEY_SECRET": SECRET,
-                        "NGCX_ALIYUN_ECS_ENDPOINT": ecs.endpoint}.items():
-        monkeypatch.setenv(name, value)
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
-        monkeypatch.delenv(name, raising=False)
+    aliyun_sdk_on(monkeypatch, ecs.endpoint, AK, SECRET)
     cloud = Ecs(Api("cn-hangzhou"))
     cloud.made = []
     yield cloud

@@ -27,6 +27,7 @@ from emulators.hosts_api import PaperHosts
 from ngcx.core.errors import UserError
 from ngcx.deploy import roles, store, vm
 from ngcx.deploy.common import PATH_FRESH, PATH_RUNNING, READY, STARTING, DeployConfig
+from support import aliyun_sdk_on
 
 AK, SECRET = "LTAI5tBootRetryTest", "aliyun-boot-retry-secret-never-printed"
 
@@ -42,11 +43,8 @@ def ecs() -> Iterator[Any]:
 
 @pytest.fixture
 def plan(ecs, monkeypatch, tmp_path) -> Iterator[vm.Plan]:
-    for name, value in {"ALIBABA_CLOUD_ACCESS_KEY_ID": AK, "ALIBABA_CLOUD_ACCESS_KEY_SECRET": SECRET,
-                        "NGCX_ALIYUN_ECS_ENDPOINT": ecs.endpoint, "NGCX_STATE_DIR": str(tmp_path / "state")}.items():
-        monkeypatch.setenv(name, value)
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
-        monkeypatch.delenv(name, raising=False)
+    aliyun_sdk_on(monkeypatch, ecs.endpoint, AK, SECRET)
+    monkeypatch.setenv("NGCX_STATE_DIR", str(tmp_path / "state"))
     yield new_plan()
     ecs.hosts.fail_next = 0
 
