@@ -297,21 +297,19 @@ def prepare(config: DeployConfig) -> vm.Plan:
     host_image = vm.baked_or(cloud, lambda: FALLBACK_IMAGE, (
         f"no baked ngcx host image in {cloud.region}: a fresh host installs its driver and Docker at boot "
         f"(5-10 min); make one once: ngcx hosts bake --cloud aliyun --region {cloud.region}"))
-    notes: list[str] = []
     acr_region = acr.region_of(config_registry)
     pull_ref, registry = config_pull, config_registry
     if acr_region:  # hosts pull in-region through the VPC endpoint, logged in by their RAM role
         registry = acr.vpc_endpoint(acr_region)
         pull_ref = registry + pull_ref[len(config_registry):]
     if not acr_region:
-        return vm.Plan(cloud, choice.candidates, host_image, pull_ref, registry, lambda: None, notes)
+        return vm.Plan(cloud, choice.candidates, host_image, pull_ref, registry, lambda: None)
     if config.registry_login == "token":
-        notes.append(TOKEN_NOTE)
         return vm.Plan(cloud, choice.candidates, host_image, pull_ref, registry,
-                       lambda: acr.temporary_login(acr_region), notes)
+                       lambda: acr.temporary_login(acr_region), [TOKEN_NOTE])
     grant = roles.PullGrant(NAME, acr_region, roles.repository_of(pull_ref), acr.instance_id())
     login = roles.RoleLogin(NAME, acr_region, acr.api_host_endpoint(acr_region), grant.registry_instance)
-    return vm.Plan(cloud, choice.candidates, host_image, pull_ref, registry, lambda: login, notes, grant)
+    return vm.Plan(cloud, choice.candidates, host_image, pull_ref, registry, lambda: login, grant=grant)
 
 
 # ---------------------------------------------------------------- the contract's verbs (vm.py does the work)

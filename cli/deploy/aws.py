@@ -196,8 +196,9 @@ class Ec2:
     def _instance_profile(self) -> str:
         """NGCX_AWS_INSTANCE_PROFILE, else `ngcx-host` (made once: role for EC2 + AmazonSSMManagedInstanceCore)."""
         from ..clouds.aws import AwsError
+        from . import aws_roles
 
-        own = os.environ.get("NGCX_AWS_INSTANCE_PROFILE")
+        own = aws_roles.own_profile()
         if own:
             return own
         try:
@@ -228,7 +229,9 @@ class Ec2:
     # ------------------------------------------------------------ pull roles (aws_roles.py)
 
     def pull_role_name(self, grant: roles.PullGrant | roles.PullRole) -> str:
-        return os.environ.get("NGCX_AWS_INSTANCE_PROFILE") or roles.pull_role(grant).role_name
+        from . import aws_roles
+
+        return aws_roles.profile_name(grant)
 
     def ensure_pull_role(self, grant: roles.PullGrant | roles.PullRole) -> str:
         from . import aws_roles
@@ -488,21 +491,19 @@ def prepare(config: DeployConfig) -> vm.Plan:
         f"no baked ngcx host image in {cloud.region}: hosts boot the ECS GPU AMI and pull every layer at deploy "
         "time; make one once (driver, Docker, toolkit, base layers): "
         f"ngcx hosts bake --cloud aws --region {cloud.region}"))
-    notes: list[str] = []
     ecr_region = ecr.region_of(config_registry)
     pull_ref, registry = config_pull, config_registry
     if ecr_region:   # hosts pull through the VPC's name for the registry, logged in by their instance profile
         registry = ecr.vpc_endpoint(config_registry)
         pull_ref = registry + pull_ref[len(config_registry):]
     if not ecr_region:
-        return vm.Plan(cloud, choice.candidates, host_image, pull_ref, registry, lambda: None, notes)
+        return vm.Plan(cloud, choice.candidates, host_image, pull_ref, registry, lambda: None)
     if config.registry_login == "token":
-        notes.append(TOKEN_NOTE)
         return vm.Plan(cloud, choice.candidates, host_image, pull_ref, registry,
-                       lambda: ecr.temporary_login(ecr_region), notes)
+                       lambda: ecr.temporary_login(ecr_region), [TOKEN_NOTE])
     grant = roles.PullGrant(NAME, ecr_region, roles.repository_of(pull_ref))
     login = roles.RoleLogin(NAME, ecr_region, ecr.api_host_endpoint(ecr_region))
-    return vm.Plan(cloud, choice.candidates, host_image, pull_ref, registry, lambda: login, notes, grant)
+    return vm.Plan(cloud, choice.candidates, host_image, pull_ref, registry, lambda: login, grant=grant)
 
 
 def _while_profile_propagates(call: Any) -> Any:

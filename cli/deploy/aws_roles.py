@@ -20,12 +20,22 @@ DONE_CODES = ("EntityAlreadyExists", "LimitExceeded")   # LimitExceeded: the pro
 LIVE_ASSOCIATIONS = ["associating", "associated"]
 
 
+def own_profile() -> str | None:
+    """The user's own instance profile (NGCX_AWS_INSTANCE_PROFILE): ngcx then makes none and changes none."""
+    return os.environ.get("NGCX_AWS_INSTANCE_PROFILE") or None
+
+
+def profile_name(grant: roles.PullGrant | roles.PullRole) -> str:
+    """The profile a host pulling `grant` gets, without a call: the user's own, else the pull role's name."""
+    return own_profile() or roles.pull_role(grant).role_name
+
+
 def ensure_pull_profile(api: Any, grant: roles.PullGrant | roles.PullRole) -> str:
     """The instance profile whose role may pull `grant`'s repositories (and be reached by SSM).
 
-    NGCX_AWS_INSTANCE_PROFILE names the user's own profile instead: its role must then allow the pull.
+    With the user's own profile (own_profile) its role must allow the pull: nothing is made.
     """
-    own = os.environ.get("NGCX_AWS_INSTANCE_PROFILE")
+    own = own_profile()
     if own:
         return own
     role = roles.pull_role(grant)
