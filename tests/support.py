@@ -44,6 +44,17 @@ def aliyun_sdk_on(monkeypatch: pytest.MonkeyPatch, endpoint: str, access_key: st
         monkeypatch.delenv(name, raising=False)
 
 
+@contextlib.contextmanager
+def quick_ecs(hosts: object, access_key: str, secret: str) -> Iterator[object]:
+    """The ECS emulator on `hosts` (a HostBackend) accepting one key pair, its instances Running 0.05 s after a
+    create or start, its metadata service on loopback: what the deploy tests that drive the SDK need."""
+    from emulators.aliyun_ecs import EcsEmulator
+
+    with EcsEmulator(hosts, access_keys={access_key: secret}, boot_seconds=0.05, start_seconds=0.05,
+                     metadata_host="127.0.0.1") as emulator:
+        yield emulator
+
+
 def require_docker() -> bool:
     """True when missing Docker/registry/base must fail the test instead of skipping it."""
     return os.environ.get("CI", "").lower() == "true" or os.environ.get("NGCX_REQUIRE_DOCKER") == "1"

@@ -26,7 +26,7 @@ from emulators.hosts_api import LoopbackHosts
 
 from ngcx.core import paths
 from ngcx.deploy import roles
-from support import aliyun_sdk_on
+from support import aliyun_sdk_on, quick_ecs
 
 AK, SECRET = "LTAI5tRoleLoginTest", "aliyun-role-secret-never-printed"
 AWS_KEY, AWS_SECRET = "AKIAROLELOGINTEST001", "aws-role-secret-never-printed-88a1"
@@ -57,10 +57,7 @@ def wait_running(describe: Any, instance_id: str) -> None:
 
 @pytest.fixture(scope="module")
 def ecs() -> Iterator[Any]:
-    from emulators.aliyun_ecs import EcsEmulator
-
-    with EcsEmulator(LoopbackHosts(), access_keys={AK: SECRET}, boot_seconds=0.05, start_seconds=0.05,
-                     metadata_host="127.0.0.1") as emulator:
+    with quick_ecs(LoopbackHosts(), AK, SECRET) as emulator:
         yield emulator
 
 

@@ -19,6 +19,7 @@ cannot be made does.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -27,17 +28,14 @@ from emulators.hosts_api import PaperHosts
 from ngcx.core.errors import UserError
 from ngcx.deploy import roles, store, vm
 from ngcx.deploy.common import PATH_FRESH, PATH_RUNNING, READY, STARTING, DeployConfig
-from support import aliyun_sdk_on
+from support import aliyun_sdk_on, quick_ecs
 
 AK, SECRET = "LTAI5tBootRetryTest", "aliyun-boot-retry-secret-never-printed"
 
 
 @pytest.fixture(scope="module")
 def ecs() -> Iterator[Any]:
-    from emulators.aliyun_ecs import EcsEmulator
-
-    with EcsEmulator(PaperHosts(), access_keys={AK: SECRET}, boot_seconds=0.05, start_seconds=0.05,
-                     metadata_host="127.0.0.1") as emulator:
+    with quick_ecs(PaperHosts(), AK, SECRET) as emulator:
         yield emulator
 
 
@@ -49,16 +47,24 @@ def plan(ecs, monkeypatch, tmp_path) -> Iterator[vm.Plan]:
     ecs.hosts.fail_next = 0
 
 
-def new_plan(grant: roles.PullGrant | None = None, images_asked: list[str] | None = None) -> vm.Plan:
-    """What aliyun.prepare hands vm.run; `images_asked` gets a line each time the host image is asked for."""
+@dataclass
+class HostImage:
+    """The image a new host boots (Plan.pick_image), counting how often vm.run asked for it."""
+
+    name: str = "ubuntu_22_04_x64_20G_alibase_20240926.vhd"
+    asked: int = 0
+
+    def __call__(self) -> str:
+        self.asked += 1
+        return self.name
+
+
+def new_plan(grant: roles.PullGrant | None = None, image: HostImage | None = None) -> vm.Plan:
+    """What aliyun.prepare hands vm.run."""
     from ngcx.clouds.aliyun import Api
     from ngcx.deploy.aliyun import Ecs
 
-    def image() -> str:
-        (images_asked if images_asked is not None else []).append("asked")
-        return "ubuntu_22_04_x64_20G_alibase_20240926.vhd"
-
-    return vm.Plan(Ecs(Api("cn-hangzhou")), vm.choose("aliyun", CONFIG).candidates[:1], image,
+    return vm.Plan(Ecs(Api("cn-hangzhou")), vm.choose("aliyun", CONFIG).candidates[:1], image or HostImage(),
                    "registry.example/app@sha256:" + "0" * 64, "registry.example", lambda: None, grant=grant)
 
 
@@ -119,10 +125,10 @@ def test_a_redeploy_onto_the_running_host_asks_for_no_image_and_no_role_and_keep
     assert first.path == PATH_FRESH and _role_of(ecs, first.instance_id) == grant.role_name
     store.update(first.id, status=READY)
     calls = ("ListPoliciesForRole", "CreateRole", "DescribeImages", "DescribeInstanceRamRole", "AttachInstanceRamRole")
-    before, asked = {c: ecs.performed(c) for c in calls}, []
-    second = vm.run(CONFIG, store.create_intent(CONFIG), new_plan(grant, asked))
+    before, image = {c: ecs.performed(c) for c in calls}, HostImage()
+    second = vm.run(CONFIG, store.create_intent(CONFIG), new_plan(grant, image))
     assert second.path == PATH_RUNNING and second.instance_id == first.instance_id
-    assert {c: ecs.performed(c) for c in calls} == before and asked == []
+    assert {c: ecs.performed(c) for c in calls} == before and image.asked == 0
     assert _role_of(ecs, second.instance_id) == grant.role_name and second.spec["role"] == grant.role_name
 
 
