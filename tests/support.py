@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,7 +46,7 @@ def aliyun_sdk_on(monkeypatch: pytest.MonkeyPatch, endpoint: str, access_key: st
 
 
 @contextlib.contextmanager
-def quick_ecs(hosts: object, access_key: str, secret: str) -> Iterator[object]:
+def quick_ecs(hosts: Any, access_key: str, secret: str) -> Iterator[Any]:
     """The ECS emulator on `hosts` (a HostBackend) accepting one key pair, its instances Running 0.05 s after a
     create or start, its metadata service on loopback: what the deploy tests that drive the SDK need."""
     from emulators.aliyun_ecs import EcsEmulator
