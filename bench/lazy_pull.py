@@ -20,11 +20,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import math
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the repo root: `bench` as a package
+
+from bench.core import Stats  # noqa: E402 - after the import path it needs
+
+# Loopback only: a proxy from the environment (HTTP_PROXY) must not carry these requests.
+LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 DOCKER = "/usr/bin/docker"
 MACHINE_IMAGE = "ngcx-test/ecs-host"
@@ -79,7 +87,7 @@ def first_inference(name: str, deadline: float) -> None:
     """Wait for ready, then one inference of the model's first input (zeros) that must answer 200."""
     while True:
         try:
-            with urllib.request.urlopen(READY_URL, timeout=2) as r:
+            with LOOPBACK.open(READY_URL, timeout=2) as r:
                 if r.status == 200:
                     break
         except OSError:
@@ -87,17 +95,15 @@ def first_inference(name: str, deadline: float) -> None:
         if time.monotonic() > deadline:
             raise SystemExit("the server was not ready in time")
         time.sleep(0.05)
-    with urllib.request.urlopen(f"http://127.0.0.1:8000/v2/models/{name}", timeout=10) as r:
+    with LOOPBACK.open(f"http://127.0.0.1:8000/v2/models/{name}", timeout=10) as r:
         spec = json.load(r)["inputs"][0]
     shape = [1 if d < 0 else d for d in spec["shape"]]
-    count = 1
-    for d in shape:
-        count *= d
+    count = math.prod(shape)
     body = json.dumps({"inputs": [{"name": spec["name"], "shape": shape, "datatype": spec["datatype"],
                                    "data": [0] * count}]}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:8000/v2/models/{name}/infer", body,
                                  {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
+    with LOOPBACK.open(req, timeout=120) as r:
         assert r.status == 200 and json.load(r)["outputs"], "the first inference did not answer"
 
 
@@ -140,8 +146,8 @@ def main() -> None:
     summary = {}
     for mode in ("full", "lazy"):
         for key in ("pull_s", "run_to_first_inference_s", "total_s"):
-            values = [row[key] for row in rows if row["mode"] == mode]
-            summary[f"{mode} {key}"] = {"min": min(values), "median": statistics.median(values), "max": max(values)}
+            stats = Stats.of([row[key] for row in rows if row["mode"] == mode])
+            summary[f"{mode} {key}"] = {"min": stats.min, "median": stats.median, "max": stats.max}
     summary["lazy / full, total (medians)"] = round(summary["lazy total_s"]["median"] /
                                                     summary["full total_s"]["median"], 2)
     report = {"command": "python3 bench/lazy_pull.py " + " ".join(
