@@ -57,7 +57,7 @@ class Paced:
     """A real ONNX Runtime engine whose every call takes PACE_S longer.
 
     Why: the burst test's 8 threads leave one barrier, but on a loaded 2-core CI machine their requests
-    reached the server up to milliseconds apart while the conv net answers in about one; each that found
+    can reach the server milliseconds apart while the conv net answers in about one; each that found
     nothing else in flight ran alone (a CI run: 5 engine calls). A GPU model's call takes tens of
     milliseconds, so a burst overlaps the first call, as it does here once a call lasts PACE_S.
     """
