@@ -2,7 +2,7 @@
 # Which runtime commit after e63d613 ended the ResNet-18 servers' SIGSEGV? Bisect on the lent GPU with the harness
 # that crashes them (e63d613's bench/gpu_issue12.py): a commit "crashes" when either of its two single-process
 # starts (resnet18_1inst_nobatch, resnet18_1inst_batch) exits -11. Known ends (old_runtime_ab.sh): e63d613
-# crashes, the newest does not. About 110 s of plan preparation, then ~80 s per step, 5 steps for 31 commits.
+# crashes, the newest does not. About 110 s of plan preparation, then ~80 s per step, 5 steps for the 31 runtime trees.
 # usage: bash .carry/oldrepro/old_runtime_bisect.sh   (repository root; the folder from make_oldrepro.sh
 #        carried; $OUT from the device tool: bisect.tgz lands there)
 set -u
