@@ -108,19 +108,36 @@ def rotate_key(name: int | str, what: str, records: list[DeployRecord], grace: f
     new = keys.begin_rotation(name)
     for record in records:
         target(record.cloud).install_key_hashes(record, keys.hashes_text(name, [old, new]))
-    deadline = time.monotonic() + ROTATION_WAIT_S
-    for record in records:
-        while _status(record, new) != 200:
-            if time.monotonic() > deadline:
-                raise UserError(f"{what} did not accept its new key within {ROTATION_WAIT_S:.0f} s; the old key "
-                                "still works", hint=f"run `ngcx deployments rotate-key {name}` again")
-            time.sleep(0.1)
+    late = _until(records, new, 200)
+    if late is not None:
+        raise UserError(f"{what} did not accept its new key within {ROTATION_WAIT_S:.0f} s; the old key "
+                        "still works", hint=f"run `ngcx deployments rotate-key {name}` again")
     keys.finish_rotation(name)
     if grace > 0:
         say(f"the new key is in place; the old one is accepted for {grace:.0f} s more while clients switch")
         time.sleep(grace)
     for record in records:
         target(record.cloud).install_key_hashes(record, keys.hashes_text(name, [new]))
+    late = _until(records, old, 401)
+    if late is not None:
+        raise UserError(f"{what}: deployment {late.id} still accepts the old key {ROTATION_WAIT_S:.0f} s after it "
+                        "was dropped; the new key is the key and works", hint=f"run `ngcx deployments rotate-key "
+                        f"{name}` again, or `ngcx deployments logs {late.id}` to see why its keys file is not read")
+
+
+def _until(records: list[DeployRecord], key: str, status: int) -> DeployRecord | None:
+    """Ask every record's endpoint with `key` until it answers `status`; the first one that did not within
+    ROTATION_WAIT_S (None: all did). Why wait for the 401 as for the 200: a host's ngcx-runtime re-reads its
+    keys file on a request at most every 0.25 s (runtime/keys.py CHECK_INTERVAL_S), so the old key still
+    worked for a moment after the hashes were written (a CI run: the service answered it right after
+    `rotate-key --grace 0` returned). The command returns once no endpoint takes a dropped key."""
+    deadline = time.monotonic() + ROTATION_WAIT_S
+    for record in records:
+        while _status(record, key) != status:
+            if time.monotonic() > deadline:
+                return record
+            time.sleep(0.1)
+    return None
 
 
 def key_of(record: DeployRecord) -> str:
