@@ -17,5 +17,5 @@ for sha in e63d613 $(git log --reverse --format=%h e63d613..HEAD -- runtime/); d
   echo "$name" >> "$dir/trees/order.txt"; i=$((i + 1))
 done
 tar -czf "$dir/trees.tgz" -C "$dir" trees && rm -rf "$dir/trees"
-cp "$here/old_runtime_ab.sh" "$here/old_runtime_bisect.sh" "$dir/"
+cp "$here/old_runtime_ab.sh" "$here/old_runtime_bisect.sh" "$here/old_runtime_native.py" "$here/old_runtime_preload_ab.sh" "$here/old_runtime_arms.sh" "$here/segv_native.c" "$dir/"
 echo "$dir: $(du -sh "$dir" | cut -f1), $i runtime trees; newest: $(git log -1 --format=%h -- runtime/)"
