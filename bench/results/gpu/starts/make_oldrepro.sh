@@ -3,7 +3,7 @@
 # usage: bash bench/results/gpu/starts/make_oldrepro.sh [DIR]      (from the repository root; DIR: .carry/oldrepro)
 # DIR gets e63d613's runtime/ and bench/ (bench/gpu_issue12.py: the harness whose ResNet-18 servers died with
 # SIGSEGV), trees.tgz (trees/NN_SHA/runtime: e63d613's runtime and that of every later commit touching runtime/,
-# oldest first, listed in trees/order.txt) and the two device scripts. .carry/ is ignored by git: pass the
+# oldest first, listed in trees/order.txt) and the device scripts. .carry/ is ignored by git: pass the
 # folder as the device run's carry.
 set -euo pipefail
 dir=${1:-.carry/oldrepro}
