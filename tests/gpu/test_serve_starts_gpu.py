@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -36,6 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 ROUNDS, AT_ONCE = 5, 4
 READY_S = 600.0
 REQUESTS, CLIENTS = 64, 8
+HARNESS_STARTS = 5          # about 440 s on an H200: ~150 s for the first plans, ~65 s a start after
 
 
 def _gpu() -> bool:
@@ -103,25 +105,7 @@ class Server:
         raise AssertionError(f"not ready within {READY_S:.0f} s:\n{self.log()}")
 
     def traffic(self) -> None:
-        """REQUESTS batch-1 inferences from CLIENTS threads: each answered 200 with 1000 logits."""
-        import numpy as np
-
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v2/models/resnet18", timeout=30) as res:
-            spec = json.loads(res.read())["inputs"][0]                 # the plan's input: its name and type
-        x = np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32)
-        body = json.dumps({"inputs": [{"name": spec["name"], "shape": [1, 3, 224, 224], "datatype": spec["datatype"],
-                                       "data": x.ravel().tolist()}]}).encode()
-
-        def one(_: int) -> int:
-            req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v2/models/resnet18/infer", data=body,
-                                         headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=60) as res:
-                out = json.loads(res.read())["outputs"][0]
-                assert out["shape"] == [1, 1000], out["shape"]
-                return res.status
-
-        with ThreadPoolExecutor(CLIENTS) as pool:
-            assert set(pool.map(one, range(REQUESTS))) == {200}, self.log()
+        _traffic(self.port, self.log)
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -132,6 +116,28 @@ class Server:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
         return self.proc.returncode
+
+
+def _traffic(port: int, log: Callable[[], str]) -> None:
+    """REQUESTS batch-1 inferences from CLIENTS threads: each answered 200 with 1000 logits (log: for the message)."""
+    import numpy as np
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/resnet18", timeout=30) as res:
+        spec = json.loads(res.read())["inputs"][0]                 # the plan's input: its name and type
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32)
+    body = json.dumps({"inputs": [{"name": spec["name"], "shape": [1, 3, 224, 224], "datatype": spec["datatype"],
+                                   "data": x.ravel().tolist()}]}).encode()
+
+    def one(_: int) -> int:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/resnet18/infer", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as res:
+            out = json.loads(res.read())["outputs"][0]
+            assert out["shape"] == [1, 1000], out["shape"]
+            return res.status
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        assert set(pool.map(one, range(REQUESTS))) == {200}, log()
 
 
 def _start_rounds(plan: Path, rounds: int, at_once: int, cold: bool) -> list[float]:
@@ -166,3 +172,34 @@ def test_servers_compiling_into_one_cold_cache_at_once_none_dies(plan, tmp_path)
     cold_plan = tmp_path / "plan"
     shutil.copytree(plan, cold_plan)
     assert len(_start_rounds(cold_plan, 3, 6, cold=True)) == 18
+
+
+@needs_gpu
+def test_starts_right_after_a_process_ran_the_plans_none_dies(tmp_path):
+    """The conditions of every recorded crash (bench/results/gpu/starts/README.md): a child process makes and times
+    the ResNet-50 and ResNet-18 plans (the serving bench's own prepare step), exits, and at once one ResNet-18
+    server starts with merging off (the crashed phase's arguments), ready-polled every 0.5 s by the bench's own
+    Server; HARNESS_STARTS times. Under the bench's steps (prepare, then one server after another) e63d613's
+    runtime died in 15 of 18 single-process starts; the tests above were never run on that runtime, so whether
+    they would catch it is not known. The servers run the runtime this process imports: the checkout's, or
+    another one put first on PYTHONPATH (conftest.py), which is how the README's next device run checks that
+    this test fails on e63d613's runtime."""
+    from bench.gpu.serving import Server, prepare  # the serving bench's steps, as they ran when servers died
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", "PYTHONFAULTHANDLER": "1",
+           "NGCX_RUNTIME_CACHE": str(tmp_path / "cache")}
+    env.pop("NGCX_RUNTIME_MPS", None)
+    for n in range(1, HARNESS_STARTS + 1):
+        plan18 = prepare(tmp_path, 0.5, env)["plans"]["resnet18"]["dir"]
+        log = tmp_path / f"server_{n}.log"
+        try:
+            server = Server([plan18, "--max-queue-delay-ms", "1", "--max-connections", "1024", "--max-batch", "1"],
+                            env, log)
+        except RuntimeError as exc:        # the bench's Server: "server exited CODE: <its log's tail>"
+            pytest.fail(f"start {n} of {HARNESS_STARTS}: {exc}")
+        try:
+            _traffic(server.port, lambda log=log: log.read_text()[-6000:])
+        finally:
+            server.stop()
+        assert server.proc.returncode == 0, f"start {n}: exit {server.proc.returncode}:\n{log.read_text()[-6000:]}"
+    print(f"{HARNESS_STARTS} starts, each right after a process ran the plans, none died")
