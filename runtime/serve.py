@@ -13,7 +13,8 @@ Start-up (the CLI): listen first (/v2/health/live 200 at once), then load: a MOD
 ($NGCX_RUNTIME_CACHE; built once, a cache hit on every later start), a --handler module:Class
 wraps it (handler.py); one warm-up inference runs; only then are /v2/health/ready and
 /v2/models/NAME/ready 200. A failed load is one line and exit 2 (for a repository: when no
-model loaded; otherwise one line per failed model, and the rest serve). SIGTERM / SIGINT: stop
+model loaded; otherwise one line per failed model, and the rest serve). Every load, at start-up or
+asked later, runs on threads that live as long as the process (loading.py says why). SIGTERM / SIGINT: stop
 accepting, finish in-flight requests (queued ones run at once), exit 0.
 
 Other transports and processes: `--grpc-port` serves the KServe v2 gRPC service on the same

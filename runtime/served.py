@@ -23,6 +23,7 @@ from .batching import Batcher, Stats
 from .engine import Engine, TensorSpec
 from .errors import RuntimeUserError
 from .layout import BatchLayout, prepare, run_warmup, warmup_feeds
+from .loading import LOADS
 from .metrics import ModelSample
 from .protocol import ProtocolError
 from .protocol import peer_text as _peer
@@ -395,7 +396,10 @@ class ModelTable:
     def load(self, name: str, override: ModelConfig | None = None) -> list[ServedModel]:
         """(Re)load a model from the repository: every version its policy selects, each warmed up.
         Raises RuntimeUserError (NotFound for an unknown model) with the reason; a failed reload
-        keeps the versions served before."""
+        keeps the versions served before. Runs on a load thread (loading.py says why)."""
+        return LOADS.run(self._load, name, override)
+
+    def _load(self, name: str, override: ModelConfig | None) -> list[ServedModel]:
         entry = self._entry(name)
         with entry.lock:
             if not entry.versions:

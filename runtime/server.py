@@ -33,6 +33,7 @@ from . import tls
 from .access import AccessConfig, Call, Category, Policy
 from .engine import Engine
 from .errors import RuntimeUserError
+from .loading import LOADS
 from .metrics import GpuGauges, MetricsServer
 from .routes import DEFAULT_MAX_CONNECTIONS, App
 from .served import ModelTable, ServedModel, ServeError, Settings, resolve_max_batch
@@ -269,7 +270,7 @@ def start_loading(loader: Callable[..., Engine], host: str = "127.0.0.1", port: 
             text = str(exc) if isinstance(exc, RuntimeUserError) else f"{type(exc).__name__}: {exc}"
             model.fail(" ".join(text.split()))
 
-    threading.Thread(target=load, name="ngcx-load", daemon=True).start()
+    LOADS.submit(load)
     return handle
 
 
@@ -292,7 +293,7 @@ def start_repository(root: str | Path, host: str = "127.0.0.1", port: int = 8000
                        backend=backend)
     handle = _listen(App(table, int(max_body_mb * 2**20), verbose, shared_memory, policy), host, port,
                      max_connections, metrics_port, grpc_port, reuse_port, transport)
-    threading.Thread(target=table.load_startup, args=(models,), name="ngcx-load", daemon=True).start()
+    LOADS.submit(table.load_startup, models)
     return handle
 
 

@@ -81,6 +81,31 @@ def test_ready_only_after_load_and_warm_up(tmp_path):
         handle.stop()
 
 
+
+def test_the_thread_that_loaded_and_warmed_up_a_model_lives_on_while_it_serves(tmp_path):
+    """torch keeps a compiled model's CUDA graphs in the loading thread's thread-local storage; that
+    thread ending while the batcher replayed them was the SIGSEGV at start of bench/results/gpu/starts/
+    (runtime/loading.py). The load and warm-up run on one thread, and it is still there after serving."""
+    model = models.mlp(tmp_path / "mlp.onnx")
+    loaders: list[threading.Thread] = []
+
+    def load():
+        loaders.append(threading.current_thread())
+        return SlowEngine(load_engine(model))
+
+    handle = start_loading(load, port=0, name="mlp")
+    try:
+        assert handle.wait_loaded(TIMEOUT) is True
+        x = models.sample_inputs("mlp", 1)["x"]
+        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 32], "data": x.ravel().tolist()}]}
+        assert requests.post(f"{handle.url}/v2/models/mlp/infer", json=body, timeout=TIMEOUT).status_code == 200
+        loader = loaders[0]
+        assert loader is not threading.main_thread() and loader.name.startswith("ngcx-load")
+        loader.join(timeout=0.5)                  # a thread that ends with its load is gone well before this
+        assert loader.is_alive(), "the thread that loaded the model ended while the model is served"
+    finally:
+        handle.stop()
+
 SLOW_HANDLER = '''
 import time
 import numpy as np

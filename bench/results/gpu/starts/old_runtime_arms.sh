@@ -10,8 +10,9 @@
 #            (tests whether the load thread's exit, with its thread-local state, is where it dies)
 # usage: bash .carry/oldrepro/old_runtime_arms.sh ARM [ARM ...]   (repository root; the folder from
 #        make_oldrepro.sh carried; $OUT from the device tool: arms.tgz lands there; ~150 s for the first
-#        invocation, ~80 s for each after it, none started after 430 s)
+#        invocation, ~80 s for each after it, none started after ARMS_UNTIL s, default 430)
 set -u
+UNTIL=${ARMS_UNTIL:-430}
 R=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd); W=/tmp/arms; mkdir -p $W; export PYTHONFAULTHANDLER=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 gcc -O1 -g -shared -fPIC -o /tmp/handler.so $R/segv_native.c -ldl
@@ -40,9 +41,9 @@ one() {  # $1 tag, $2 arm
      $W/$1.txt | tr '\n' ' ')| native lines $(cat $W/logs/$1/*.log 2>/dev/null | grep -c '^native ')"
 }
 round=1
-while [ $SECONDS -lt 430 ]; do
+while [ $SECONDS -lt $UNTIL ]; do
   for arm in "$@"; do
-    [ $SECONDS -lt 430 ] || break
+    [ $SECONDS -lt $UNTIL ] || break
     one ${arm}$round $arm
   done
   round=$((round + 1))

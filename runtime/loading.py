@@ -1,0 +1,77 @@
+"""The threads that load models: started once, alive as long as the server process.
+
+Why no load runs in a thread that ends: torch.compile(mode="reduce-overhead") keeps its CUDA-graph
+trees in the loading thread's C++ thread-local storage (torch 2.11 `_stash_obj_in_tls`, excerpt in
+bench/results/gpu/starts/torch_cudagraph_trees_tls.txt), and a thread's thread-local storage is torn
+down as the thread exits, while the batcher threads go on replaying those graphs. e63d613's ResNet-18
+servers loaded in a thread that returned once the model was ready; they died with SIGSEGV at that
+moment (no Python frame on the crashing thread, the load thread gone from the dump) in 4 of 4 runs of
+their harness, and in 0 of 4 with that thread kept waiting after its load (bench/results/gpu/starts/
+README.md, arms bare and park). So start-up loads and repository loads (asked over HTTP or gRPC, whose
+handler threads end with their connection) all run here.
+
+A handful of daemon threads by hand rather than concurrent.futures.ThreadPoolExecutor: the executor
+joins its workers at interpreter exit, so a server stopped during a long compile would wait for it.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+THREADS = 4     # loads of different models still run side by side, up to this many at once
+
+
+class LoadThreads:
+    """A fixed set of never-ending daemon threads, started at the first load."""
+
+    def __init__(self, size: int = THREADS):
+        self._size = size
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """Run fn(*args) on a load thread; the future holds its result or exception."""
+        self._start()
+        future: Future[T] = Future()
+        self._jobs.put((future, fn, args))
+        return future
+
+    def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run fn(*args) on a load thread and wait for it; a load thread's own call (a start-up load
+        of the repository) runs in place, since waiting on the queue from there could deadlock."""
+        if threading.current_thread() in self._threads:
+            return fn(*args)
+        return self.submit(fn, *args).result()
+
+    def _start(self) -> None:
+        with self._lock:
+            while len(self._threads) < self._size:
+                thread = threading.Thread(target=self._work, name=f"ngcx-load-{len(self._threads)}", daemon=True)
+                thread.start()
+                self._threads.append(thread)
+
+    def _work(self) -> None:
+        while True:
+            _run_one(*self._jobs.get())
+
+
+def _run_one(future: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """One job; its own frame, so the worker keeps no reference to a finished model or its error."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        result = fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller, who decides
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
+
+
+LOADS = LoadThreads()
