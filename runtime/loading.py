@@ -10,8 +10,10 @@ their harness, and in 0 of 4 with that thread kept waiting after its load (bench
 README.md, arms bare and park). So start-up loads and repository loads (asked over HTTP or gRPC, whose
 handler threads end with their connection) all run here.
 
-A handful of daemon threads by hand rather than concurrent.futures.ThreadPoolExecutor: the executor
-joins its workers at interpreter exit, so a server stopped during a long compile would wait for it.
+Daemon threads by hand rather than concurrent.futures.ThreadPoolExecutor: the executor joins its
+workers at interpreter exit, so a server stopped during a long compile would wait for it. A load
+never waits behind another (as when each had a thread of its own): a new thread starts whenever
+every one is busy, so a process keeps as many as the most loads it ever ran at once.
 """
 
 from __future__ import annotations
@@ -24,42 +26,41 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-THREADS = 4     # loads of different models still run side by side, up to this many at once
-
 
 class LoadThreads:
-    """A fixed set of never-ending daemon threads, started at the first load."""
+    """Never-ending daemon threads, one more whenever a load comes and every one is busy."""
 
-    def __init__(self, size: int = THREADS):
-        self._size = size
+    def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self._idle = 0          # threads waiting for a job, less the jobs already handed to them
         self._lock = threading.Lock()
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
-        """Run fn(*args) on a load thread; the future holds its result or exception."""
-        self._start()
+        """Run fn(*args) on a load thread at once; the future holds its result or exception."""
         future: Future[T] = Future()
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+            else:
+                thread = threading.Thread(target=self._work, name=f"ngcx-load-{len(self._threads)}", daemon=True)
+                self._threads.append(thread)
+                thread.start()
         self._jobs.put((future, fn, args))
         return future
 
     def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run fn(*args) on a load thread and wait for it; a load thread's own call (a start-up load
-        of the repository) runs in place, since waiting on the queue from there could deadlock."""
+        of the repository) runs in place."""
         if threading.current_thread() in self._threads:
             return fn(*args)
         return self.submit(fn, *args).result()
 
-    def _start(self) -> None:
-        with self._lock:
-            while len(self._threads) < self._size:
-                thread = threading.Thread(target=self._work, name=f"ngcx-load-{len(self._threads)}", daemon=True)
-                thread.start()
-                self._threads.append(thread)
-
     def _work(self) -> None:
         while True:
             _run_one(*self._jobs.get())
+            with self._lock:
+                self._idle += 1
 
 
 def _run_one(future: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
