@@ -42,9 +42,11 @@ class SlowEngine:
         self.precision, self.inputs, self.outputs, self.max_batch = (inner.precision, inner.inputs,
                                                                      inner.outputs, inner.max_batch)
         self.calls: list[tuple[int, ...]] = []
+        self.threads: list[threading.Thread] = []
 
     def infer(self, feeds):
         self.calls.append(feeds["x"].shape)
+        self.threads.append(threading.current_thread())
         return self.inner.infer(feeds)
 
 
@@ -81,17 +83,18 @@ def test_ready_only_after_load_and_warm_up(tmp_path):
         handle.stop()
 
 
-
 def test_the_thread_that_loaded_and_warmed_up_a_model_lives_on_while_it_serves(tmp_path):
     """torch keeps a compiled model's CUDA graphs in the loading thread's thread-local storage; that
     thread ending while the batcher replayed them was the SIGSEGV at start of bench/results/gpu/starts/
     (runtime/loading.py). The load and warm-up run on one thread, and it is still there after serving."""
     model = models.mlp(tmp_path / "mlp.onnx")
     loaders: list[threading.Thread] = []
+    engines: list[SlowEngine] = []
 
     def load():
         loaders.append(threading.current_thread())
-        return SlowEngine(load_engine(model))
+        engines.append(SlowEngine(load_engine(model)))
+        return engines[0]
 
     handle = start_loading(load, port=0, name="mlp")
     try:
@@ -101,10 +104,12 @@ def test_the_thread_that_loaded_and_warmed_up_a_model_lives_on_while_it_serves(t
         assert requests.post(f"{handle.url}/v2/models/mlp/infer", json=body, timeout=TIMEOUT).status_code == 200
         loader = loaders[0]
         assert loader is not threading.main_thread() and loader.name.startswith("ngcx-load")
+        assert engines[0].threads[:2] == [loader, loader], "the warm-up (where torch captures graphs) ran there too"
         loader.join(timeout=0.5)                  # a thread that ends with its load is gone well before this
         assert loader.is_alive(), "the thread that loaded the model ended while the model is served"
     finally:
         handle.stop()
+
 
 SLOW_HANDLER = '''
 import time
