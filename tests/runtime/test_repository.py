@@ -105,6 +105,34 @@ def server(repo):
     handle.stop()
 
 
+
+def test_a_model_loaded_over_http_loads_on_a_thread_that_outlives_the_connection(repo, monkeypatch):
+    """A repository load asked over HTTP ran in the connection's thread, which ends with the connection;
+    torch keeps a compiled model's CUDA graphs in the loading thread's storage, and that thread's end was
+    the SIGSEGV at start of bench/results/gpu/starts/ (runtime/loading.py). plan.load is the real one,
+    wrapped to note the thread it runs on."""
+    from ngcx_runtime import plan
+
+    loaders: list[threading.Thread] = []
+    real_load = plan.load
+
+    def noting_load(*args, **kwargs):
+        loaders.append(threading.current_thread())
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(plan, "load", noting_load)
+    handle = start_repository(repo, "127.0.0.1", 0, models=[], access=CONTROL)
+    try:
+        assert handle.wait_loaded(TIMEOUT) is False and not loaders, "nothing loads at start with models=[]"
+        reply = requests.post(f"{handle.url}/v2/repository/models/mlp/load", json={}, timeout=TIMEOUT,
+                              headers={**ADMIN, "Connection": "close"})
+        assert reply.status_code == 200, reply.text
+        assert len(loaders) == 2 and all(t.name.startswith("ngcx-load") for t in loaders), loaders
+        loaders[0].join(timeout=0.5)              # the connection's thread is gone well before this
+        assert loaders[0].is_alive(), "the thread that loaded the model ended with the request"
+    finally:
+        handle.stop()
+
 def states(client) -> dict[str, list]:
     out: dict[str, list] = {}
     for row in client.get_model_repository_index():
