@@ -198,14 +198,18 @@ def test_starts_right_after_a_process_ran_the_plans_none_dies(tmp_path):
     for n in range(1, HARNESS_STARTS + 1):
         plan18 = prepare(tmp_path, 0.5, env)["plans"]["resnet18"]["dir"]
         log = tmp_path / f"server_{n}.log"
+
+        def tail(log: Path = log) -> str:
+            return log.read_text()[-6000:]
+
         try:
             server = Server([plan18, "--max-queue-delay-ms", "1", "--max-connections", "1024", "--max-batch", "1"],
                             server_env, log)
         except RuntimeError as exc:        # the bench's Server: "server exited CODE: <its log's tail>"
             pytest.fail(f"start {n} of {HARNESS_STARTS}: {exc}")
         try:
-            _traffic(server.port, lambda log=log: log.read_text()[-6000:])
+            _traffic(server.port, tail)
         finally:
             server.stop()
-        assert server.proc.returncode == 0, f"start {n}: exit {server.proc.returncode}:\n{log.read_text()[-6000:]}"
+        assert server.proc.returncode == 0, f"start {n}: exit {server.proc.returncode}:\n{tail()}"
     print(f"{HARNESS_STARTS} starts, each right after a process ran the plans, none died")
