@@ -144,8 +144,9 @@ def _mixed_table(measurements: list[dict[str, Any]]) -> list[str]:
     out = ["| measurement | min | median | max | built from | note |", "|---|---|---|---|---|---|"]
     for m in measurements:
         w, u = m["wall"], m["unit"]
+        built = f"`{m['command']}`" if m["command"] else "-"
         out.append(f"| {m['name']} | {_with_unit(w['min'], u)} | **{_with_unit(w['median'], u)}** | "
-                   f"{_with_unit(w['max'], u)} | `{m['command']}` | {m['note']} |")
+                   f"{_with_unit(w['max'], u)} | {built} | {m['note']} |")
     return out
 
 

@@ -48,6 +48,8 @@ PEERS = {
     "rayserve": Peer("rayserve", ("ray[serve]",), False, "@serve.batch(max_batch_size, batch_wait_timeout_s)"),
 }
 
+SCRIPTS = {"kserve": "kserve_onnx.py", "litserve": "litserve_onnx.py", "rayserve": "rayserve_onnx.py"}  # servers/
+
 
 def _pins() -> list[str]:
     """The same onnxruntime and numpy versions as this interpreter's (the engine under every server)."""
@@ -97,8 +99,18 @@ def command(peer: Peer, model: Path, port: int, max_batch: int, delay_ms: float,
     if peer.name == "mlserver":
         folder = _mlserver_folder(model, port, max_batch, delay_ms, work)
         return [str(peer.venv() / "bin" / "mlserver"), "start", str(folder)]
-    script = {"kserve": "kserve_onnx.py", "litserve": "litserve_onnx.py", "rayserve": "rayserve_onnx.py"}[peer.name]
-    return [str(peer.python()), str(servers / script), str(model), str(port), str(max_batch), str(delay_ms)]
+    return [str(peer.python()), str(servers / SCRIPTS[peer.name]), str(model), str(port), str(max_batch), str(delay_ms)]
+
+
+def shown(peer: Peer, max_batch: int, delay_ms: float) -> str:
+    """`command`'s line as the report shows it: MODEL and PORT for the run's own, paths from the repo root."""
+    if peer.name == "ngcx":
+        return (f"python -m ngcx_runtime.serve MODEL --port PORT --host 127.0.0.1 --name model --max-batch {max_batch}"
+                f" --max-queue-delay-ms {delay_ms}")
+    if peer.name == "mlserver":
+        return (f"mlserver start FOLDER (model-settings.json: max_batch_size {max_batch}, "
+                f"max_batch_time {delay_ms / 1000.0})")
+    return f"python bench/serve_peers/servers/{SCRIPTS[peer.name]} MODEL PORT {max_batch} {delay_ms}"
 
 
 def _mlserver_folder(model: Path, port: int, max_batch: int, delay_ms: float, work: Path) -> Path:

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..core import ROOT, Measurement, Ratio, Stats, SuiteResult
 from ..serve_peers import load
-from ..serve_peers.peers import PEERS, Peer, command, ensure_venv, version
+from ..serve_peers.peers import PEERS, Peer, command, ensure_venv, shown, version
 
 CLIENTS = (1, 8, 32)
 SECONDS = 5.0
@@ -210,7 +210,8 @@ def _report(result: SuiteResult, rounds: list[dict[str, dict]], installed: list[
     for (peer, point, figure), values in sorted(series.items()):
         unit, better = units[figure]
         values = [v / 1e6 for v in values] if unit == "MB" else values
-        ms[(peer, point, figure)] = Measurement(f"{peer}: {point} {figure}", peer, unit, better, Stats.of(values))
+        ms[(peer, point, figure)] = Measurement(f"{peer}: {point} {figure}", peer, unit, better, Stats.of(values),
+                                                command=shown(PEERS[peer], MAX_BATCH, DELAY_MS))
     result.measurements = list(ms.values())
     ratios: list[tuple[str, Ratio]] = []
     for (peer, point, figure), m in ms.items():

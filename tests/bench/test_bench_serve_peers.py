@@ -59,6 +59,11 @@ def test_each_ratio_is_ngcx_over_the_best_peer_of_that_figure() -> None:
     assert ratios["mlp json c1 p50_ms: ngcx / kserve"].wall == pytest.approx(1.0 / 0.8, abs=1e-3)
     assert not ratios["mlp json c1 p50_ms: ngcx / kserve"].ngcx_wins
     assert ratios["mlp ready_s: ngcx / kserve"].wall == pytest.approx(0.25, abs=1e-3)
+    shown = {m.tool: m.command for m in result.measurements}       # the report's "built from" column
+    assert shown["ngcx"].startswith("python -m ngcx_runtime.serve MODEL") and "--max-batch 32" in shown["ngcx"]
+    assert shown["mlserver"].startswith("mlserver start FOLDER")
+    script = shown["kserve"].split()[1]
+    assert script.endswith("kserve_onnx.py") and (Path(serve_peers.ROOT) / script).is_file()
 
 
 def test_a_point_with_errors_is_left_out_of_the_figures() -> None:
