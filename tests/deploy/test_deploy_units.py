@@ -172,6 +172,27 @@ def test_phases_read_in_order_with_a_total():
     assert got == "api 0.2 s · pull 0.0 s · ready 2.0 s · total 2.2 s"
 
 
+def test_the_hosts_wait_for_its_engine_counts_as_boot_and_old_marks_still_split():
+    """A restarted host's dockerd starts with it; the host script waits for it (its first step, no command of its
+    own since vm.run dropped _wait_docker), so that wait is boot, not pull. Marks without `engine` (a host script
+    from before) split as they did."""
+    from ngcx.deploy.common import DeployRecord
+    from ngcx.deploy.vm import report_phases_with
+
+    marks = {"script": 100.0, "engine": 101.25, "pulled": 101.375, "started": 102.0}
+    record = DeployRecord(1, "aws", "img", "starting", 0.0, 0.0, phases={"api": 0.125, "boot": 16.5},
+                          spec={"marks": marks})
+    assert report_phases_with(None, record, 102.5) == {"api": 0.125, "boot": 17.75, "pull": 0.125, "start": 0.625,
+                                                        "ready": 0.5}
+    old = DeployRecord(2, "aws", "img", "starting", 0.0, 0.0, phases={"api": 0.125, "boot": 16.5},
+                       spec={"marks": {k: v for k, v in marks.items() if k != "engine"}})
+    split = report_phases_with(None, old, 102.5)
+    assert split["boot"] == 16.5 and split["pull"] == 1.375
+    script = render(HostJob(1, "r/i@sha256:" + "0" * 64, "r", "0", "auto", None), "command")
+    assert script.index("until docker info") < script.index("T_ENGINE=$(now)") < script.index("docker pull")
+    assert '"engine": %s' in script
+
+
 def test_a_missing_cloud_sdk_names_the_extra_to_install(no_env, monkeypatch):
     import sys
 
