@@ -2,7 +2,7 @@
 
 Why no load runs in a thread that ends: torch.compile(mode="reduce-overhead") keeps its CUDA-graph
 trees in the loading thread's C++ thread-local storage (torch 2.11 `_stash_obj_in_tls`, excerpt in
-bench/results/gpu/starts/torch_cudagraph_trees_tls.txt), and a thread's thread-local storage is torn
+bench/results/gpu/starts/preload_ab/torch_cudagraph_trees_tls.txt), and a thread's thread-local storage is torn
 down as the thread exits, while the batcher threads go on replaying those graphs. e63d613's ResNet-18
 servers loaded in a thread that returned once the model was ready; they died with SIGSEGV at that
 moment (no Python frame on the crashing thread, the load thread gone from the dump) in 4 of 4 runs of

@@ -105,7 +105,6 @@ def server(repo):
     handle.stop()
 
 
-
 def test_a_model_loaded_over_http_loads_on_a_thread_that_outlives_the_connection(repo, monkeypatch):
     """A repository load asked over HTTP ran in the connection's thread, which ends with the connection;
     torch keeps a compiled model's CUDA graphs in the loading thread's storage, and that thread's end was
@@ -132,6 +131,7 @@ def test_a_model_loaded_over_http_loads_on_a_thread_that_outlives_the_connection
         assert loaders[0].is_alive(), "the thread that loaded the model ended with the request"
     finally:
         handle.stop()
+
 
 def states(client) -> dict[str, list]:
     out: dict[str, list] = {}
