@@ -26,17 +26,18 @@ if TYPE_CHECKING:
 
 # Each module of commands/ exposes register(app: typer.Typer). Order = order in `ngcx --help`.
 COMMAND_MODULES = (
-    "init", "catalog", "render", "base", "build", "lock", "test", "push", "login", "run",
-    "deploy", "deployments", "hosts", "images", "dashboard", "doctor",
+    "init", "catalog", "render", "base", "build", "lock", "test", "push", "verify", "login", "run",
+    "sbom", "deploy", "deployments", "hosts", "images", "dashboard", "doctor",
 )
 
 # Command (or group) name as typed -> the module whose register() adds it. Static so that picking
 # the module costs no import; tests/commands/test_cli.py checks it against what every module registers.
 COMMAND_OWNERS = {
     "init": "init", "catalog": "catalog", "render": "render", "base": "base", "build": "build",
-    "lock": "lock", "test": "test", "push": "push", "login": "login", "logout": "login", "run": "run",
+    "lock": "lock", "test": "test", "push": "push", "verify": "verify", "login": "login", "logout": "login",
+    "run": "run",
     "deploy": "deploy", "deployments": "deployments", "hosts": "hosts", "images": "images", "dashboard": "dashboard",
-    "doctor": "doctor",
+    "doctor": "doctor", "sbom": "sbom",
 }
 
 def stage_modules(names: Iterable[str] | None = None) -> Iterator[tuple[str, ModuleType]]:

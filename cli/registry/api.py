@@ -77,28 +77,30 @@ def registry_base_url(host: str) -> str:
 
 def registry_get(host: str, path: str, *, creds: Credentials | None = None, method: str = "GET",
                  headers: dict[str, str] | None = None, scope: str | None = None,
-                 timeout: float = 10.0) -> Any:
+                 timeout: float = 10.0, data: bytes | None = None) -> Any:
     """One request to a registry's /v2 API, answering a Basic or Bearer challenge with `creds`.
 
+    `path` may also be a whole URL (an upload's Location header). `data` is the request body
+    (blob and manifest uploads; sent again when a challenge is answered).
     Returns the requests.Response (status codes are the caller's business); raises UserError
     when the registry cannot be reached at all.
     """
     import requests
 
-    url = registry_base_url(host) + path
+    url = path if path.startswith(("http://", "https://")) else registry_base_url(host) + path
     try:
-        resp = requests.request(method, url, headers=headers or {}, timeout=timeout)
+        resp = requests.request(method, url, headers=headers or {}, timeout=timeout, data=data)
         if resp.status_code != 401:
             return resp
         challenge = resp.headers.get("WWW-Authenticate", "")
         if challenge.lower().startswith("basic") and creds:
-            return requests.request(method, url, headers=headers or {}, timeout=timeout,
+            return requests.request(method, url, headers=headers or {}, timeout=timeout, data=data,
                                     auth=(creds.username, creds.password))
         if challenge.lower().startswith("bearer"):
             token = _bearer_token(challenge, creds, scope, timeout)
             if token:
                 merged = dict(headers or {}, Authorization=f"Bearer {token}")
-                return requests.request(method, url, headers=merged, timeout=timeout)
+                return requests.request(method, url, headers=merged, timeout=timeout, data=data)
         return resp
     except requests.RequestException as exc:
         raise UserError(f"registry {host} is not reachable at {registry_base_url(host)}: "
@@ -148,3 +150,77 @@ def manifest_digest(host: str, repository: str, tag: str, creds: Credentials | N
     import hashlib
 
     return "sha256:" + hashlib.sha256(resp.content).hexdigest()
+
+
+# --- the few calls signing needs (trust/): read a manifest or blob, upload a blob, put a manifest --------------
+# Why here and not in trust/: the auth dance and the HTTP-for-loopback rule above are the same for every /v2 call,
+# and the OCI distribution spec's monolithic upload (POST, then PUT ?digest=) is plain registry API.
+
+
+def get_manifest(host: str, repository: str, reference: str, creds: Credentials | None) -> tuple[bytes, str] | None:
+    """(raw manifest bytes, its digest) for repository:reference (a tag or a digest); None when absent (404)."""
+    import hashlib
+
+    resp = registry_get(host, f"/v2/{repository}/manifests/{reference}", creds=creds,
+                        headers={"Accept": MANIFEST_ACCEPT}, scope=f"repository:{repository}:pull")
+    if resp.status_code == 404:
+        return None
+    _expect(resp, 200, f"GET manifest {repository}:{reference}", host)
+    return resp.content, "sha256:" + hashlib.sha256(resp.content).hexdigest()
+
+
+def get_blob(host: str, repository: str, digest: str, creds: Credentials | None) -> bytes | None:
+    """The blob's bytes (None when absent); the caller checks them against `digest`."""
+    resp = registry_get(host, f"/v2/{repository}/blobs/{digest}", creds=creds, scope=f"repository:{repository}:pull")
+    if resp.status_code == 404:
+        return None
+    _expect(resp, 200, f"GET blob {digest[:19]} in {repository}", host)
+    return resp.content
+
+
+def put_blob(host: str, repository: str, data: bytes, creds: Credentials | None) -> str:
+    """Upload `data` as one blob (skipped when the registry has it); returns its digest."""
+    import hashlib
+
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    scope = f"repository:{repository}:pull,push"
+    if registry_get(host, f"/v2/{repository}/blobs/{digest}", creds=creds, method="HEAD",
+                    scope=scope).status_code == 200:
+        return digest
+    start = registry_get(host, f"/v2/{repository}/blobs/uploads/", creds=creds, method="POST", scope=scope,
+                         data=b"")
+    _expect(start, 202, f"start a blob upload to {repository}", host)
+    location = start.headers.get("Location", "")
+    if location.startswith("/"):
+        location = registry_base_url(host) + location
+    sep = "&" if "?" in location else "?"
+    done = registry_get(host, f"{location}{sep}digest={digest}", creds=creds, method="PUT", scope=scope, data=data,
+                        headers={"Content-Type": "application/octet-stream"})
+    _expect(done, 201, f"upload a blob to {repository}", host)
+    return digest
+
+
+def put_manifest(host: str, repository: str, tag: str, body: bytes, media_type: str,
+                 creds: Credentials | None) -> str:
+    """PUT a manifest under `tag`; returns the digest the registry stored it as."""
+    import hashlib
+
+    resp = registry_get(host, f"/v2/{repository}/manifests/{tag}", creds=creds, method="PUT", data=body,
+                        headers={"Content-Type": media_type}, scope=f"repository:{repository}:pull,push")
+    _expect(resp, 201, f"PUT manifest {repository}:{tag}", host)
+    return resp.headers.get("Docker-Content-Digest") or "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def _expect(resp: Any, status: int, what: str, host: str) -> None:
+    """One line naming the call and the registry's own error code when the answer is not `status`."""
+    if resp.status_code == status:
+        return
+    detail = ""
+    try:
+        errors = resp.json().get("errors") or []
+        detail = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors)[:200]
+    except ValueError:
+        detail = " ".join(resp.text.split())[:120]
+    hint = f"run: ngcx login {host}" if resp.status_code in (401, 403) else "see the registry's logs"
+    raise UserError(f"registry {host}: {what} answered HTTP {resp.status_code}" + (f" ({detail})" if detail else ""),
+                    hint=hint)

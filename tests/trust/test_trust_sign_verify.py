@@ -1,0 +1,187 @@
+"""`ngcx push` signs what it pushed and `ngcx verify` accepts exactly that image, refusing every tampering in one line.
+
+Real engine, real loopback registry (127.0.0.1:5000), real `ngcx` processes; the tampering is done as an attacker
+with push access would, through the registry's own HTTP API (trust_images.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import stat
+
+import pytest
+from trust_images import get_blob, get_manifest, push, put_blob, put_manifest, remove_images, split, tiny_image
+
+from support import run_ngcx
+
+pytestmark = pytest.mark.docker
+
+SLSA = "https://slsa.dev/provenance/v1"
+
+
+@pytest.fixture
+def namespace(registry) -> str:
+    return f"{registry}/ngcx-trust-{secrets.token_hex(4)}"
+
+
+@pytest.fixture
+def images(docker_client):
+    made: list[str] = []
+
+    def make(repository: str | None = None, tag: str = "v1") -> str:
+        ref = tiny_image(docker_client, repository or f"ngcx-trust/tiny{secrets.token_hex(3)}", tag)
+        made.append(ref)
+        return ref
+
+    yield make
+    remove_images(docker_client, *made)
+
+
+def _refused(proc, *words: str) -> str:
+    """The one stderr line of a refused verify (exit 1), which must name what failed."""
+    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def test_push_signs_by_default_and_verify_accepts(images, namespace, isolated_state):
+    remote, digest = push(images(), namespace)
+    key = isolated_state["state"] / "signing" / "cosign.key"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert (key.parent / "cosign.pub").read_bytes().startswith(b"-----BEGIN PUBLIC KEY-----")
+
+    proc = run_ngcx("verify", remote)
+    assert proc.returncode == 0, proc.stderr
+    assert digest in proc.stdout and "signed by key" in proc.stdout and "SLSA provenance" in proc.stdout
+
+    as_json = run_ngcx("verify", remote, "--key", str(key.parent / "cosign.pub"), "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    verdict = json.loads(as_json.stdout)
+    assert verdict["ok"] is True and verdict["digest"] == digest and SLSA in verdict["attestations"]
+    by_digest = run_ngcx("verify", f"{remote.rsplit(':', 1)[0]}@{digest}")
+    assert by_digest.returncode == 0, by_digest.stderr
+
+
+def test_private_key_never_leaves_its_file(images, namespace, isolated_state):
+    local = images()
+    proc = run_ngcx("push", local, "--registry", namespace)
+    assert proc.returncode == 0, proc.stderr
+    remote, _, digest = proc.stdout.strip().splitlines()[-1].partition("@")
+    private = (isolated_state["state"] / "signing" / "cosign.key").read_text()
+    secret_body = "".join(line for line in private.splitlines() if not line.startswith("-----"))
+    host, repo, _tag = split(remote)
+    stored = b""
+    for tag in (digest.replace(":", "-") + ".sig", digest.replace(":", "-") + ".att"):
+        manifest = get_manifest(host, repo, tag)
+        stored += json.dumps(manifest).encode()
+        for descriptor in [manifest["config"], *manifest["layers"]]:
+            stored += get_blob(host, repo, descriptor["digest"])
+    for text in (proc.stdout, proc.stderr, stored.decode(errors="replace")):
+        assert secret_body[:40] not in text and "PRIVATE KEY" not in text
+
+
+def test_another_image_pushed_under_the_signed_tag_is_refused(images, namespace, isolated_state):
+    local = images()
+    remote, _ = push(local, namespace)
+    repository, tag = local.rsplit(":", 1)
+    again = images(repository, tag)  # another image under the same local name, pushed without signing
+    assert again == local
+    replaced, other_digest = push(again, namespace, "--no-sign")
+    assert replaced == remote
+
+    _refused(run_ngcx("verify", remote), "no signature", other_digest)
+
+
+def test_signature_replaced_by_another_key_is_refused(images, namespace, isolated_state):
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    remote, digest = push(images(), namespace)
+    host, repo, _ = split(remote)
+    sig_tag = digest.replace(":", "-") + ".sig"
+    manifest = get_manifest(host, repo, sig_tag)
+    layer = manifest["layers"][0]
+    payload = get_blob(host, repo, layer["digest"])
+    forged = ec.generate_private_key(ec.SECP256R1()).sign(payload, ec.ECDSA(hashes.SHA256()))
+    layer["annotations"]["dev.cosignproject.cosign/signature"] = base64.b64encode(forged).decode()
+    put_manifest(host, repo, sig_tag, manifest)
+
+    _refused(run_ngcx("verify", remote), "signature does not match key")
+
+
+def test_signature_of_another_digest_is_refused(images, namespace, isolated_state):
+    signed, signed_digest = push(images(), namespace)
+    unsigned, unsigned_digest = push(images(), namespace, "--no-sign")
+    host, signed_repo, _ = split(signed)
+    _, repo, _ = split(unsigned)
+    manifest = get_manifest(host, signed_repo, signed_digest.replace(":", "-") + ".sig")
+    for descriptor in [manifest["config"], *manifest["layers"]]:
+        put_blob(host, repo, get_blob(host, signed_repo, descriptor["digest"]))
+    put_manifest(host, repo, unsigned_digest.replace(":", "-") + ".sig", manifest)
+
+    _refused(run_ngcx("verify", unsigned), "signed digest differs", signed_digest, unsigned_digest)
+
+
+def test_edited_provenance_is_refused(images, namespace, isolated_state):
+    remote, digest = push(images(), namespace)
+    host, repo, _ = split(remote)
+    att_tag = digest.replace(":", "-") + ".att"
+    manifest = get_manifest(host, repo, att_tag)
+    layer = next(d for d in manifest["layers"] if d["annotations"]["predicateType"] == SLSA)
+    envelope = json.loads(get_blob(host, repo, layer["digest"]))
+    statement = json.loads(base64.b64decode(envelope["payload"]))
+    statement["predicate"]["runDetails"]["builder"]["id"] = "https://evil.example/builder"
+    envelope["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+    edited = json.dumps(envelope).encode()
+    layer["digest"], layer["size"] = put_blob(host, repo, edited), len(edited)
+    put_manifest(host, repo, att_tag, manifest)
+
+    _refused(run_ngcx("verify", remote), "attestation edited", SLSA)
+
+
+def test_unsigned_image_and_wrong_key_are_refused(images, namespace, isolated_state, tmp_path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    unsigned, digest = push(images(), namespace, "--no-sign")
+    run_ngcx("push", images(), "--registry", namespace)  # makes this machine's key
+    _refused(run_ngcx("verify", unsigned), "no signature", digest)
+
+    signed, _ = push(images(), namespace)
+    other = tmp_path / "other.pub"
+    other.write_bytes(ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    _refused(run_ngcx("verify", signed, "--key", str(other)), "signature does not match key")
+
+
+def test_bad_input_is_one_line_exit_2(isolated_state, tmp_path, registry):
+    not_a_key = tmp_path / "key.pem"
+    not_a_key.write_text("hello\n")
+    cases = [("verify", "ngcx/local-only:tag"), ("verify", f"{registry}/x@sha256:1234"),
+             ("verify", f"{registry}/x:tag", "--key", str(not_a_key)),
+             ("verify", f"{registry}/x:tag", "--key", str(tmp_path / "absent.pub")),
+             ("verify", f"{registry}/x:tag")]  # no --key and no key made on this machine yet
+    for args in cases:
+        proc = run_ngcx(*args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_push_with_a_bad_key_uploads_nothing(images, namespace, isolated_state, tmp_path):
+    bad = tmp_path / "rsa.pem"
+    bad.write_text("-----BEGIN PRIVATE KEY-----\nnot really\n-----END PRIVATE KEY-----\n")
+    local = images()
+    proc = run_ngcx("push", local, "--registry", namespace, "--key", str(bad))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert str(bad) in proc.stderr and "not really" not in proc.stderr
+    name, tag = local.split("/", 1)[1].split(":")
+    host, _, ns = namespace.partition("/")
+    import requests
+
+    assert requests.head(f"http://{host}/v2/{ns}/{name}/manifests/{tag}", timeout=10).status_code == 404
