@@ -147,9 +147,17 @@ def _read(path: Path) -> bytes:
 AWS_URI = re.compile(r"awskms://(?P<endpoint>[^/]*)/(?P<key>.+)")
 
 
+KMS_RAW_LIMIT = 4096  # bytes: KMS Sign takes a RAW message up to this size (AWS KMS API reference, Sign)
+
+
 class AwsKmsSigner:
-    """An AWS KMS ECC_NIST_P256 key: KMS Sign with ECDSA_SHA_256 over the SHA-256 digest (MessageType DIGEST,
-    so payloads of any size sign; the private key never leaves KMS)."""
+    """An AWS KMS ECC_NIST_P256 key, signing with ECDSA_SHA_256; the private key never leaves KMS.
+
+    Messages up to 4096 bytes (every simple-signing payload, a provenance statement) go as MessageType RAW and KMS
+    hashes them; larger ones (an SBOM attestation's PAE) as their SHA-256 with MessageType DIGEST, which gives the
+    same signature on AWS. moto (the tests' KMS) ignores MessageType and would hash a DIGEST again, so only the RAW
+    path is checked against it.
+    """
 
     def __init__(self, uri: str) -> None:
         match = AWS_URI.fullmatch(uri)
@@ -177,19 +185,32 @@ class AwsKmsSigner:
         return self._api.call("kms", operation, **params)
 
     def sign(self, data: bytes) -> bytes:
-        answer = self._call("sign", KeyId=self.key_id, Message=hashlib.sha256(data).digest(), MessageType="DIGEST",
-                            SigningAlgorithm="ECDSA_SHA_256", idempotent=True)
+        raw = len(data) <= KMS_RAW_LIMIT
+        answer = self._call("sign", KeyId=self.key_id, Message=data if raw else hashlib.sha256(data).digest(),
+                            MessageType="RAW" if raw else "DIGEST", SigningAlgorithm="ECDSA_SHA_256")
         return answer["Signature"]
 
     def public_pem(self) -> bytes:
         if self._public is None:
             answer = self._call("get_public_key", KeyId=self.key_id)
-            if answer.get("KeySpec") not in ("ECC_NIST_P256", None):
-                raise UserError(f"key {self.label} is {answer.get('KeySpec')}, not ECC_NIST_P256 (cosign's scheme)",
+            spec = answer.get("KeySpec") or answer.get("CustomerMasterKeySpec")
+            if spec != "ECC_NIST_P256" or not _is_p256(answer["PublicKey"]):
+                raise UserError(f"key {self.label} is {spec}, not ECC_NIST_P256 (cosign's scheme)",
                                 hint="create it with: aws kms create-key --key-spec ECC_NIST_P256 "
                                      "--key-usage SIGN_VERIFY")
             self._public = pem_from_der(answer["PublicKey"])
         return self._public
+
+
+def _is_p256(der: bytes) -> bool:
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_der_public_key
+
+    try:
+        key = load_der_public_key(der)
+    except ValueError:
+        return False
+    return isinstance(key, ec.EllipticCurvePublicKey) and key.curve.name == "secp256r1"
 
 
 # ------------------------------------------------------------------------------------------------ choosing
