@@ -29,14 +29,19 @@ class SbomResult:
     total_s: float          # collect + write + validate
 
 
-def make_sbom(ref: str, fmt: Format = "cyclonedx") -> dict[str, Any]:
+def make_sbom(ref: str, fmt: Format = "cyclonedx", *, digest: str | None = None) -> dict[str, Any]:
     """The SBOM of image `ref` as a JSON-ready dict: CycloneDX 1.6 (validated against its schema) or SPDX 2.3.
-    UserError (one line, exit 2) when the engine is down or the image is not there."""
-    return build_sbom(ref, fmt).document
+    `digest`: the manifest digest the SBOM is about (push passes the digest it pushed and signs); by default
+    the engine's repository digest for `ref`, else the image ID. UserError (one line, exit 2) when the engine
+    is down or the image is not there."""
+    return build_sbom(ref, fmt, digest=digest).document
 
 
-def build_sbom(ref: str, fmt: Format = "cyclonedx", variant: str = "runtime") -> SbomResult:
+def build_sbom(ref: str, fmt: Format = "cyclonedx", variant: str = "runtime", *,
+               digest: str | None = None) -> SbomResult:
     """make_sbom with its timings: collect_s for the container run, total_s for everything."""
+    from dataclasses import replace
+
     from .sbom_collect import collect
 
     if fmt not in FORMATS:
@@ -46,6 +51,12 @@ def build_sbom(ref: str, fmt: Format = "cyclonedx", variant: str = "runtime") ->
     started = time.monotonic()
     local = resolve(ref, variant)
     inv = collect(local)
+    if digest:
+        if not digest.startswith("sha256:") or len(digest) != 71:
+            from ..core.errors import UserError
+
+            raise UserError(f"not an image digest: {digest!r}", hint="give sha256: and 64 hex digits")
+        inv = replace(inv, image=replace(inv.image, subject=digest))
     if fmt == "spdx":
         from .sbom_spdx import spdx
 

@@ -70,13 +70,17 @@ class ImageRef:
     tag: str | None
     image_id: str               # sha256:... of the image config (what the local engine keys it by)
     repo_digests: tuple[str, ...]  # name@sha256:... manifest digests, once pushed or pulled
+    subject: str | None = None  # the digest a caller names (the one `ngcx push` just pushed and signs)
 
     @property
     def digest(self) -> str:
-        """The manifest digest of this image's repository when the engine knows one, else the image ID.
-        A signature (cosign) names the manifest digest; a local build has only its config digest until a push."""
+        """The digest the SBOM is about: the caller's, else the manifest digest of this image's own repository
+        when the engine knows one, else the image ID. A signature (cosign) names the manifest digest; a local build has
+        only its config digest until a push."""
+        if self.subject:
+            return self.subject
         own = [d.split("@", 1)[1] for d in self.repo_digests if d.split("@", 1)[0] == self.name]
-        return own[0] if own else (self.repo_digests[0].split("@", 1)[1] if self.repo_digests else self.image_id)
+        return own[0] if own else self.image_id   # another repository's digest may be of another manifest
 
 
 @dataclass(frozen=True)
