@@ -145,11 +145,16 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser, world) -> Iterator[Any]:
+    """A tab past the token; no page it visits may log a console error (issue 46: /favicon.ico was a 404)."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     tab = context.new_page()
+    errors: list[str] = []
+    tab.on("console", lambda msg: errors.append(f"{tab.url}: {msg.text}") if msg.type == "error" else None)
+    tab.on("pageerror", lambda exc: errors.append(f"{tab.url}: {exc}"))
     tab.goto(world["dash"].url)                     # the printed URL: the token becomes a cookie
     yield tab
     context.close()
+    assert not errors, errors
 
 
 def row(tab: Any, record_id: int) -> Any:
