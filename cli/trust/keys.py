@@ -11,7 +11,8 @@ errors name the file, never its content.
 
 Key specs as users type them (--key): a path (a PEM private key to sign; a PEM public key, or a private key, to
 verify), or `awskms:///alias/NAME`, `awskms:///KEY-ID`, `awskms:///arn:aws:kms:...`, `awskms://ENDPOINT/ID`
-(cosign's own KMS URI form). Alibaba Cloud KMS is not implemented yet.
+(cosign's own KMS URI form), or `aliyunkms://REGION/KEY-ID` / `aliyunkms://REGION/alias/NAME` (Alibaba Cloud
+KMS; cosign has no provider for it, so its users verify with the exported public key).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ..core.errors import UserError
 
 KEY_FILE, PUB_FILE = "cosign.key", "cosign.pub"
 AWS_PREFIX = "awskms://"
-KEY_HINT = "pass --key PATH (a PEM EC P-256 key) or --key awskms:///alias/NAME"
+KEY_HINT = "pass --key PATH (a PEM EC P-256 key), awskms:///alias/NAME or aliyunkms://REGION/alias/NAME"
 
 
 class Signer(Protocol):
@@ -213,6 +214,71 @@ def _is_p256(der: bytes) -> bool:
     return isinstance(key, ec.EllipticCurvePublicKey) and key.curve.name == "secp256r1"
 
 
+# ------------------------------------------------------------------------------------------------ Alibaba Cloud KMS
+
+ALIYUN_PREFIX = "aliyunkms://"
+ALIYUN_URI = re.compile(r"aliyunkms://(?P<region>[a-z0-9-]+)/(?P<key>[A-Za-z0-9/_-]+)")
+ALIYUN_KMS_VERSION = "2016-01-20"
+
+
+class AliyunKmsSigner:
+    """An Alibaba Cloud KMS EC_P256 key (KeyUsage SIGN/VERIFY): `aliyunkms://REGION/KEY-ID` or
+    `aliyunkms://REGION/alias/NAME`. KMS 2016-01-20 AsymmetricSign takes the SHA-256 digest (base64) with
+    Algorithm ECDSA_SHA_256 and answers the DER signature (base64 Value); GetPublicKey answers PEM. Both need
+    a key version: the key's PrimaryKeyVersion (DescribeKey). Calls go through clouds/aliyun.py's client
+    (credentials, NGCX_ALIYUN_ECS_ENDPOINT, retries); cosign has no Alibaba KMS provider, so a cosign user
+    verifies such a signature with the exported public key (`--key cosign.pub`)."""
+
+    def __init__(self, uri: str) -> None:
+        match = ALIYUN_URI.fullmatch(uri)
+        if not match:
+            raise UserError(f"key {uri!r} is not aliyunkms://REGION/KEY-ID or aliyunkms://REGION/alias/NAME",
+                            hint=KEY_HINT)
+        self.label, self.region, self.key_id = uri, match["region"], match["key"]
+        self._api = None
+        self._version: str | None = None
+        self._public: bytes | None = None
+
+    def _call(self, action: str, **params: str) -> dict:
+        from ..clouds.aliyun import Api, _rpc
+
+        if self._api is None:
+            self._api = Api(self.region)
+        domain = f"kms.{self.region}.aliyuncs.com"
+        return self._api._call(action, lambda: _rpc(domain, ALIYUN_KMS_VERSION, "Kms", action, params), retry=True,
+                               service="kms")
+
+    def _key_version(self) -> str:
+        if self._version is None:
+            meta = self._call("DescribeKey", KeyId=self.key_id).get("KeyMetadata") or {}
+            if meta.get("KeySpec") != "EC_P256" or meta.get("KeyUsage") != "SIGN/VERIFY":
+                raise UserError(f"key {self.label} is {meta.get('KeySpec')} for {meta.get('KeyUsage')}, not EC_P256 "
+                                "for SIGN/VERIFY (cosign's scheme)",
+                                hint="create it with: aliyun kms CreateKey --KeySpec EC_P256 --KeyUsage SIGN/VERIFY")
+            self._version = str(meta.get("PrimaryKeyVersion") or "")
+        return self._version
+
+    def sign(self, data: bytes) -> bytes:
+        digest = base64.b64encode(hashlib.sha256(data).digest()).decode()
+        answer = self._call("AsymmetricSign", KeyId=self.key_id, KeyVersionId=self._key_version(),
+                            Algorithm="ECDSA_SHA_256", Digest=digest)
+        return base64.b64decode(answer["Value"])
+
+    def public_pem(self) -> bytes:
+        if self._public is None:
+            answer = self._call("GetPublicKey", KeyId=self.key_id, KeyVersionId=self._key_version())
+            pem = str(answer.get("PublicKey") or "").encode()
+            body = b"".join(line for line in pem.strip().splitlines() if not line.startswith(b"-----"))
+            try:
+                der = base64.b64decode(body, validate=True)
+            except ValueError:
+                der = b""
+            if not _is_p256(der):
+                raise UserError(f"key {self.label}: KMS did not answer an EC P-256 public key", hint=KEY_HINT)
+            self._public = pem_from_der(der)
+        return self._public
+
+
 # ------------------------------------------------------------------------------------------------ choosing
 
 
@@ -220,15 +286,18 @@ def signer_for(key: str | None) -> Signer:
     """The signer for --key: None -> ngcx's own key (made on first use), awskms://... -> KMS, else a PEM file."""
     if key and key.startswith(AWS_PREFIX):
         return AwsKmsSigner(key)
-    if key and key.split("://", 1)[0] in ("aliyunkms", "gcpkms", "azurekms", "hashivault", "k8s"):
-        raise UserError(f"key {key!r}: only local PEM keys and awskms:// are supported so far", hint=KEY_HINT)
+    if key and key.startswith(ALIYUN_PREFIX):
+        return AliyunKmsSigner(key)
+    if key and key.split("://", 1)[0] in ("gcpkms", "azurekms", "hashivault", "k8s"):
+        raise UserError(f"key {key!r}: only PEM keys, awskms:// and aliyunkms:// are supported so far",
+                        hint=KEY_HINT)
     return FileSigner(Path(key).expanduser() if key else ensure_default_key())
 
 
 def public_key_for(key: str | None) -> bytes:
     """The PEM public key that verifies: --key's (a public or private PEM file, or awskms://), else ngcx's own."""
-    if key and key.startswith(AWS_PREFIX):
-        return AwsKmsSigner(key).public_pem()
+    if key and key.startswith((AWS_PREFIX, ALIYUN_PREFIX)):
+        return signer_for(key).public_pem()
     if key is None:
         path = default_key_path().with_name(PUB_FILE)
         if not path.is_file():

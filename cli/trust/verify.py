@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..core.errors import UserError
+from ..registry.credentials import Credentials
 from .attest import CYCLONEDX, DSSE_LAYER, INTOTO_PAYLOAD, SLSA_PROVENANCE, pae
 from .keys import fingerprint, public_key_for
 from .ociref import ImageRef, Repo, att_tag, parse_ref, sig_tag
@@ -63,15 +64,17 @@ class Refused(UserError):
 
 
 def verify(ref: str, key: str | None = None, *, require: tuple[str, ...] = (SLSA_PROVENANCE,),
-           public_pem: bytes | None = None, repo: Repo | None = None) -> Verdict:
+           public_pem: bytes | None = None, creds: Credentials | None = None) -> Verdict:
     """Check `ref` (HOST/REPO[:TAG|@DIGEST]) against `key` (a PEM path or awskms://; None: ngcx's own public key,
-    or `public_pem` given directly). A malformed ref or an unreadable key is a UserError; a failed check is a
-    Verdict with ok=False."""
+    or `public_pem` given directly). `creds`: registry credentials when the caller has them (an ECR/ACR token);
+    else stored ones are read if the registry asks. `require`: predicate types that must be attested (every
+    attestation present is checked either way). A malformed ref or an unreadable key is a UserError; a failed
+    check is a Verdict with ok=False."""
     started = time.perf_counter()
     parsed = parse_ref(ref)
     pem = public_pem if public_pem is not None else public_key_for(key)
     public = _load_public(pem)
-    repo = repo or Repo.of(parsed)
+    repo = Repo.of(parsed, creds)
     verdict = _check(parsed, repo, public, fingerprint(pem), require)
     return replace(verdict, seconds=time.perf_counter() - started)
 

@@ -91,3 +91,56 @@ def test_kms_key_of_the_wrong_kind_is_one_line_before_the_push(docker_client, re
         assert "Pushed" not in proc.stderr
     finally:
         remove_images(docker_client, local)
+
+
+# --- Alibaba Cloud KMS: the real aliyun-python-sdk-core against the KMS emulator (aliyun_kms.py) ---------------
+
+ALIYUN_AK, ALIYUN_SECRET, ALIYUN_REGION = "LTAI5tNgcxTrustTest", "trust-test-secret-value", "cn-hangzhou"
+
+
+@pytest.fixture(scope="module")
+def aliyun_kms():
+    from aliyun_kms import KmsService
+
+    with KmsService({ALIYUN_AK: ALIYUN_SECRET}, ALIYUN_REGION) as service:
+        env = {"NGCX_ALIYUN_ECS_ENDPOINT": service.endpoint, "ALIBABA_CLOUD_ACCESS_KEY_ID": ALIYUN_AK,
+               "ALIBABA_CLOUD_ACCESS_KEY_SECRET": ALIYUN_SECRET}
+        yield service, env
+
+
+def _aliyun_key(service, spec: str = "EC_P256") -> str:
+    key = service._create_key({"KeySpec": spec, "KeyUsage": "SIGN/VERIFY"})["KeyMetadata"]
+    alias = f"alias/ngcx-test-{secrets.token_hex(4)}"
+    service._create_alias({"AliasName": alias, "KeyId": key["KeyId"]})
+    return f"aliyunkms://{ALIYUN_REGION}/{alias}"
+
+
+def test_aliyun_kms_key_signs_and_verifies(docker_client, registry, isolated_state, aliyun_kms, tmp_path):
+    service, env = aliyun_kms
+    uri = _aliyun_key(service)
+    local = tiny_image(docker_client, f"ngcx-trust/akms{secrets.token_hex(3)}", "v1")
+    try:
+        remote, _digest = push(local, f"{registry}/ngcx-trust-{secrets.token_hex(4)}", "--key", uri, env=env)
+        assert not (isolated_state["state"] / "signing" / "cosign.key").exists()
+        assert any(action == "AsymmetricSign" for action, _params in service.calls)
+
+        by_kms = run_ngcx("verify", remote, "--key", uri, env=env)
+        assert by_kms.returncode == 0, by_kms.stderr
+        refused = run_ngcx("verify", remote, "--key", _aliyun_key(service), env=env)
+        assert refused.returncode == 1 and "signature does not match key" in refused.stderr, refused.stderr
+        for proc in (by_kms, refused):
+            assert ALIYUN_SECRET not in proc.stdout + proc.stderr
+    finally:
+        remove_images(docker_client, local)
+
+
+def test_aliyun_kms_rsa_key_is_refused_in_one_line(docker_client, registry, isolated_state, aliyun_kms):
+    service, env = aliyun_kms
+    local = tiny_image(docker_client, f"ngcx-trust/akms{secrets.token_hex(3)}", "v1")
+    try:
+        proc = run_ngcx("push", local, "--registry", f"{registry}/ngcx-trust-{secrets.token_hex(4)}", "--key",
+                        _aliyun_key(service, "RSA_2048"), env=env)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "EC_P256" in proc.stderr and "Pushed" not in proc.stderr
+    finally:
+        remove_images(docker_client, local)
