@@ -48,19 +48,33 @@ from __future__ import annotations
 import re
 import secrets
 import shutil
-import string
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .aliyun_rpc import Action, ApiError, as_bool, as_int, indexed, iso_now, missing, repeated, required
-from .balancer_plane import BalancerPlane, HealthCheck, Target, loopback_address, release_loopback
-from .balancer_plane import Listener as PlaneListener
+from .aliyun_alb_params import (
+    HEALTH_DEFAULTS,
+    bad,
+    choice,
+    drain_config,
+    health_config,
+    illegal,
+    job,
+    new_id,
+    not_found,
+    paged,
+    parse_tags,
+    tag_view,
+    tags_match,
+)
+from .aliyun_rpc import Action, as_bool, as_int, indexed, iso_now, missing, repeated, required
+from .balancer_config import HealthCheck, Target
+from .balancer_config import Listener as PlaneListener
+from .balancer_plane import BalancerPlane, loopback_address, release_loopback
 
 ALB_VERSION = "2020-06-16"
 # Actions whose ClientToken makes a retry safe (same token + same params -> the first answer).
@@ -70,12 +84,6 @@ ALB_IDEMPOTENT = frozenset({
     "CreateListener", "DeleteListener"})
 # Actions that ask haproxy while answering, so they must not hold the emulator's lock meanwhile.
 ALB_UNLOCKED = frozenset({"GetListenerHealthStatus"})
-HEALTH_CODES = ("http_2xx", "http_3xx", "http_4xx", "http_5xx")
-HEALTH_INTS = {"HealthCheckInterval": (1, 50), "HealthCheckTimeout": (1, 300), "HealthyThreshold": (2, 10),
-               "UnhealthyThreshold": (2, 10)}
-HEALTH_DEFAULTS = {"HealthCheckEnabled": True, "HealthCheckPath": "/", "HealthCheckProtocol": "HTTP",
-                   "HealthCheckMethod": "GET", "HealthCheckInterval": 2, "HealthCheckTimeout": 5, "HealthyThreshold": 3,
-                   "UnhealthyThreshold": 3, "HealthCheckCodes": ["http_2xx"], "HealthCheckHttpVersion": "HTTP1.1"}
 KINDS = {"loadbalancer": "LoadBalancer", "servergroup": "ServerGroup", "listener": "Listener"}
 FORWARD = "DefaultActions.1.ForwardGroupConfig.ServerGroupTuples.1.ServerGroupId"
 FIXED = {"ResourceGroupId": "rg-emulated"}        # fields every view of that kind shows as they are
@@ -84,83 +92,6 @@ LB_FIXED = {**FIXED, "LoadBalancerBussinessStatus": "Normal", "AddressAllocatedM
             "LoadBalancerOperationLocks": []}
 GROUP_FIXED = {**FIXED, "Scheduler": "Wrr", "StickySessionConfig": {"StickySessionEnabled": False}}
 LISTENER_FIXED = {"IdleTimeout": 15, "RequestTimeout": 60, "GzipEnabled": True}
-
-
-def _new_id(prefix: str) -> str:
-    return prefix + "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(18))
-
-
-def _job(**fields: str) -> dict[str, str]:
-    return {**fields, "JobId": str(uuid.uuid4())}
-
-
-def illegal(name: str, why: str = "") -> ApiError:
-    return bad(f"IllegalParam.{name}", f"The param of {name} is illegal. {why}".rstrip())
-
-
-def bad(code: str, message: str) -> ApiError:
-    return ApiError(400, code, message)
-
-
-def not_found(kind: str, resource_id: str) -> ApiError:
-    return ApiError(404, f"ResourceNotFound.{kind}", f"The specified resource {kind} [{resource_id}] is not found.")
-
-
-def _choice(params: Mapping[str, str], name: str, allowed: tuple[str, ...], default: str = "") -> str:
-    value = params.get(name) or default
-    if value not in allowed:
-        raise missing(name) if not value else illegal(name, f"Expected one of {', '.join(allowed)}.")
-    return value
-
-
-def _paged(items: list[Any], params: Mapping[str, str], key: str) -> dict[str, Any]:
-    """NextToken/MaxResults paging (1..100, default 20); the token is the offset of the next page."""
-    size, token = as_int(params, "MaxResults", 20, 1, 100), params.get("NextToken", "")
-    if token and not token.isdigit():
-        raise illegal("NextToken")
-    start, end = int(token or 0), int(token or 0) + size
-    return {key: items[start:end], "MaxResults": size, "TotalCount": len(items),
-            "NextToken": str(end) if end < len(items) else ""}
-
-
-def parse_tags(params: Mapping[str, str]) -> dict[str, str]:
-    tags = {tag.get("Key", ""): tag.get("Value", "") for tag in indexed(params, "Tag")}
-    if any(not key or len(key) > 128 or key.startswith(("aliyun", "acs:")) or "://" in key for key in tags):
-        raise illegal("Tag.Key", "At most 128 characters, not starting with aliyun or acs:.")
-    if len(tags) > 20:
-        raise illegal("Tag", "At most 20 tags.")
-    return tags
-
-
-def tags_match(tags: Mapping[str, str], params: Mapping[str, str]) -> bool:
-    return all(want.get("Key") in tags and ("Value" not in want or tags[want["Key"]] == want["Value"])
-               for want in indexed(params, "Tag"))
-
-
-def _tag_view(tags: Mapping[str, str]) -> list[dict[str, str]]:
-    return [{"Key": key, "Value": value} for key, value in tags.items()]
-
-
-def health_config(params: Mapping[str, str], now: Mapping[str, Any]) -> dict[str, Any]:
-    """`now` (a HealthCheckConfig as ListServerGroups shows it) changed by the HealthCheckConfig.* parameters."""
-    p, h = "HealthCheckConfig.", dict(now)
-    h["HealthCheckEnabled"] = as_bool(params, p + "HealthCheckEnabled", h["HealthCheckEnabled"])
-    h["HealthCheckPath"] = params.get(p + "HealthCheckPath", h["HealthCheckPath"])
-    if not h["HealthCheckPath"].startswith("/") or len(h["HealthCheckPath"]) > 80:
-        raise illegal(p + "HealthCheckPath", "1..80 characters starting with /.")
-    h["HealthCheckProtocol"] = _choice(params, p + "HealthCheckProtocol", ("HTTP", "HTTPS"), h["HealthCheckProtocol"])
-    for name, (low, high) in HEALTH_INTS.items():
-        h[name] = as_int(params, p + name, h[name], low, high)
-    codes = repeated(params, p + "HealthCheckCodes") or repeated(params, p + "HealthCheckHttpCodes")
-    if any(code not in HEALTH_CODES for code in codes):
-        raise illegal(p + "HealthCheckCodes", f"Expected {', '.join(HEALTH_CODES)}.")
-    h["HealthCheckCodes"] = list(dict.fromkeys(codes)) or h["HealthCheckCodes"]
-    return h
-
-
-def drain_config(params: Mapping[str, str], now: tuple[bool, int]) -> tuple[bool, int]:
-    return (as_bool(params, "ConnectionDrainConfig.ConnectionDrainEnabled", now[0]),
-            as_int(params, "ConnectionDrainConfig.ConnectionDrainTimeout", now[1], 0, 900))
 
 
 def plane_health(h: Mapping[str, Any], scale: float) -> HealthCheck:
@@ -366,10 +297,10 @@ class Alb:
             self._spawn(self._sync, self._lbs[lb_id])
 
     def _create_lb(self, params: dict[str, str]) -> dict[str, Any]:
-        view = {"VpcId": self._vpc(params), "AddressType": _choice(params, "AddressType", ("Internet", "Intranet")),
-                "LoadBalancerEdition": _choice(params, "LoadBalancerEdition",
+        view = {"VpcId": self._vpc(params), "AddressType": choice(params, "AddressType", ("Internet", "Intranet")),
+                "LoadBalancerEdition": choice(params, "LoadBalancerEdition",
                                                ("Basic", "Standard", "StandardWithWaf"), "Standard"),
-                "LoadBalancerBillingConfig": {"PayType": _choice(
+                "LoadBalancerBillingConfig": {"PayType": choice(
                     params, "LoadBalancerBillingConfig.PayType", ("PostPay",), "PostPay")},
                 "LoadBalancerName": params.get("LoadBalancerName", ""), "CreateTime": iso_now(),
                 "DeletionProtectionConfig": {"Enabled": as_bool(params, "DeletionProtectionEnabled")}}
@@ -385,15 +316,15 @@ class Alb:
             zones.append((zone, vswitch))
         if len({zone for zone, _ in zones}) < 2:
             raise illegal("ZoneMappings", "At least two zones.")
-        lb = LoadBalancer(_new_id("alb-"), view, parse_tags(params), zones,
+        lb = LoadBalancer(new_id("alb-"), view, parse_tags(params), zones,
                           address=loopback_address() if self.own_addresses else "")
         self._lbs[lb.id] = lb
         self._spawn(self._provision, lb, time.monotonic() + self.provision_seconds)
-        return _job(LoadBalancerId=lb.id)
+        return job(LoadBalancerId=lb.id)
 
     def _lb_view(self, lb: LoadBalancer, full: bool) -> dict[str, Any]:
         view = {"LoadBalancerId": lb.id, **lb.view, **LB_FIXED, "LoadBalancerStatus": lb.status,
-                "DNSName": self._dns(lb), "Tags": _tag_view(lb.tags)}
+                "DNSName": self._dns(lb), "Tags": tag_view(lb.tags)}
         if full:
             view["RegionId"], view["ZoneMappings"] = self.region, [
                 {"ZoneId": zone, "VSwitchId": vswitch, "Status": "Active",
@@ -410,7 +341,7 @@ class Alb:
                  if (not ids or lb.id in ids) and tags_match(lb.tags, params)]
         found = [v for v in views if (not names or v["LoadBalancerName"] in names)
                  and all(params.get(k, v[k]) == v[k] for k in ("LoadBalancerStatus", "AddressType", "DNSName"))]
-        return _paged(found, params, "LoadBalancers")
+        return paged(found, params, "LoadBalancers")
 
     def _delete_lb(self, params: dict[str, str]) -> dict[str, Any]:
         lb: LoadBalancer = self._get(self._lbs, "LoadBalancer", params, "LoadBalancerId")
@@ -422,19 +353,19 @@ class Alb:
         self._listeners = {key: li for key, li in self._listeners.items() if li.lb_id != lb.id}
         self._spawn(self._close_plane, lb.plane, lb.address)
         lb.plane = None
-        return _job()
+        return job()
 
     def _create_group(self, params: dict[str, str]) -> dict[str, Any]:
         view = {"ServerGroupName": required(params, "ServerGroupName"), "VpcId": self._vpc(params),
-                "ServerGroupType": _choice(params, "ServerGroupType", ("Instance",), "Instance"),
-                "Protocol": _choice(params, "Protocol", ("HTTP", "HTTPS"), "HTTP"), "CreateTime": iso_now()}
+                "ServerGroupType": choice(params, "ServerGroupType", ("Instance",), "Instance"),
+                "Protocol": choice(params, "Protocol", ("HTTP", "HTTPS"), "HTTP"), "CreateTime": iso_now()}
         health = health_config(params, {**HEALTH_DEFAULTS, "HealthCheckProtocol": view["Protocol"]})
-        group = ServerGroup(_new_id("sgp-"), view, parse_tags(params), health, drain_config(params, (False, 300)))
+        group = ServerGroup(new_id("sgp-"), view, parse_tags(params), health, drain_config(params, (False, 300)))
         self._groups[group.id] = group
-        return _job(ServerGroupId=group.id)
+        return job(ServerGroupId=group.id)
 
     def _group_view(self, group: ServerGroup) -> dict[str, Any]:
-        return {"ServerGroupId": group.id, **group.view, **GROUP_FIXED, "Tags": _tag_view(group.tags),
+        return {"ServerGroupId": group.id, **group.view, **GROUP_FIXED, "Tags": tag_view(group.tags),
                 "ServerGroupStatus": "Configuring" if time.monotonic() < group.busy_until else "Available",
                 "HealthCheckConfig": group.health, "ServerCount": len(group.servers),
                 "ConnectionDrainConfig": dict(zip(("ConnectionDrainEnabled", "ConnectionDrainTimeout"), group.drain,
@@ -446,14 +377,14 @@ class Alb:
         found = [self._group_view(g) for g in self._groups.values()
                  if (not ids or g.id in ids) and (not names or g.view["ServerGroupName"] in names)
                  and tags_match(g.tags, params) and params.get("VpcId", g.view["VpcId"]) == g.view["VpcId"]]
-        return _paged(found, params, "ServerGroups")
+        return paged(found, params, "ServerGroups")
 
     def _delete_group(self, params: dict[str, str]) -> dict[str, Any]:
         group = self._group(params)
         if users := sorted(li.id for li in self._listeners.values() if li.group_id == group.id):
             raise bad("ResourceInUse.ServerGroup", f"The resource ServerGroup [{group.id}] is in use: {users}.")
         del self._groups[group.id]
-        return _job()
+        return job()
 
     def _update_group(self, params: dict[str, str]) -> dict[str, Any]:
         group = self._group(params)
@@ -462,7 +393,7 @@ class Alb:
         group.health, group.drain = health, drain
         group.view["ServerGroupName"] = params.get("ServerGroupName") or group.view["ServerGroupName"]
         self._resync(self._lbs_of(group.id))
-        return _job()
+        return job()
 
     @staticmethod
     def _servers_param(params: Mapping[str, str]) -> list[dict[str, str]]:
@@ -501,7 +432,7 @@ class Alb:
             added = group.servers[key] = Server(key[0], key[1], int(server.get("Weight") or 100),
                                                 server.get("Description", ""), self._instance(key[0]).private_ip)
             self._spawn(self._settle, group, added, 0, time.monotonic() + self.job_seconds)
-        return _job(ServerGroupId=group.id)
+        return job(ServerGroupId=group.id)
 
     def _remove_servers(self, params: dict[str, str]) -> dict[str, Any]:
         found = self._find_servers(group := self._group(params), self._servers_param(params))
@@ -513,7 +444,7 @@ class Alb:
             server.generation += 1
             self._spawn(self._settle, group, server, server.generation, done_at)
         self._resync(self._lbs_of(group.id))
-        return _job(ServerGroupId=group.id)
+        return job(ServerGroupId=group.id)
 
     def _settle(self, group: ServerGroup, server: Server, generation: int, done_at: float) -> None:
         """The end of a server's job: Adding -> Available, Removing -> gone (after the drain when draining)."""
@@ -536,13 +467,13 @@ class Alb:
         found = [{"ServerGroupId": g.id, "ServerId": s.server_id, "ServerIp": self._ip(s), "ServerType": "Ecs",
                   "Port": s.port, "Weight": s.weight, "Description": s.description, "Status": s.status}
                  for g in groups for s in g.servers.values() if not ids or s.server_id in ids]
-        return _paged(found, params, "Servers")
+        return paged(found, params, "Servers")
 
     def _create_listener(self, params: dict[str, str]) -> dict[str, Any]:
         lb: LoadBalancer = self._get(self._lbs, "LoadBalancer", params, "LoadBalancerId")
-        protocol = _choice(params, "ListenerProtocol", ("HTTP", "HTTPS"))
+        protocol = choice(params, "ListenerProtocol", ("HTTP", "HTTPS"))
         port = as_int(params, "ListenerPort", 0, 1, 65535) or int(required(params, "ListenerPort"))
-        _choice(params, "DefaultActions.1.Type", ("ForwardGroup",))
+        choice(params, "DefaultActions.1.Type", ("ForwardGroup",))
         if any(key.startswith(("DefaultActions.2.", FORWARD.replace(".1.ServerGroupId", ".2."))) for key in params):
             raise illegal("DefaultActions", "One ForwardGroup action to one server group.")
         group: ServerGroup = self._get(self._groups, "ServerGroup", params, FORWARD)
@@ -557,15 +488,15 @@ class Alb:
             raise bad("ResourceAlreadyExist.Listener", f"The resource Listener [{lb.id}:{port}] already exists.")
         view = {"ListenerProtocol": protocol, "ListenerDescription": params.get("ListenerDescription", ""),
                 "Http2Enabled": protocol == "HTTPS", "Certificates": certificates}
-        listener = Listener(_new_id("lsn-"), view, parse_tags(params), lb.id, port, group.id)
+        listener = Listener(new_id("lsn-"), view, parse_tags(params), lb.id, port, group.id)
         self._listeners[listener.id] = listener
         self._resync([lb.id])
-        return _job(ListenerId=listener.id)
+        return job(ListenerId=listener.id)
 
     @staticmethod
     def _listener_view(li: Listener, full: bool = False) -> dict[str, Any]:
         view = {"ListenerId": li.id, "LoadBalancerId": li.lb_id, "ListenerPort": li.port, **li.view,
-                **LISTENER_FIXED, "ListenerStatus": li.status, "Tags": _tag_view(li.tags),
+                **LISTENER_FIXED, "ListenerStatus": li.status, "Tags": tag_view(li.tags),
                 "DefaultActions": [{"Type": "ForwardGroup",
                                     "ForwardGroupConfig": {"ServerGroupTuples": [{"ServerGroupId": li.group_id}]}}]}
         return view if full else {k: v for k, v in view.items() if k != "Certificates"}
@@ -575,7 +506,7 @@ class Alb:
         found = [self._listener_view(li) for li in self._listeners.values()
                  if (not ids or li.id in ids) and (not lbs or li.lb_id in lbs) and tags_match(li.tags, params)
                  and params.get("ListenerProtocol", li.view["ListenerProtocol"]) == li.view["ListenerProtocol"]]
-        return _paged(found, params, "Listeners")
+        return paged(found, params, "Listeners")
 
     def _get_listener(self, params: dict[str, str]) -> dict[str, Any]:
         return self._listener_view(self._get(self._listeners, "Listener", params, "ListenerId"), full=True)
@@ -584,7 +515,7 @@ class Alb:
         li: Listener = self._get(self._listeners, "Listener", params, "ListenerId")
         del self._listeners[li.id]
         self._resync([li.lb_id])
-        return _job()
+        return job()
 
     def _health_status(self, params: dict[str, str]) -> dict[str, Any]:
         """Unlocked (ALB_UNLOCKED): the state is read under the lock, haproxy is asked outside it."""
@@ -610,7 +541,7 @@ class Alb:
                 "RuleHealthStatus": [], "NextToken": ""}
 
     def _resources(self, params: Mapping[str, str], ids_required: bool) -> tuple[str, list[Resource]]:
-        kind, ids = _choice(params, "ResourceType", tuple(KINDS)), repeated(params, "ResourceId")
+        kind, ids = choice(params, "ResourceType", tuple(KINDS)), repeated(params, "ResourceId")
         table: Mapping[str, Resource] = {"loadbalancer": self._lbs, "servergroup": self._groups,
                                          "listener": self._listeners}[kind]
         if ids_required and not ids:
@@ -631,4 +562,4 @@ class Alb:
         found = [{"ResourceId": r.id, "ResourceType": kind, "TagKey": key, "TagValue": value}
                  for r in resources for key, value in r.tags.items()
                  if not wanted or any(w.get("Key") == key and w.get("Value", value) == value for w in wanted)]
-        return _paged(found, params, "TagResources")
+        return paged(found, params, "TagResources")

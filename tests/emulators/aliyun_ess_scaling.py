@@ -371,12 +371,12 @@ class Scaling:
     def _requests(self, listener_id: str, plane: Any) -> int:
         """Requests the listener's plane sent its targets since the last period (haproxy's backend `stot`, read
         through the plane's stats socket: BalancerPlane has no public counter)."""
-        from .balancer_plane import _table
+        from .balancer_plane import stat_table
 
         proxy = getattr(plane, "_proxies", {}).get(listener_id)
         if proxy is None:
             return 0
-        total = sum(int(r.get("stot") or 0) for r in _table(proxy.run(f"show stat {proxy.backend} 2 -1"), ","))
+        total = sum(int(r.get("stot") or 0) for r in stat_table(proxy.run(f"show stat {proxy.backend} 2 -1"), ","))
         with self._lock:
             before = self._counts.get(listener_id, 0)
             self._counts[listener_id] = total

@@ -6,8 +6,11 @@ with them itself. Testing that needs all the pieces a real account has, with the
 shapes and error codes: RAM (2015-05-01) to create the role and its policy idempotently, ECS to
 attach the role (RunInstances RamRoleName, AttachInstanceRamRole), STS keys that the API gateway
 accepts only with their SecurityToken, and a metadata service that answers only the instance itself.
-EcsEmulator (aliyun_ecs.py) owns the instances and wires these in; this module keeps them apart so
-that aliyun_ecs.py stays ECS.
+EcsEmulator (aliyun_ecs.py) owns the instances and wires these in. This module is RAM (roles,
+policies, attachments) and the STS keys of its roles: STS stays with RAM because a key is a role's and
+its only check is that role's policies. Apart from it: the policy documents (aliyun_ram_policies.py),
+ECS's Attach/Detach/DescribeInstanceRamRole (aliyun_instance_roles.py) and the metadata service that
+hands the keys to the machines (aliyun_metadata.py).
 
 Where the real API leaves a choice open or is undocumented, the emulator takes the stricter reading
 and says so here:
@@ -33,27 +36,21 @@ import secrets
 import string
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Protocol
-from urllib.parse import unquote
+from typing import Any
 
-from .aliyun_rpc import Action, ApiError, as_bool, as_int, iso_now, missing, page, required
+from .aliyun_ram_policies import as_list, parse_document, statement_matches, trusts_ecs, wildcard
+from .aliyun_rpc import Action, ApiError, as_bool, as_int, iso_now, required
 
 RAM_VERSION = "2015-05-01"
 ACCOUNT_UID = "5012345678901234"         # the emulated account (fake, 16 digits as real UIDs)
 STS_LIFETIME_S = 3600                     # instance role credentials live one hour
 STS_REFRESH_S = 15 * 60                   # ... and are replaced once within 15 minutes of expiry
 MAX_POLICY_VERSIONS = 5
-ECS_SERVICE = "ecs.aliyuncs.com"
 ROTATE_STRATEGIES = ("None", "DeleteOldestNonDefaultVersionWhenLimitExceeded")
-ROLE_ATTACHED = "InvalidRamRole.AlreadyAttached"    # undocumented upstream (see the module docstring)
-ROLE_NOT_ATTACHED = "InvalidRamRole.NotAttached"    # the same, for DetachInstanceRamRole
 ROLE_NAME = re.compile(r"[A-Za-z0-9.@-]+")
 POLICY_NAME = re.compile(r"[A-Za-z0-9-]+")
-DOCUMENT_LIMIT = 6144
-METADATA_TTL_RANGE = (1, 21600)
 SYSTEM_POLICIES = {
     "AdministratorAccess": ("Full access to all Alibaba Cloud resources.",
                             {"Version": "1", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}),
@@ -80,78 +77,6 @@ def iso_at(epoch: float) -> str:
 def role_arn(name: str) -> str:
     """`acs:ram::<uid>:role/<name>`: RAM prints role ARNs with the name in lower case."""
     return f"acs:ram::{ACCOUNT_UID}:role/{name.lower()}"
-
-
-# --- policy documents --------------------------------------------------------------------------
-
-def _malformed(why: str) -> ApiError:
-    return ApiError(400, "MalformedPolicyDocument", f"The policy document is malformed: {why}")
-
-
-def as_list(value: Any) -> list[Any]:
-    """Action/Resource/Principal members may be one string or a list of them."""
-    return value if isinstance(value, list) else [value]
-
-
-def _check_strings(statement: Mapping[str, Any], key: str) -> None:
-    values = as_list(statement.get(key))
-    if not values or not all(isinstance(v, str) and v for v in values):
-        raise _malformed(f'"{key}" must be a non-empty string or list of strings.')
-
-
-def _check_statement(statement: Any, trust: bool) -> None:
-    if not isinstance(statement, dict):
-        raise _malformed("each Statement must be an object.")
-    if statement.get("Effect") not in ("Allow", "Deny"):
-        raise _malformed('"Effect" must be Allow or Deny.')
-    _check_strings(statement, "Action")
-    if trust:
-        if not isinstance(statement.get("Principal"), dict) or not statement["Principal"]:
-            raise _malformed('a trust policy statement needs a "Principal" object.')
-    else:
-        _check_strings(statement, "Resource")
-
-
-def parse_document(text: str, name: str, trust: bool = False) -> dict[str, Any]:
-    """A policy (or, with `trust`, an AssumeRolePolicyDocument) as RAM accepts it: a JSON object with
-    Version "1" and a non-empty Statement list; each statement has Effect, Action and Resource
-    (trust: Principal)."""
-    if len(text) > DOCUMENT_LIMIT:
-        raise ApiError(400, f"InvalidParameter.{name}.Length", f'The parameter - "{name}" beyond the length limit.')
-    try:
-        document = json.loads(text)
-    except ValueError:
-        raise _malformed("it is not valid JSON.") from None
-    if not isinstance(document, dict) or document.get("Version") != "1":
-        raise _malformed('it must be a JSON object with "Version": "1".')
-    statements = document.get("Statement")
-    if not isinstance(statements, list) or not statements:
-        raise _malformed('"Statement" must be a non-empty list.')
-    for statement in statements:
-        _check_statement(statement, trust)
-    return document
-
-
-def wildcard(pattern: str, value: str, ignore_case: bool = False) -> bool:
-    """RAM's matching: `*` is any run of characters, `?` any one; actions compare case-insensitively."""
-    regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
-    flags = (re.IGNORECASE | re.DOTALL) if ignore_case else re.DOTALL
-    return re.fullmatch(regex, value, flags) is not None
-
-
-def statement_matches(statement: Mapping[str, Any], action: str, resource: str) -> bool:
-    return (any(wildcard(a, action, ignore_case=True) for a in as_list(statement["Action"]))
-            and any(wildcard(r, resource) for r in as_list(statement["Resource"])))
-
-
-def trusts_ecs(document: Mapping[str, Any]) -> bool:
-    """Whether ECS may assume the role: an Allow of sts:AssumeRole for the ecs.aliyuncs.com service."""
-    for statement in document["Statement"]:
-        services = as_list(statement["Principal"].get("Service", []))
-        if (statement["Effect"] == "Allow" and ECS_SERVICE in services
-                and any(wildcard(a, "sts:AssumeRole", ignore_case=True) for a in as_list(statement["Action"]))):
-            return True
-    return False
 
 
 # --- state -------------------------------------------------------------------------------------
@@ -528,245 +453,3 @@ class Ram:
         """Role name -> the names of the policies attached to it."""
         with self.lock:
             return {r.name: [name for _, name in self._attached.get(key, {})] for key, r in self._roles.items()}
-
-
-# --- ECS's side: which role each instance has ----------------------------------------------------
-
-class RoleHolder(Protocol):
-    id: str
-    ram_role: str
-
-
-def instance_ids(params: Mapping[str, str], limit: int = 100) -> list[str] | None:
-    """InstanceIds as these actions take it: a JSON array of 1..100 IDs (InvalidInstanceIds.Malformed)."""
-    value = params.get("InstanceIds", "")
-    if value == "":
-        return None
-    try:
-        ids = json.loads(value)
-    except ValueError:
-        ids = None
-    if not isinstance(ids, list) or not 1 <= len(ids) <= limit or not all(isinstance(i, str) and i for i in ids):
-        raise ApiError(400, "InvalidInstanceIds.Malformed", "The specified instanceIds are not valid.")
-    return ids
-
-
-class InstanceRoles:
-    """AttachInstanceRamRole / DetachInstanceRamRole / DescribeInstanceRamRole over the emulator's
-    instances (`lookup` raises InvalidInstanceId.NotFound, `listing` gives them all); one role per
-    instance, kept in its `ram_role`."""
-
-    def __init__(self, ram: Ram, lookup: Callable[[str], RoleHolder], listing: Callable[[], Iterable[RoleHolder]],
-                 region: str) -> None:
-        self.ram, self.lookup, self.listing, self.region = ram, lookup, listing, region
-        self.actions: dict[str, Action] = {"AttachInstanceRamRole": self._attach,
-                                           "DetachInstanceRamRole": self._detach,
-                                           "DescribeInstanceRamRole": self._describe}
-
-    def launch_role(self, params: Mapping[str, str]) -> str:
-        """RunInstances' RamRoleName, checked as AttachInstanceRamRole checks it ("" when none)."""
-        name = params.get("RamRoleName", "")
-        return self.ram.check_ecs_role(name).name if name else ""
-
-    def _targets(self, params: Mapping[str, str]) -> list[RoleHolder]:
-        ids = instance_ids(params)
-        if ids is None:
-            raise missing("InstanceIds")
-        return [self.lookup(i) for i in ids]
-
-    @staticmethod
-    def _result(inst: RoleHolder, error: tuple[str, str] | None) -> dict[str, Any]:
-        code, message = error or ("200", "success")
-        return {"InstanceId": inst.id, "Success": error is None, "Code": code, "Message": message}
-
-    def _attach(self, params: dict[str, str]) -> dict[str, Any]:
-        role = self.ram.check_ecs_role(required(params, "RamRoleName"))
-        results = []
-        for inst in self._targets(params):
-            if inst.ram_role:
-                results.append(self._result(inst, (ROLE_ATTACHED, f"The instance already has a RAM role: "
-                                                                  f"{inst.ram_role}.")))
-                continue
-            inst.ram_role = role.name
-            results.append(self._result(inst, None))
-        return {"RamRoleName": role.name, "TotalCount": len(results),
-                "FailCount": sum(not r["Success"] for r in results),
-                "AttachInstanceRamRoleResults": {"AttachInstanceRamRoleResult": results}}
-
-    def _detach(self, params: dict[str, str]) -> dict[str, Any]:
-        wanted = params.get("RamRoleName", "")
-        results = []
-        for inst in self._targets(params):
-            held = inst.ram_role
-            attached = bool(held) and (not wanted or held.lower() == wanted.lower())
-            error = None if attached else (ROLE_NOT_ATTACHED, "The instance does not have this RAM role.")
-            result = self._result(inst, error)
-            if attached:
-                inst.ram_role = ""
-                result["InstanceRamRoleSets"] = {"InstanceRamRoleSet": [{"InstanceId": inst.id, "RamRoleName": held}]}
-            results.append(result)
-        return {"RamRoleName": wanted, "TotalCount": len(results), "FailCount": sum(not r["Success"] for r in results),
-                "DetachInstanceRamRoleResults": {"DetachInstanceRamRoleResult": results}}
-
-    def _describe(self, params: dict[str, str]) -> dict[str, Any]:
-        ids, name = instance_ids(params), params.get("RamRoleName", "")
-        if ids is None and not name:
-            raise missing("InstanceIds")
-        found = [{"InstanceId": i.id, "RamRoleName": i.ram_role} for i in self.listing()
-                 if i.ram_role and (ids is None or i.id in ids) and (not name or i.ram_role.lower() == name.lower())]
-        items, paging = page(found, params)
-        return {"RegionId": self.region, "TotalCount": paging["TotalCount"],
-                "InstanceRamRoleSets": {"InstanceRamRoleSet": items}}
-
-
-# --- the metadata service ------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Answer:
-    status: int
-    body: str
-    content_type: str = "text/plain"
-
-
-NOT_FOUND = Answer(404, "Not Found")
-CREDENTIALS_PATH = "/latest/meta-data/ram/security-credentials/"
-TOKEN_PATH = "/latest/api/token"
-TOKEN_HEADER = "X-aliyun-ecs-metadata-token"
-TTL_HEADER = "X-aliyun-ecs-metadata-token-ttl-seconds"
-
-# ip -> (instance id, attached role name or "") of the Running instance there, None when none (or several)
-Identify = Callable[[str], tuple[str, str] | None]
-
-
-class MetadataService:
-    """What 100.100.100.200 answers, minus the HTTP: both access modes, normal (plain GET) and
-    security hardening (PUT /latest/api/token with X-aliyun-ecs-metadata-token-ttl-seconds 1..21600,
-    then GETs with X-aliyun-ecs-metadata-token; a request with X-Forwarded-For gets no token, 403; a
-    wrong or expired token 401). The caller is the instance whose private IP it connects from."""
-
-    def __init__(self, identify: Identify, ram: Ram, region: str) -> None:
-        self.identify, self.ram, self.region = identify, ram, region
-        self._tokens: dict[str, tuple[str, float]] = {}     # token -> (instance id, monotonic deadline)
-        self._lock = threading.Lock()
-
-    def put(self, ip: str, path: str, headers: Mapping[str, str]) -> Answer:
-        caller = self.identify(ip)
-        if caller is None:
-            return NOT_FOUND
-        if _path(path) != TOKEN_PATH:
-            return Answer(405, "Method Not Allowed")
-        if headers.get("X-Forwarded-For") is not None:
-            return Answer(403, "Forbidden")
-        ttl = _small_int(headers.get(TTL_HEADER, ""))
-        low, high = METADATA_TTL_RANGE
-        if ttl is None or not low <= ttl <= high:
-            return Answer(400, "Missing or Invalid Parameters")
-        token = secrets.token_urlsafe(32)
-        now = time.monotonic()
-        with self._lock:
-            self._tokens = {t: held for t, held in self._tokens.items() if held[1] > now}
-            self._tokens[token] = (caller[0], now + ttl)
-        return Answer(200, token)
-
-    def get(self, ip: str, path: str, headers: Mapping[str, str]) -> Answer:
-        caller = self.identify(ip)
-        if caller is None:
-            return NOT_FOUND
-        token = headers.get(TOKEN_HEADER)
-        if token is not None and not self._token_valid(token, caller[0]):
-            return Answer(401, "Unauthorized")
-        return self._item(_path(path), *caller)
-
-    def _token_valid(self, token: str, instance_id: str) -> bool:
-        with self._lock:
-            held = self._tokens.get(token)
-        return held is not None and held[0] == instance_id and held[1] > time.monotonic()
-
-    def _item(self, path: str, instance_id: str, role: str) -> Answer:
-        if path == "/latest/meta-data/instance-id":
-            return Answer(200, instance_id)
-        if path == "/latest/meta-data/region-id":
-            return Answer(200, self.region)
-        if path in (CREDENTIALS_PATH, CREDENTIALS_PATH.rstrip("/")):
-            return Answer(200, role) if role else NOT_FOUND
-        if path.startswith(CREDENTIALS_PATH) and role and path[len(CREDENTIALS_PATH):] == role:
-            credential = self.ram.instance_credentials(instance_id, role)
-            if credential is not None:
-                return Answer(200, json.dumps(credential.metadata(), indent=2), "application/json")
-        return NOT_FOUND
-
-
-def _path(raw: str) -> str:
-    """The request target's path, percent-decoded (the query, if any, is not part of the item)."""
-    return unquote(raw.partition("?")[0].partition("#")[0], errors="replace")
-
-
-def _small_int(text: str) -> int | None:
-    """A header's non-negative integer; None for anything else (unicode digits and 4300-digit numbers
-    included: int() raises on those, and an odd header must be a 4xx, never a dropped connection)."""
-    text = text.strip()
-    return int(text) if text.isascii() and text.isdigit() and len(text) <= 9 else None
-
-
-class _MetadataHandler(BaseHTTPRequestHandler):
-    server: MetadataServer
-    timeout = 10          # a caller that announces a body and never sends it does not hold a thread forever
-
-    def do_GET(self) -> None:
-        self._reply(self.server.service.get(self.client_address[0], self.path, self.headers))
-
-    def do_PUT(self) -> None:
-        self._discard_body()
-        self._reply(self.server.service.put(self.client_address[0], self.path, self.headers))
-
-    def __getattr__(self, name: str) -> Any:
-        """Any other method (do_POST, do_DELETE, do_FOO...) is 405, not the base class's 501."""
-        if name.startswith("do_"):
-            return self._not_allowed
-        raise AttributeError(name)
-
-    def _not_allowed(self) -> None:
-        self._reply(Answer(405, "Method Not Allowed"), allow="GET, PUT")
-
-    def _discard_body(self) -> None:
-        length = _small_int(self.headers.get("Content-Length", "0"))
-        if length:
-            self.rfile.read(min(length, 1 << 16))
-
-    def _reply(self, answer: Answer, allow: str = "") -> None:
-        body = answer.body.encode()
-        try:
-            self.send_response(answer.status)
-            self.send_header("Content-Type", answer.content_type)
-            self.send_header("Content-Length", str(len(body)))
-            if allow:
-                self.send_header("Allow", allow)
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the caller went away; nothing to tell it
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Silent: the answers carry credentials."""
-
-
-class MetadataServer(ThreadingHTTPServer):
-    """The metadata service on (host, free port), plain HTTP, served by a daemon thread until close()."""
-
-    daemon_threads = True
-
-    def __init__(self, host: str, service: MetadataService) -> None:
-        super().__init__((host, 0), _MetadataHandler)
-        self.service = service
-        threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.1}, name="EcsMetadata",
-                         daemon=True).start()
-
-    @property
-    def address(self) -> str:
-        host, port = self.server_address[:2]
-        return f"{host}:{port}"
-
-    def close(self) -> None:
-        self.shutdown()
-        self.server_close()

@@ -54,8 +54,7 @@ import xml.etree.ElementTree as ET
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from .aws_elbv2 import members
-from .aws_wire import AwsError, WireRequest, WireResponse, child_text, parse_xml
+from .aws_wire import AwsError, WireRequest, WireResponse, child_text, members, parse_xml
 from .aws_wire import path as xpath
 
 if TYPE_CHECKING:

@@ -79,7 +79,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .aws_alarms import AlarmActions
-from .aws_elbv2 import members
 from .aws_warm_pool import WarmPools
 from .aws_wire import (
     AwsError,
@@ -89,6 +88,7 @@ from .aws_wire import (
     child_text,
     items,
     local,
+    members,
     new_request_id,
     parse_xml,
     xml_bytes,

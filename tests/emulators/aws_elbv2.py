@@ -14,14 +14,9 @@ DuplicateTargetGroupName; DescribeTargetHealth says `healthy` for every register
 terminated instance stays registered; nothing serves traffic.
 
 What this module adds:
-- A data plane: a balancer_plane.BalancerPlane (real haproxy) per balancer. After every successful
-  non-Describe call the region's state is read back from moto (Describe LoadBalancers / Listeners /
-  TargetGroups, moto's DescribeTargetHealth for the registered targets) and each plane converges to it: a
-  plane listener per listener, with the targets of the groups its default action forwards to (ForwardConfig
-  weights kept), checked as the first such group says. Read back, not tracked, so any call that changes
-  listeners, groups or targets (Modify*, Delete*, ...) is followed without parsing each one; the harness
-  keeps only what moto forgets (draining targets). A target's host: the IP itself for type `ip`; for
-  `instance`, its machine's address as Ec2Emulator knows it (a DockerHosts bridge IP), looked up every tick.
+- A data plane (aws_elbv2_planes.py, the base class): a real haproxy per balancer, converged to moto's
+  state read back after every successful non-Describe call; `balancer_address`, `plane`, `own_addresses`
+  and TLS at HTTPS listeners are documented there.
 - DescribeTargetHealth from the plane's checks, in AWS's shapes: `initial` (Elb.RegistrationInProgress /
   Elb.InitialHealthChecking), `healthy`, `unhealthy` (Target.ResponseCodeMismatch "Health checks failed with
   these codes: [503]", Target.Timeout, else Target.FailedHealthChecks: the plane says only "unhealthy", one
@@ -38,17 +33,6 @@ What this module adds:
   (ModifyTargetGroup folded in), so an omitted parameter and its default spelled out differ. CreateListener
   on a port the balancer listens on already: the same settings answer that listener, others 400
   DuplicateListener (moto made a second listener on the port).
-- `balancer_address(dns_name_or_arn, listener_port)`: where the plane serves that listener (tests send the
-  balancer's traffic there); `plane(...)`: the plane. DeleteLoadBalancer stops its haproxy.
-- `own_addresses` (off by default): each balancer gets its own loopback address (balancer_plane.
-  loopback_address(), 127.0.100.0/24), its plane serves every listener there at the listener's own port, and
-  every answer's DNSName is that IP literal instead of moto's name, so a client in another process (the CLI)
-  reaches the balancer by the name the API gave it. The emulator's limit: there is no DNS offline, so the
-  name is an address (a certificate for it names the IP); ports 80/443 need root or CAP_NET_BIND_SERVICE.
-- TLS at HTTPS listeners: the plane terminates TLS with the listener's default certificate when it is in
-  moto's ACM (a test imports it: acm.import_certificate with the PEM certificate, key and chain); the PEM
-  the plane loads is written to a private folder of this emulator (mode 600). An HTTPS listener whose
-  certificate ACM does not hold serves plain HTTP.
 Faults (fail_next, hold), SigV4 and role checks are Ec2Emulator's; errors come in ELB's `<ErrorResponse>`
 shape (aws_wire.error_response); throttling is `Throttling` (400).
 
@@ -57,41 +41,42 @@ certificate lists (the default certificate only), a health check port other than
 when a listener forwards to several groups, one target id registered with two ports (moto keys targets by
 id), slow start, stickiness, zones (every target gets traffic), NLB/GWLB, `provisioning` (moto: active).
 """
+
 from __future__ import annotations
 
-import hashlib
 import http.client
 import re
-import shutil
 import ssl
-import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
+from .aws_elbv2_planes import (
+    SERVICE,
+    VERSION,
+    Drain,
+    Elbv2Planes,
+    Group,
+    arn_region,
+    listener_name,
+)
 from .aws_wire import (
     AwsError,
-    Upstream,
     WireRequest,
     WireResponse,
     child,
     child_text,
     local,
+    members,
     new_request_id,
     parse_xml,
     path,
     xml_bytes,
 )
-from .balancer_plane import BalancerPlane, HealthCheck, Listener, Target, loopback_address, release_loopback
 
-SERVICE = "elasticloadbalancing"
-VERSION = "2015-12-01"
 NS = "http://elasticloadbalancing.amazonaws.com/doc/2015-12-01/"
-TICK_S = 0.1                       # how often draining deadlines and instance addresses are looked at
 DEFAULT_DELAY_S = 300
 DEREGISTRATION_DELAY = "deregistration_delay.timeout_seconds"
 _LIST_KEY = re.compile(r"^(.*?)\.member\.\d+(.*)$")
@@ -107,55 +92,6 @@ _REASONS = {
     "timeout": ("unhealthy", "Target.Timeout", "Request timed out"),
     "failed": ("unhealthy", "Target.FailedHealthChecks", "Health checks failed"),
 }
-
-
-# --- moto's state, as read back -------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Group:
-    """A target group: its health check and the targets moto has registered (id, port)."""
-
-    arn: str
-    protocol: str
-    target_type: str
-    check: HealthCheck                         # as the group says (unscaled)
-    check_port: str
-    targets: tuple[tuple[str, int], ...]
-
-
-@dataclass(frozen=True)
-class ListenerState:
-    port: int
-    forwards: tuple[tuple[str, int], ...]      # (target group ARN, weight)
-    protocol: str = "HTTP"
-    certificate: str = ""                      # the default certificate's ARN (HTTPS)
-
-
-@dataclass
-class Balancer:
-    arn: str
-    name: str
-    dns: str
-    region: str
-    listeners: tuple[ListenerState, ...] = ()
-    address: str = ""                          # its own loopback address (own_addresses), its DNSName then
-    plane: BalancerPlane | None = None
-    applied: tuple[Listener, ...] | None = None
-
-
-@dataclass(frozen=True)
-class Drain:
-    group: str
-    id: str
-    port: int
-    host: str
-    until: float                               # time.monotonic()
-
-
-def members(element: ET.Element | None, name: str) -> list[ET.Element]:
-    """The <member> children of element's <name> (the query protocol's list encoding in ELB answers)."""
-    found = child(element, name)
-    return [c for c in found if local(c.tag) == "member"] if found is not None else []
 
 
 def listed(params: dict[str, str], prefix: str) -> list[dict[str, str]]:
@@ -201,29 +137,13 @@ def sub(parent: ET.Element, name: str, text: str | None = None) -> ET.Element:
     return element
 
 
-class Elbv2Balancers:
+class Elbv2Balancers(Elbv2Planes):
     """elbv2 for Ec2Emulator: `route` picks the requests signed for elasticloadbalancing."""
 
-    def __init__(self, forward: Callable[[WireRequest], WireResponse], upstream: Callable[[], Upstream],
-                 instance_ip: Callable[[str], str], plane_factory: Callable[[str], BalancerPlane] = BalancerPlane,
-                 time_scale: float = 1.0) -> None:
-        """forward: the emulator's own (counts `performed`); instance_ip: an instance's machine address ("" when
-        it has no running machine); plane_factory: name -> a BalancerPlane."""
-        self._forward, self._upstream, self._instance_ip = forward, upstream, instance_ip
-        self._plane_factory = plane_factory
-        self.time_scale = time_scale
-        self.own_addresses = False                           # see the module docstring
-        self._pems = Path(tempfile.mkdtemp(prefix="elbv2-certs-"))
-        self.errors: list[str] = []                          # plane failures (a test asserts there are none)
-        self._lock = threading.RLock()                       # the model below
-        self._refresh_lock = threading.Lock()                # one read-back at a time: the last one wins
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._create_lock = threading.Lock()                 # name check + create, atomically
-        self._converge_lock = threading.Lock()
-        self._balancers: dict[str, Balancer] = {}
-        self._groups: dict[str, Group] = {}
-        self._drains: list[Drain] = []
         self._created: dict[tuple[str, str, str], dict[str, Any]] = {}   # (region, kind, name) -> settings
-        self._closing = threading.Event()
         self._ticker: threading.Thread | None = None
         self._special: dict[str, Callable[[WireRequest], WireResponse]] = {
             "CreateLoadBalancer": lambda r: self._create(r, "LoadBalancers", "LoadBalancer", "A load balancer"),
@@ -252,52 +172,6 @@ class Elbv2Balancers:
         for dns, address in names:
             body = body.replace(b">" + dns + b"<", b">" + address + b"<")
         return result if body == result.body else result.with_body(body)
-
-    def balancer_address(self, dns_name_or_arn: str, listener_port: int) -> tuple[str, int]:
-        """Where the plane serves that balancer's listener: (host, port) for a test client's requests."""
-        plane = self.plane(dns_name_or_arn)
-        with self._lock:
-            balancer = self._find(dns_name_or_arn)
-            if not any(x.port == listener_port for x in balancer.listeners):
-                raise KeyError(f"load balancer {balancer.name} has no listener on port {listener_port}")
-        return plane.address(_listener_name(listener_port))
-
-    def plane(self, dns_name_or_arn: str) -> BalancerPlane:
-        """The balancer's data plane, converged (KeyError for a balancer that does not exist (any more))."""
-        with self._lock:
-            balancer = self._find(dns_name_or_arn)
-        self.converge(balancer)
-        if balancer.plane is None:
-            raise KeyError(f"load balancer {balancer.name} has no data plane: {self.errors[-1:]}")
-        return balancer.plane
-
-    def _find(self, dns_name_or_arn: str) -> Balancer:
-        wanted = dns_name_or_arn.lower().rstrip(".")
-        found = next((b for b in self._balancers.values() if wanted in (b.arn.lower(), b.dns.lower(), b.address)),
-                     None)
-        if found is None:
-            raise KeyError(f"no load balancer {dns_name_or_arn}")
-        return found
-
-    def close(self) -> None:
-        """Stop the ticker and every balancer's haproxy."""
-        self._closing.set()
-        if self._ticker is not None:
-            self._ticker.join(5)
-        with self._lock:
-            planes = [b.plane for b in self._balancers.values() if b.plane is not None]
-            for balancer in self._balancers.values():
-                release_loopback(balancer.address)
-            self._balancers.clear()
-        for plane in planes:
-            self._close_plane(plane)
-        shutil.rmtree(self._pems, ignore_errors=True)
-
-    # --- calls moto gets wrong ----------------------------------------------------------------------
-
-    def _moto(self, region: str, action: str, params: dict[str, str]) -> ET.Element | None:
-        reply = self._upstream().query(SERVICE, region, action, VERSION, params)
-        return parse_xml(reply.body) if reply.ok else None
 
     def _create(self, request: WireRequest, kind: str, noun: str, what: str) -> WireResponse:
         """Same name + same settings: the existing one (AWS's idempotency); other settings: Duplicate...Name."""
@@ -379,7 +253,7 @@ class Elbv2Balancers:
         ids = set(instance_ids)
         with self._lock:
             hits = [(g, [t for t in g.targets if t[0] in ids]) for g in self._groups.values()
-                    if _region(g.arn) == region and g.target_type == "instance"]
+                    if arn_region(g.arn) == region and g.target_type == "instance"]
         for group, targets in [(g, t) for g, t in hits if t]:
             self._drain(region, group, targets)
             params = {f"Targets.member.{n}.{key}": value for n, (i, port) in enumerate(targets, start=1)
@@ -463,7 +337,7 @@ class Elbv2Balancers:
     def _plane_health(self, group: Group) -> dict[tuple[str, int], str] | None:
         """(host, port) -> the plane's state, over the listeners that forward to the group (None: none do)."""
         with self._lock:
-            using = [(b, _listener_name(x.port)) for b in self._balancers.values() for x in b.listeners
+            using = [(b, listener_name(x.port)) for b in self._balancers.values() for x in b.listeners
                      if any(arn == group.arn for arn, _ in x.forwards)]
         if not using:
             return None
@@ -495,182 +369,3 @@ class Elbv2Balancers:
         if codes_match(group.check.codes, status):
             return _REASONS["failed"]                  # it answers again: the plane has not seen enough checks yet
         return "unhealthy", "Target.ResponseCodeMismatch", f"Health checks failed with these codes: [{status}]"
-
-    # --- reading moto back, converging the planes ----------------------------------------------------
-
-    def refresh(self, region: str) -> None:
-        """Read the region's balancers, listeners, groups and registered targets from moto; converge the planes."""
-        with self._refresh_lock:
-            groups = {g.arn: g for g in self._read_groups(region)}
-            balancers: dict[str, tuple[str, str, tuple[ListenerState, ...]]] = {}
-            root = self._moto(region, "DescribeLoadBalancers", {"PageSize": "400"})     # AWS's largest page
-            for member in members(path(root, "DescribeLoadBalancersResult") if root is not None else None,
-                                  "LoadBalancers"):
-                arn = child_text(member, "LoadBalancerArn")
-                balancers[arn] = (child_text(member, "LoadBalancerName"), child_text(member, "DNSName"),
-                                  self._read_listeners(region, arn))
-            closed: list[tuple[BalancerPlane | None, str]] = []
-            with self._lock:
-                self._groups = {**{a: g for a, g in self._groups.items() if _region(a) != region}, **groups}
-                self._drains = [d for d in self._drains if d.group in self._groups
-                                and (d.id, d.port) not in self._groups[d.group].targets]   # registered again
-                for arn in [a for a, b in self._balancers.items() if b.region == region and a not in balancers]:
-                    gone = self._balancers.pop(arn)
-                    closed.append((gone.plane, gone.address))
-                for arn, (name, dns, listeners) in balancers.items():
-                    if arn not in self._balancers:
-                        address = loopback_address() if self.own_addresses else ""
-                        self._balancers[arn] = Balancer(arn, name, dns, region, address=address)
-                    balancer = self._balancers[arn]
-                    balancer.listeners = listeners
-            for plane, address in closed:
-                if plane is not None:
-                    self._close_plane(plane)
-                release_loopback(address)          # once its haproxy is gone: a new balancer may bind it
-        self._start_ticker()
-        self.converge_all()
-
-    def _read_groups(self, region: str) -> list[Group]:
-        root = self._moto(region, "DescribeTargetGroups", {})
-        found = []
-        for m in members(path(root, "DescribeTargetGroupsResult") if root is not None else None, "TargetGroups"):
-            arn = child_text(m, "TargetGroupArn")
-            health = self._moto(region, "DescribeTargetHealth", {"TargetGroupArn": arn})
-            targets = tuple((child_text(path(t, "Target"), "Id"), int(child_text(path(t, "Target"), "Port") or 0))
-                            for t in members(path(health, "DescribeTargetHealthResult") if health is not None
-                                             else None, "TargetHealthDescriptions"))
-            text = {local(e.tag): e.text or "" for e in m} | {"HttpCode": child_text(path(m, "Matcher"), "HttpCode")}
-            check = HealthCheck(
-                text.get("HealthCheckPath") or "/", float(text.get("HealthCheckIntervalSeconds") or 30),
-                float(text.get("HealthCheckTimeoutSeconds") or 5), int(text.get("HealthyThresholdCount") or 5),
-                int(text.get("UnhealthyThresholdCount") or 2), text["HttpCode"] or "200",
-                (text.get("HealthCheckProtocol") or "HTTP").lower(), text.get("HealthCheckEnabled") != "false")
-            found.append(Group(arn, text.get("Protocol") or "HTTP", text.get("TargetType") or "instance", check,
-                               text.get("HealthCheckPort") or "traffic-port", targets))
-        return found
-
-    def _read_listeners(self, region: str, balancer_arn: str) -> tuple[ListenerState, ...]:
-        root = self._moto(region, "DescribeListeners", {"LoadBalancerArn": balancer_arn})
-        found = []
-        for m in members(path(root, "DescribeListenersResult") if root is not None else None, "Listeners"):
-            forwards: list[tuple[str, int]] = []
-            for action in [a for a in members(m, "DefaultActions") if child_text(a, "Type") == "forward"]:
-                weighted = members(path(action, "ForwardConfig"), "TargetGroups")
-                if weighted:
-                    forwards += [(child_text(g, "TargetGroupArn"), int(child_text(g, "Weight") or 1)) for g in weighted]
-                elif child_text(action, "TargetGroupArn"):
-                    forwards.append((child_text(action, "TargetGroupArn"), 1))
-            certificates = [child_text(c, "CertificateArn") for c in members(m, "Certificates")]
-            found.append(ListenerState(int(child_text(m, "Port") or 0), tuple(forwards),
-                                       child_text(m, "Protocol") or "HTTP", (certificates or [""])[0]))
-        return tuple(sorted(found, key=lambda x: x.port))
-
-    def _host(self, group: Group, target_id: str) -> str:
-        return target_id if group.target_type == "ip" else self._instance_ip(target_id)
-
-    def _desired(self, balancer: Balancer) -> tuple[Listener, ...]:
-        now = time.monotonic()
-        with self._lock:
-            groups, listeners = dict(self._groups), balancer.listeners
-            drains = [d for d in self._drains if d.until > now]
-        planned = []
-        for listener in listeners:
-            forwards = [(groups[a], w) for a, w in listener.forwards if a in groups and w > 0]
-            top = max((w for _, w in forwards), default=1)
-            targets: dict[tuple[str, int], Target] = {}
-            for group, weight in forwards:
-                for target_id, port in group.targets:
-                    host = self._host(group, target_id)
-                    if host and (host, port) not in targets:
-                        targets[(host, port)] = Target(host, port, weight=max(1, round(100 * weight / top)))
-                for d in drains:
-                    if d.group == group.arn and (d.host, d.port) not in targets:
-                        targets[(d.host, d.port)] = Target(d.host, d.port, draining=True)
-            first = forwards[0][0] if forwards else None
-            check = HealthCheck() if first is None else replace(
-                first.check, interval_s=first.check.interval_s * self.time_scale,
-                timeout_s=first.check.timeout_s * self.time_scale)
-            certificate = self._certificate(listener) if listener.protocol == "HTTPS" else None
-            planned.append(Listener(_listener_name(listener.port), listener.port,
-                                    backend_scheme=(first.protocol if first else "HTTP").lower(),
-                                    targets=tuple(targets.values()), health=check, certificate=certificate))
-        return tuple(planned)
-
-    def _certificate(self, listener: ListenerState) -> str | None:
-        """The PEM file (certificate, chain, key) of the listener's ACM certificate; None when ACM has none."""
-        from moto.acm.models import AWS_ROOT_CA, acm_backends
-
-        parts = listener.certificate.split(":")
-        if len(parts) < 6 or parts[2] != "acm":
-            return None
-        try:
-            bundle = acm_backends[parts[4]][parts[3]].get_certificate(listener.certificate)
-        except Exception:  # moto: AWSResourceNotFoundException; the plane then serves plain HTTP
-            return None
-        chain = bundle.chain.replace(AWS_ROOT_CA, b"").strip()          # moto appends its own fake root
-        pem = b"\n".join(part.strip() for part in (bundle.cert, chain, bundle.key) if part.strip()) + b"\n"
-        path = self._pems / f"{hashlib.sha256(pem).hexdigest()[:20]}.pem"
-        if not path.exists():
-            path.touch(mode=0o600)
-            path.write_bytes(pem)
-        return str(path)
-
-    def converge(self, balancer: Balancer) -> None:
-        """Bring the balancer's plane to the desired state (a no-op when nothing changed since the last apply)."""
-        with self._converge_lock:
-            try:
-                with self._lock:        # a plane is made only for a balancer that still exists (refresh closes it)
-                    if self._balancers.get(balancer.arn) is not balancer or self._closing.is_set():
-                        return
-                    if balancer.plane is None:
-                        name = f"{balancer.name}-{balancer.arn.rpartition('/')[2][:8]}"
-                        balancer.plane = self._plane_factory(name, **(
-                            {"bind": balancer.address, "listener_ports": True} if balancer.address else {}))
-                desired = self._desired(balancer)
-                if desired != balancer.applied:
-                    balancer.plane.apply(desired)
-                    balancer.applied = desired
-            except Exception as exc:  # reported; the next tick tries again
-                self._failed(balancer, "apply", exc)
-
-    def converge_all(self) -> None:
-        with self._lock:
-            balancers = list(self._balancers.values())
-        for balancer in balancers:
-            self.converge(balancer)
-
-    def _start_ticker(self) -> None:
-        with self._lock:
-            if self._ticker is not None or self._closing.is_set():
-                return
-            self._ticker = threading.Thread(target=self._tick, name="elbv2-planes", daemon=True)
-        self._ticker.start()
-
-    def _tick(self) -> None:
-        """Draining targets leave when their delay is over; instances' new addresses reach the planes."""
-        while not self._closing.wait(TICK_S):
-            now = time.monotonic()
-            with self._lock:
-                self._drains = [d for d in self._drains if d.until > now]
-            self.converge_all()
-
-    def _failed(self, balancer: Balancer, call: str, exc: BaseException) -> None:
-        message = f"{balancer.name}: {call}: {type(exc).__name__}: {exc}"[:500]
-        with self._lock:
-            self.errors += [message] if message not in self.errors[-1:] else []
-
-    def _close_plane(self, plane: BalancerPlane) -> None:
-        with self._converge_lock:
-            try:
-                plane.close()
-            except Exception as exc:  # reported
-                self.errors.append(f"close: {type(exc).__name__}: {exc}"[:500])
-
-
-def _listener_name(port: int) -> str:
-    return f"listener-{port}"
-
-
-def _region(arn: str) -> str:
-    return arn.split(":")[3] if arn.count(":") >= 4 else ""
-

@@ -47,7 +47,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
-from .aws_elbv2 import members
 from .aws_wire import (
     EC2_VERSION,
     AwsError,
@@ -56,6 +55,7 @@ from .aws_wire import (
     child,
     child_text,
     items,
+    members,
     parse_xml,
     xml_bytes,
 )

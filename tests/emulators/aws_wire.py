@@ -314,6 +314,12 @@ def child_text(element: ET.Element | None, name: str) -> str:
     return (found.text or "") if found is not None else ""
 
 
+def members(element: ET.Element | None, name: str) -> list[ET.Element]:
+    """The <member> children of element's <name> (the query protocol's list encoding: ELB, Auto Scaling)."""
+    found = child(element, name)
+    return [c for c in found if local(c.tag) == "member"] if found is not None else []
+
+
 def path(element: ET.Element, *names: str) -> ET.Element | None:
     """child(child(element, a), b) ... or None where a step is missing."""
     current: ET.Element | None = element

@@ -32,25 +32,12 @@ and their health, drain and weight carried over in a server-state file; the old 
 requests in flight. The front haproxy and its client connections, idle keep-alive ones included, see
 nothing of it (the front opens one connection to the back per request: `option http-server-close`).
 
-Retries (haproxy `retry-on conn-failure`, `retries 3`, `option redispatch 1`): a request is sent again,
-to another target, when the connection to its target (or the TLS handshake) failed, so nothing was
-sent: a target that just stopped listening costs no failed request, as on a cloud ALB. A request that
-reached its target is never retried: the target dying mid-request, answering garbage or timing out
-gives the client 502/504, as ALB does. Server-side connections are closed after each response
-(`option http-server-close`; client keep-alive stays), so no request goes out on a stale pooled
-connection and a removed target holds no idle connection. A health check over https sets `check-ssl`
-explicitly: dynamic servers do not inherit it from `ssl` as static ones do.
-
 Where a listener serves: by default on the plane's `bind` address at a free port (`address()`), and
 Listener.port only fills X-Forwarded-Port. With `listener_ports=True` the plane serves every listener at
 its own port on `bind`, as a cloud balancer does at its DNS name: the AWS and ALB emulators give each
 balancer its own loopback address (`loopback_address()`, 127.0.100.0/24) and call that address its DNS
 name, so a client outside the test process (the real CLI) reaches it by the name the API returns (there
 is no DNS offline; ports below 1024 need root or CAP_NET_BIND_SERVICE for haproxy).
-TLS termination: a listener with `certificate` (a PEM file holding the certificate, its chain and the
-key, as haproxy's `crt` reads it) serves HTTPS with it (haproxy's default ciphers, TLS 1.2+); without
-one the front is plain HTTP. A listener whose certificate or port changes gets a new front haproxy
-(its client connections are closed: a cloud swaps certificates without that).
 
 Limits (not emulated): listener rules / host or path routing / redirects / fixed responses,
 sticky sessions, slow start, HTTP/2 and gRPC, connection draining timeouts (the caller removes a
@@ -61,12 +48,14 @@ HealthCheck.enabled False means the targets are not checked and always get traff
 "unused" (turning checks on again starts them healthy, checked at once). "initial" is a target that was
 never up since it was added and whose checks pass or have failed for less than `unhealthy_threshold`
 intervals; "unhealthy" is one failing for longer, or that fell from up and is not back yet.
+
+The listeners, targets and health checks, their validation, the haproxy configs rendered from them, the
+retries and TLS termination those configs set: balancer_config.py.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import re
 import shutil
 import signal
 import socket
@@ -81,9 +70,20 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from .balancer_config import (
+    HealthCheck,
+    Listener,
+    PlaneError,
+    Server,
+    Target,
+    check_name,
+    render_back,
+    render_front,
+    server_options,
+    validate,
+)
+
 HAPROXY = "haproxy"
-NAME = re.compile(r"[A-Za-z0-9_.-]+")
-MAX_WEIGHT = 256
 READY_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 5.0
 SOCKET_DIR_MAX = 80        # longer folders get their sockets in a short temp dir (AF_UNIX paths <= 107 bytes)
@@ -92,103 +92,6 @@ STATES = ("healthy", "unhealthy", "initial", "draining", "unused")
 ADMIN_MAINT = 0x01 | 0x02 | 0x04 | 0x20
 ADMIN_DRAIN = 0x08 | 0x10
 GOOD_CHECKS = ("L4OK", "L6OK", "L7OK", "L7OKC")
-
-
-class PlaneError(RuntimeError):
-    """haproxy refused a command, did not start, or the desired state is invalid."""
-
-
-@dataclass(frozen=True)
-class HealthCheck:
-    path: str = "/v2/health/ready"
-    interval_s: float = 2.0
-    timeout_s: float = 1.0
-    healthy_threshold: int = 2      # haproxy rise
-    unhealthy_threshold: int = 2    # haproxy fall
-    codes: str = "200"              # "200", "200,204" or a range "200-399" (as ALB / elbv2 matchers say it)
-    scheme: str = "http"            # "https": check over TLS without verifying (hosts serve their own self-signed cert)
-    enabled: bool = True
-
-
-@dataclass(frozen=True)
-class Target:
-    host: str                       # an IP the machine running the tests can reach (loopback or a docker bridge IP)
-    port: int
-    weight: int = 100
-    draining: bool = False          # no new requests; in-flight ones finish (the caller removes it after its delay)
-
-
-@dataclass(frozen=True)
-class Listener:
-    name: str                       # unique in the plane, [A-Za-z0-9_.-]
-    port: int                       # the port the balancer listens on in the cloud (80/443): informational
-    backend_scheme: str = "http"    # "http" | "https" to the targets (TLS to targets without verification, as ALB does)
-    targets: tuple[Target, ...] = ()
-    health: HealthCheck = HealthCheck()
-    certificate: str | None = None  # PEM file (certificate, chain, key): the front terminates TLS with it
-
-
-def status_regex(codes: str) -> str:
-    """haproxy `rstatus` regex for a matcher: "200", "200,204", "200-399" (also Aliyun's "http_2xx,http_3xx")."""
-    wanted: list[int] = []
-    for part in (p.strip() for p in codes.split(",") if p.strip()):
-        if m := re.fullmatch(r"http_([1-5])xx", part):
-            low = int(m.group(1)) * 100
-            wanted.extend(range(low, low + 100))
-        elif m := re.fullmatch(r"(\d{3})-(\d{3})", part):
-            wanted.extend(range(int(m.group(1)), int(m.group(2)) + 1))
-        elif re.fullmatch(r"\d{3}", part):
-            wanted.append(int(part))
-        else:
-            raise PlaneError(f"health check codes {codes!r}: {part!r} is not a code, a range or http_Nxx")
-    if not wanted:
-        raise PlaneError(f"health check codes {codes!r} name no status")
-    return "^(" + "|".join(str(c) for c in sorted(set(wanted))) + ")$"
-
-
-def _validate(listeners: Sequence[Listener]) -> None:
-    names = [lst.name for lst in listeners]
-    if len(set(names)) != len(names):
-        raise PlaneError(f"listener names must be unique: {names}")
-    for lst in listeners:
-        _check_name(lst.name, "listener")
-        if lst.backend_scheme not in ("http", "https"):
-            raise PlaneError(f"{lst.name}: backend_scheme {lst.backend_scheme!r} is not http or https")
-        _check_health(lst.name, lst.health)
-        keys = [(t.host, t.port) for t in lst.targets]
-        if len(set(keys)) != len(keys):
-            raise PlaneError(f"{lst.name}: a target is listed twice: {keys}")
-        for t in lst.targets:
-            _check_target(lst.name, t)
-
-
-def _check_name(name: str, what: str) -> None:
-    if not NAME.fullmatch(name) or set(name) == {"."}:
-        raise PlaneError(f"{what} name {name!r} must match [A-Za-z0-9_.-]+ (and be no folder like '..')")
-
-
-def _check_health(listener: str, hc: HealthCheck) -> None:
-    if hc.scheme not in ("http", "https"):
-        raise PlaneError(f"{listener}: health check scheme {hc.scheme!r} is not http or https")
-    if not re.fullmatch(r"/\S*", hc.path):
-        raise PlaneError(f"{listener}: health check path {hc.path!r} must start with / and hold no space")
-    if min(hc.interval_s, hc.timeout_s) <= 0 or min(hc.healthy_threshold, hc.unhealthy_threshold) < 1:
-        raise PlaneError(f"{listener}: health check intervals must be > 0 and thresholds >= 1: {hc}")
-    status_regex(hc.codes)
-
-
-def _check_target(listener: str, t: Target) -> None:
-    try:
-        ipaddress.IPv4Address(t.host)
-    except ValueError:
-        raise PlaneError(f"{listener}: target host {t.host!r} is not an IPv4 address (haproxy resolves no "
-                         "names for servers added at run time)") from None
-    if not 0 < t.port < 65536 or not 0 <= t.weight <= MAX_WEIGHT:
-        raise PlaneError(f"{listener}: {t.host}:{t.port} weight {t.weight}: port 1..65535, weight 0..{MAX_WEIGHT}")
-
-
-def _ms(seconds: float) -> int:
-    return max(1, round(seconds * 1000))
 
 
 def cli(sock: Path, command: str, timeout: float = 5.0) -> str:
@@ -239,60 +142,6 @@ def until(check: Callable[[], bool], timeout: float, what: str, interval: float 
 
 
 @dataclass
-class _Server:
-    name: str
-    target: Target
-
-
-def _server_options(lst: Listener, static: bool = False) -> str:
-    """The `server` (static) / `add server` keywords of a target of `lst`, its weight aside."""
-    opts = ["ssl verify none"] if lst.backend_scheme == "https" else []
-    hc = lst.health
-    if hc.enabled:
-        opts.append(f"check inter {_ms(hc.interval_s)} rise {hc.healthy_threshold} fall {hc.unhealthy_threshold}")
-        if hc.scheme == "https":
-            opts.append("check-ssl verify none")    # dynamic servers do not inherit it from `ssl`
-        elif static and lst.backend_scheme == "https":
-            opts.append("no-check-ssl")             # static ones do
-    return " ".join(opts)
-
-
-DEFAULTS = ["defaults", "    mode http", "    timeout connect 2s", "    timeout client 60s", "    timeout server 60s",
-            "    timeout http-keep-alive 60s", "    timeout http-request 10s", "    option http-server-close"]
-
-
-def render_front(lst: Listener, bind: str, port: int, traffic: Path, sock: Path) -> str:
-    """The listener's stable haproxy: the public port, relaying each request to the back haproxy."""
-    tls = f" ssl crt {lst.certificate}" if lst.certificate else ""
-    return "\n".join([
-        "global", f"    stats socket {sock} mode 600 level user", "    nbthread 1", "    hard-stop-after 5s",
-        "    ssl-default-bind-options ssl-min-ver TLSv1.2",
-        *DEFAULTS, "    retries 3",
-        f"frontend fe_{lst.name}", f"    bind {bind}:{port}{tls}", "    option forwardfor",
-        f"    http-request set-header X-Forwarded-Proto {'https' if lst.certificate else 'http'}",
-        f"    http-request set-header X-Forwarded-Port {lst.port}",
-        "    default_backend back", "backend back", f"    server back unix@{traffic}", ""])
-
-
-def render_back(lst: Listener, traffic: Path, sock: Path, servers: Sequence[_Server] = (),
-                state_file: Path | None = None) -> str:
-    """The listener's balancing haproxy. Targets are added at run time; `servers` only on a rebuild."""
-    hc = lst.health
-    check = [f"    option httpchk GET {hc.path}", f"    http-check expect rstatus {status_regex(hc.codes)}",
-             f"    timeout check {_ms(hc.timeout_s)}"] if hc.enabled else []
-    state = ([f"    server-state-file {state_file}"], ["    load-server-state-from-file global"]) if state_file \
-        else ([], [])
-    static = [f"    server {s.name} {s.target.host}:{s.target.port} weight {s.target.weight} "
-              f"{_server_options(lst, static=True)}" for s in servers]
-    return "\n".join([
-        "global", f"    stats socket {sock} mode 600 level admin expose-fd listeners", "    nbthread 1",
-        "    ssl-server-verify none", "    hard-stop-after 5s", *state[0],
-        *DEFAULTS, "    retries 3", "    retry-on conn-failure", "    option redispatch 1", *state[1],
-        f"frontend fe_{lst.name}", f"    bind unix@{traffic} mode 600", f"    default_backend be_{lst.name}",
-        f"backend be_{lst.name}", "    balance roundrobin", *check, *static, ""])
-
-
-@dataclass
 class _Proxy:
     """One listener: its front haproxy (never changed) and back haproxy (the targets; rebuilt on a new
     health check or backend scheme), and the servers the back one was told about."""
@@ -302,7 +151,7 @@ class _Proxy:
     port: int
     folder: Path
     sockets: Path                                            # folder, or a short temp dir (AF_UNIX paths)
-    servers: dict[tuple[str, int], _Server] = field(default_factory=dict)
+    servers: dict[tuple[str, int], Server] = field(default_factory=dict)
     retiring: list[str] = field(default_factory=list)       # in maint, to `del server` once idle
     front: subprocess.Popen[bytes] | None = None
     back: subprocess.Popen[bytes] | None = None
@@ -345,7 +194,7 @@ class _Proxy:
         self.front = self.spawn("front", front)
         until(self.serving, READY_TIMEOUT_S, f"listener {self.listener.name} to serve {self.bind}:{self.port}")
 
-    def start_back(self, servers: Sequence[_Server] = (), state_file: Path | None = None) -> None:
+    def start_back(self, servers: Sequence[Server] = (), state_file: Path | None = None) -> None:
         """Start the back haproxy; with an older one alive, take its listening socket over (-x, -sf)."""
         old, old_sock = self.back, self.sock
         self.generation += 1
@@ -405,10 +254,10 @@ class _Proxy:
 
     def add(self, target: Target) -> None:
         self.serial += 1
-        server = _Server(f"{target.host}_{target.port}_{self.serial}", Target(target.host, target.port, 0))
+        server = Server(f"{target.host}_{target.port}_{self.serial}", Target(target.host, target.port, 0))
         ref = f"{self.backend}/{server.name}"
         answer = self.run(f"add server {ref} {target.host}:{target.port} weight 0 "
-                          f"{_server_options(self.listener)}")
+                          f"{server_options(self.listener)}")
         if "New server registered" not in answer:
             raise PlaneError(f"{self.listener.name}: add server {target.host}:{target.port}: {answer.strip()}")
         enable = f"enable server {ref}"
@@ -417,7 +266,7 @@ class _Proxy:
         self.expect_silence(enable)
         self.servers[(target.host, target.port)] = server
 
-    def update(self, server: _Server, target: Target) -> None:
+    def update(self, server: Server, target: Target) -> None:
         ref = f"{self.backend}/{server.name}"
         if target.draining != server.target.draining:
             self.expect_silence(f"set server {ref} state {'drain' if target.draining else 'ready'}")
@@ -425,7 +274,7 @@ class _Proxy:
             self.expect_silence(f"set server {ref} weight {target.weight}")
         server.target = target
 
-    def retire(self, server: _Server) -> None:
+    def retire(self, server: Server) -> None:
         self.expect_silence(f"set server {self.backend}/{server.name} state maint")
         self.retiring.append(server.name)
 
@@ -455,9 +304,9 @@ class _Proxy:
 
     # --- health --------------------------------------------------------------------------------
     def health(self) -> dict[tuple[str, int], str]:
-        stats = _table(self.run(f"show stat {self.backend} 4 -1"), ",")
+        stats = stat_table(self.run(f"show stat {self.backend} 4 -1"), ",")
         admin = {row["srv_name"]: int(row["srv_admin_state"])
-                 for row in _table(self.run(f"show servers state {self.backend}"), " ")}
+                 for row in stat_table(self.run(f"show servers state {self.backend}"), " ")}
         by_name = {row["svname"]: row for row in stats}
         out: dict[tuple[str, int], str] = {}
         for key, server in self.servers.items():
@@ -466,7 +315,7 @@ class _Proxy:
         return out
 
 
-def _table(text: str, sep: str) -> list[dict[str, str]]:
+def stat_table(text: str, sep: str) -> list[dict[str, str]]:
     """Rows of `show stat` (CSV, '# ' header) or `show servers state` (version line, '# ' header)."""
     lines = [ln for ln in text.splitlines() if ln.strip()]
     header = next((ln for ln in lines if ln.startswith("#")), None)
@@ -525,7 +374,7 @@ class BalancerPlane:
 
     def __init__(self, name: str, workdir: Path | None = None, bind: str = "127.0.0.1",
                  listener_ports: bool = False) -> None:
-        _check_name(name, "plane")
+        check_name(name, "plane")
         if shutil.which(HAPROXY) is None:
             raise PlaneError("haproxy is not installed (apt-get install haproxy; scripts/setup.sh does)")
         self.name, self.bind, self.listener_ports = name, bind, listener_ports
@@ -539,7 +388,7 @@ class BalancerPlane:
 
     def apply(self, listeners: Sequence[Listener]) -> None:
         """Converge to exactly these listeners; returns once haproxy serves them."""
-        _validate(listeners)
+        validate(listeners)
         with self._lock:
             if self._closed:
                 raise PlaneError(f"plane {self.name} is closed")
@@ -590,7 +439,7 @@ class BalancerPlane:
         with self._lock:
             proxy = self._proxies[listener_name]
             proxy.reap_retired()
-            rows = _table(proxy.run(f"show servers state {proxy.backend}"), " ")
+            rows = stat_table(proxy.run(f"show servers state {proxy.backend}"), " ")
             return sorted(f"{row['srv_addr']}:{row['srv_port']}" for row in rows)
 
     def counts(self, listener_name: str) -> tuple[int, int]:
@@ -603,7 +452,7 @@ class BalancerPlane:
             proxy = self._proxies.get(listener_name)
             if proxy is None:
                 return 0, 0
-            rows = _table(proxy.run(f"show stat {proxy.backend} 2 -1"), ",")
+            rows = stat_table(proxy.run(f"show stat {proxy.backend} 2 -1"), ",")
         return (sum(int(r.get("stot") or 0) for r in rows), sum(int(r.get("econ") or 0) for r in rows))
 
     def listeners(self) -> list[str]:
@@ -632,5 +481,4 @@ class BalancerPlane:
         self.close()
 
 
-__all__ = ["LOOPBACK_NET", "STATES", "BalancerPlane", "HealthCheck", "Listener", "PlaneError", "Target",
-           "loopback_address", "release_loopback", "status_regex"]
+__all__ = ["HAPROXY", "LOOPBACK_NET", "STATES", "BalancerPlane", "loopback_address", "release_loopback"]

@@ -30,7 +30,8 @@ from aliyunsdkecs.request.v20140526 import (
 )
 
 from emulators.aliyun_ecs import EcsEmulator
-from emulators.aliyun_ram import ACCOUNT_UID, ROLE_ATTACHED
+from emulators.aliyun_instance_roles import ROLE_ATTACHED
+from emulators.aliyun_ram import ACCOUNT_UID
 from emulators.hosts_api import PaperHosts
 
 AK, SECRET = "test-ak", "test-secret"

@@ -32,7 +32,8 @@ from typing import Any
 
 import pytest
 
-from emulators.balancer_plane import HAPROXY, BalancerPlane, HealthCheck, Listener, PlaneError, Target, status_regex
+from emulators.balancer_config import HealthCheck, Listener, PlaneError, Target, status_regex
+from emulators.balancer_plane import HAPROXY, BalancerPlane
 from emulators.traffic import tls_server_context
 from support import missing
 

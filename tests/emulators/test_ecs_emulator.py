@@ -48,7 +48,8 @@ from aliyunsdkecs.request.v20140526 import (
     StopInstancesRequest,
 )
 
-from emulators.aliyun_ecs import PUBLIC_IMAGES, EcsEmulator
+from emulators.aliyun_ecs import EcsEmulator
+from emulators.aliyun_ecs_machines import PUBLIC_IMAGES
 from emulators.aliyun_rpc import NonceStore, sign, signed_query, string_to_sign, verify
 from emulators.hosts_api import CommandResult, PaperHosts
 
