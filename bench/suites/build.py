@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 from ..core import ROOT, Measurement, Ratio, Stats, SuiteResult, SuiteSkipped, ensure_package, ratio, script
 from .build_cache import download_cache_records, removable_records, run_markers
-from .peers import adapt_for_build, write_hpccm_recipe
+from .peers import RECIPES, adapt_for_build, write_hpccm_recipe
 
 REF = "cuda:24.05"
 SECOND = "pytorch:24.11"          # the framework image on the same CUDA stack (12.4, cuDNN 9.1.0.70, NCCL 2.21.5)
@@ -319,7 +319,7 @@ def prepare(ref: str, work: Path, out: Path) -> tuple[Path, dict[str, Path]]:
                    check=True, capture_output=True, text=True)
     ngcx_file = files / "ngcx.Dockerfile"
     shutil.move(context / "Dockerfile", ngcx_file)
-    recipe = write_hpccm_recipe(ref, out / "peers", base="offline")
+    recipe = write_hpccm_recipe(ref, base="offline")
     rendered = subprocess.run([script("hpccm"), "--recipe", str(recipe)], capture_output=True, text=True, check=True)
     (files / "hpccm.Dockerfile").write_text(adapt_for_build(rendered.stdout))
     naive = NAIVE / f"{ref.split(':')[0]}.Dockerfile"
@@ -399,7 +399,7 @@ def _measure(result: SuiteResult, engine: Engine, work: Path, out: Path) -> None
     result.extra.update(
         ref=REF, second=SECOND, base=BASE, app_file=APP_FILE, bumps={b.key: f"{b.pin} -> {b.patched}" for b in BUMPS},
         ngcx_stack_bytes=stack, ngcx_common_layers=common, ngcx_parting_line=parting,
-        hpccm_recipe=os.path.relpath(out / "peers" / f"hpccm-{REF.replace(':', '-')}-offline.py", ROOT),
+        hpccm_recipe=os.path.relpath(RECIPES / f"hpccm-{REF.replace(':', '-')}-offline.py", ROOT),
         naive_dockerfile=os.path.relpath(NAIVE / f"{REF.split(':')[0]}.Dockerfile", ROOT),
         images={tool: {k: v for k, v in images[tool].items() if k != "diff_ids"} for tool in TOOLS},
         second_images={tool: {k: v for k, v in d.items() if k not in ("diff_ids", "pair")}

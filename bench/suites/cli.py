@@ -124,7 +124,7 @@ def run(result: SuiteResult, work: Path, out: Path) -> None:
     """Fill result with the timings, the ngcx / hpccm ratios and the notes that explain a loss."""
     ensure_package(HPCCM, "hpccm")
     result.extra["byte_compiled_because_PYTHONDONTWRITEBYTECODE"] = byte_compile()
-    recipe = write_hpccm_recipe(REF, out / "peers")
+    recipe = write_hpccm_recipe(REF)
     result.extra.update(_outputs(work, recipe))
     result.extra["hpccm_recipe"] = os.path.relpath(recipe, ROOT)
     result.measurements = time_interleaved(commands(work, recipe), result.repeat)

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Builds the folder the old-runtime SIGSEGV runs carry to the lent GPU (issue 24 item 4).
-# usage: bash bench/results/gpu/starts/make_oldrepro.sh [DIR]      (from the repository root; DIR: .carry/oldrepro)
+# usage: bash bench/gpu/starts/make_oldrepro.sh [DIR]      (from the repository root; DIR: .carry/oldrepro)
 # DIR gets e63d613's runtime/ and bench/ (bench/gpu_issue12.py: the harness whose ResNet-18 servers died with
 # SIGSEGV), trees.tgz (trees/NN_SHA/runtime: e63d613's runtime and that of every later commit touching runtime/,
 # oldest first, listed in trees/order.txt) and the device scripts. .carry/ is ignored by git: pass the
