@@ -133,16 +133,22 @@ def _check_signature(repo: Repo, digest: str, public: Any, key: str) -> str | No
 
 def _check_attestations(repo: Repo, digest: str, public: Any, key: str,
                         require: tuple[str, ...]) -> tuple[tuple[str, ...], str | None]:
-    """(predicate types verified, None) or (…, the failure line): every envelope must verify and name `digest`."""
+    """(predicate types verified, None) or (…, the failure line).
+
+    Every envelope of a type ngcx attests (SLSA provenance, CycloneDX) must verify with the key and name `digest`:
+    an edited or added one is a failure, not skipped. Envelopes of other types that another party signed with its
+    own key (a scanner's) are left alone, as `cosign verify-attestation` leaves what it cannot verify."""
     manifest = repo.manifest_json(att_tag(digest))
     layers = [d for d in (manifest or {}).get("layers") or [] if d.get("mediaType") == DSSE_LAYER]
     verified: list[str] = []
     for descriptor in layers:
         kind = (descriptor.get("annotations") or {}).get("predicateType", "?")
         raw = repo.blob(descriptor.get("digest", ""))
+        stmt = _open_envelope(raw, public) if raw is not None else None
+        if stmt is None and kind not in SHORT_NAMES and kind not in require:
+            continue
         if raw is None:
             return tuple(verified), f"attestation edited: {kind} (its bytes do not match their digest)"
-        stmt = _open_envelope(raw, public)
         if stmt is None:
             return tuple(verified), (f"attestation edited: {kind} does not verify with key {key[:19]}… "
                                      "(changed after signing, or signed by another key)")

@@ -19,6 +19,7 @@ from support import run_ngcx
 pytestmark = pytest.mark.docker
 
 SLSA = "https://slsa.dev/provenance/v1"
+CYCLONEDX = "https://cyclonedx.org/bom"
 
 
 @pytest.fixture
@@ -128,20 +129,66 @@ def test_signature_of_another_digest_is_refused(images, namespace, isolated_stat
     _refused(run_ngcx("verify", unsigned), "signed digest differs", signed_digest, unsigned_digest)
 
 
-def test_edited_provenance_is_refused(images, namespace, isolated_state):
-    remote, digest = push(images(), namespace)
+def _edit_attestation(remote: str, digest: str, kind: str, edit) -> None:
+    """Replace the `kind` envelope's statement by edit(statement), keeping its signature (an attacker's edit)."""
     host, repo, _ = split(remote)
     att_tag = digest.replace(":", "-") + ".att"
     manifest = get_manifest(host, repo, att_tag)
-    layer = next(d for d in manifest["layers"] if d["annotations"]["predicateType"] == SLSA)
+    layer = next(d for d in manifest["layers"] if d["annotations"]["predicateType"] == kind)
     envelope = json.loads(get_blob(host, repo, layer["digest"]))
     statement = json.loads(base64.b64decode(envelope["payload"]))
-    statement["predicate"]["runDetails"]["builder"]["id"] = "https://evil.example/builder"
+    edit(statement)
     envelope["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
     edited = json.dumps(envelope).encode()
     layer["digest"], layer["size"] = put_blob(host, repo, edited), len(edited)
     put_manifest(host, repo, att_tag, manifest)
 
+
+def _other_builder(statement: dict) -> None:
+    statement["predicate"]["runDetails"]["builder"]["id"] = "https://evil.example/builder"
+
+
+def _hidden_component(statement: dict) -> None:
+    statement["predicate"].setdefault("components", []).append({"type": "library", "name": "backdoor",
+                                                                "version": "1.0"})
+
+
+@pytest.mark.parametrize(("kind", "edit"), [(SLSA, _other_builder), (CYCLONEDX, _hidden_component)],
+                         ids=["provenance", "sbom"])
+def test_edited_attestation_is_refused(images, namespace, isolated_state, kind, edit):
+    remote, digest = push(images(), namespace)
+    _edit_attestation(remote, digest, kind, edit)
+    _refused(run_ngcx("verify", remote), "attestation edited", kind)
+
+
+def test_attestation_added_with_another_key(images, namespace, isolated_state):
+    """Another party's attestation of its own type is left alone; a provenance signed by another key is refused."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    remote, digest = push(images(), namespace)
+    host, repo, _ = split(remote)
+    att_tag = digest.replace(":", "-") + ".att"
+    other_key = ec.generate_private_key(ec.SECP256R1())
+
+    def add(kind: str) -> None:
+        statement = {"_type": "https://in-toto.io/Statement/v1", "predicateType": kind, "predicate": {},
+                     "subject": [{"name": f"{host}/{repo}", "digest": {"sha256": digest.removeprefix("sha256:")}}]}
+        body = json.dumps(statement).encode()
+        pae = b"DSSEv1 %d application/vnd.in-toto+json %d %s" % (len("application/vnd.in-toto+json"), len(body), body)
+        envelope = {"payloadType": "application/vnd.in-toto+json", "payload": base64.b64encode(body).decode(),
+                    "signatures": [{"keyid": "", "sig": base64.b64encode(
+                        other_key.sign(pae, ec.ECDSA(hashes.SHA256()))).decode()}]}
+        data = json.dumps(envelope).encode()
+        manifest = get_manifest(host, repo, att_tag)
+        manifest["layers"].append({"mediaType": "application/vnd.dsse.envelope.v1+json", "size": len(data),
+                                   "digest": put_blob(host, repo, data), "annotations": {"predicateType": kind}})
+        put_manifest(host, repo, att_tag, manifest)
+
+    add("https://example.com/scan/v1")
+    accepted = run_ngcx("verify", remote)
+    assert accepted.returncode == 0, accepted.stderr
+    add(SLSA)
     _refused(run_ngcx("verify", remote), "attestation edited", SLSA)
 
 
