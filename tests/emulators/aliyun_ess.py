@@ -71,14 +71,11 @@ import json
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .aliyun_ess_alarms import Alarm, Alarms, simple_settings
-from .aliyun_ess_scaling import RECYCLE, Activity, Group, LifecycleAction, Scaling, new_id
+from .aliyun_ess_scaling import RECYCLE, Activity, Ecs, Group, LifecycleAction, Scaling, new_id
 from .aliyun_rpc import Action, ApiError, as_bool, as_int, indexed, invalid, iso_now, page, repeated, required
-
-if TYPE_CHECKING:
-    from .aliyun_ecs import EcsEmulator
 
 ESS_VERSION = "2014-08-28"
 ESS_IDEMPOTENT = frozenset({"CreateScalingGroup", "CreateScalingConfiguration", "CreateScalingRule",
@@ -130,7 +127,7 @@ class Rule:
 class Ess(Alarms, Scaling):
     """ESS state and actions over an EcsEmulator (its lock, workers, instances and ALB)."""
 
-    def __init__(self, ecs: EcsEmulator, *, time_scale: float = 1.0, scale_in_periods: int = 3) -> None:
+    def __init__(self, ecs: Ecs, *, time_scale: float = 1.0, scale_in_periods: int = 3) -> None:
         self.ecs, self._lock = ecs, ecs._lock
         self.time_scale, self.scale_in_periods = time_scale, scale_in_periods
         self.decisions: list[tuple[str, int, int, float]] = []    # (group name, from, to, metric) by the controller

@@ -46,13 +46,10 @@ import operator
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .aliyun_ess_scaling import Group, new_id
+from .aliyun_ess_scaling import Ecs, Group, new_id
 from .aliyun_rpc import Action, ApiError, as_bool, as_int, indexed, invalid, page, repeated, required
-
-if TYPE_CHECKING:
-    from .aliyun_ecs import EcsEmulator
 
 WAKE_METRIC = "LoadBalancerHTTPCode503"      # CloudMonitor acs_alb: 503s the ALB itself returned (see Guessed)
 OPERATORS: dict[str, Callable[[float, float], bool]] = {
@@ -100,7 +97,7 @@ def simple_settings(rule: Any, params: Mapping[str, str]) -> None:
 class Alarms:
     """Mixed into aliyun_ess.Ess (before Scaling): alarm tasks and simple-rule execution."""
 
-    ecs: EcsEmulator
+    ecs: Ecs
     _lock: threading.RLock
     time_scale: float
     decisions: list[tuple[str, int, int, float]]

@@ -15,13 +15,13 @@ import string
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from .aliyun_alb import Alb
+from .aliyun_ecs_machines import Instance, SecurityGroup
 from .aliyun_rpc import ApiError, iso_now
-
-if TYPE_CHECKING:
-    from .aliyun_ecs import EcsEmulator
 
 QPS_METRIC = "AlbQpsPerBackendServer"        # "(ALB) QPS per Backend Server" (the API name is a guess)
 LIVE = ("Pending", "InService")
@@ -87,10 +87,32 @@ class Group:
     policy: str = "release"                  # ScalingPolicy: release / recycle (economical mode) / force*
 
 
+class Ecs(Protocol):
+    """What ESS uses of EcsEmulator (aliyun_ecs.py): its lock, workers, instance actions and ALB. A Protocol,
+    not an import of aliyun_ecs.py, because that module imports ESS (no two modules import each other)."""
+
+    region: str
+    alb: Alb
+    _lock: threading.RLock
+    _closing: threading.Event
+    _instances: dict[str, Instance]
+    _vpc_id: str
+    _vswitches: dict[str, str]
+
+    def _spawn(self, target: Callable[..., None], *args: Any) -> None: ...
+    def _sleep_until(self, deadline: float) -> bool: ...
+    def _group(self, group_id: str) -> SecurityGroup: ...
+    def _user_data(self, params: dict[str, str]) -> bytes: ...
+    def _run_instances(self, params: dict[str, str]) -> dict[str, Any]: ...
+    def _start_instances(self, params: dict[str, str]) -> dict[str, Any]: ...
+    def _stop_instances(self, params: dict[str, str]) -> dict[str, Any]: ...
+    def _delete_instances(self, params: dict[str, str]) -> dict[str, Any]: ...
+
+
 class Scaling:
     """Mixed into aliyun_ess.Ess: the state it keeps (below) and what the groups do with it."""
 
-    ecs: EcsEmulator
+    ecs: Ecs
     _lock: threading.RLock
     time_scale: float
     scale_in_periods: int

@@ -52,13 +52,11 @@ import threading
 import time
 import xml.etree.ElementTree as ET
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .aws_scaling_owner import ScalingOwner, scaling_answer
 from .aws_wire import AwsError, WireRequest, WireResponse, child_text, members, parse_xml
 from .aws_wire import path as xpath
-
-if TYPE_CHECKING:
-    from .aws_autoscaling import AutoScaling
 
 ACCOUNT = "123456789012"
 NAMESPACE = "AWS/ApplicationELB"
@@ -83,7 +81,7 @@ def _cloudwatch(region: str) -> Any:
 class AlarmActions:
     """ALB metrics into CloudWatch, alarm evaluation, step-scaling actions for an AutoScaling emulator."""
 
-    def __init__(self, scaling: AutoScaling) -> None:
+    def __init__(self, scaling: ScalingOwner) -> None:
         self.scaling = scaling
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, str], tuple[int, int]] = {}      # (balancer, listener) -> counts so far
@@ -99,8 +97,6 @@ class AlarmActions:
 
     def put_policy(self, request: WireRequest) -> WireResponse:
         """moto's answer lacks PolicyARN: read it back."""
-        from .aws_autoscaling import _answer
-
         answer = self.scaling.ec2._forward(request)
         if not answer.ok:
             return answer
@@ -118,7 +114,7 @@ class AlarmActions:
             ET.SubElement(result, f"{ns}PolicyARN").text = arn
             ET.SubElement(result, f"{ns}Alarms")
 
-        return _answer("PutScalingPolicy", build)
+        return scaling_answer("PutScalingPolicy", build)
 
     # --- the balancers' metrics ---------------------------------------------------------------------
 

@@ -75,10 +75,10 @@ import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .aws_alarms import AlarmActions
+from .aws_scaling_owner import NS, Victim, scaling_answer
 from .aws_warm_pool import WarmPools
 from .aws_wire import (
     AwsError,
@@ -89,7 +89,6 @@ from .aws_wire import (
     items,
     local,
     members,
-    new_request_id,
     parse_xml,
     xml_bytes,
 )
@@ -99,27 +98,9 @@ if TYPE_CHECKING:
     from .aws_ec2 import Ec2Emulator
 
 SERVICE, VERSION = "autoscaling", "2011-01-01"
-NS = "http://autoscaling.amazonaws.com/doc/2011-01-01/"
 TERMINATING = "autoscaling:EC2_INSTANCE_TERMINATING"
 DEFAULT_HEARTBEAT_S = 3600
 MINUTE_S = 60.0
-
-
-@dataclass
-class Victim:
-    """An instance taken out of its group by a scale-in: draining and waiting for its lifecycle hook."""
-
-    instance_id: str
-    group: str
-    region: str
-    zone: str
-    version: str
-    hook: str                      # the terminating hook's name ("" when the group has none)
-    drained_at: float              # time.monotonic() when its deregistration delay is over
-    hook_deadline: float           # HeartbeatTimeout x time_scale from now (restarted by a heartbeat)
-    heartbeat_s: float
-    token: str = field(default_factory=new_request_id)
-    completed: threading.Event = field(default_factory=threading.Event, repr=False)
 
 
 class AutoScaling:
@@ -394,13 +375,13 @@ class AutoScaling:
         if request.params.get("LifecycleActionResult") not in ("CONTINUE", "ABANDON"):
             raise AwsError(400, "ValidationError", "LifecycleActionResult must be CONTINUE or ABANDON")
         self._victim(request).completed.set()
-        return _answer("CompleteLifecycleAction")
+        return scaling_answer("CompleteLifecycleAction")
 
     def _heartbeat(self, request: WireRequest) -> WireResponse:
         victim = self._victim(request)
         with self._lock:
             victim.hook_deadline = time.monotonic() + victim.heartbeat_s
-        return _answer("RecordLifecycleActionHeartbeat")
+        return scaling_answer("RecordLifecycleActionHeartbeat")
 
     def _describe(self, request: WireRequest) -> WireResponse:
         """Pending until the machine runs; the launch version it came from; the terminating ones."""
@@ -541,12 +522,3 @@ class AutoScaling:
                                                start, end, 60, [statistic], dimensions)
         values = [float(v) for p in points if (v := p.get_statistics_for_type(statistic)) is not None]
         return values[-1] if values else None
-
-
-def _answer(action: str, build: Callable[[ET.Element], Any] | None = None) -> WireResponse:
-    root = ET.Element(f"{{{NS}}}{action}Response")
-    result = ET.SubElement(root, f"{{{NS}}}{action}Result")
-    if build is not None:
-        build(result)
-    ET.SubElement(ET.SubElement(root, f"{{{NS}}}ResponseMetadata"), f"{{{NS}}}RequestId").text = new_request_id()
-    return WireResponse(200, (("Content-Type", "text/xml"),), xml_bytes(root))

@@ -44,9 +44,9 @@ import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
+from .aws_scaling_owner import NS, ScalingOwner, Victim
 from .aws_wire import (
     EC2_VERSION,
     AwsError,
@@ -61,10 +61,6 @@ from .aws_wire import (
 )
 from .aws_wire import path as xpath
 
-if TYPE_CHECKING:
-    from .aws_autoscaling import AutoScaling, Victim
-
-NS = "http://autoscaling.amazonaws.com/doc/2011-01-01/"
 READY = ("Warmed:Stopped", "Warmed:Hibernated", "Warmed:Running")
 SETTLE_TIMEOUT_S = 600.0
 
@@ -94,7 +90,7 @@ def ec2_request(region: str, action: str, params: dict[str, str]) -> WireRequest
 class WarmPools:
     """The warm pools of an AutoScaling emulator's groups."""
 
-    def __init__(self, scaling: AutoScaling) -> None:
+    def __init__(self, scaling: ScalingOwner) -> None:
         self.scaling = scaling
         self.ec2 = scaling.ec2
         self._lock = threading.RLock()

@@ -1,6 +1,6 @@
 """The ECS emulator, driven through the real aliyun-python-sdk-core/-ecs (and by hand where the
 SDK cannot misbehave on purpose): signature v1, the SDK's retry traps, ClientToken, stock, the
-instance state machine, images, Cloud Assistant and the ACR token.
+instance state machine; images, Cloud Assistant, the console and ACR: test_ecs_images_commands.py.
 
 The machines behind the instances are PaperHosts: an in-memory HostBackend that only records
 calls and hands out made-up IPs. Nothing runs on them; the product's e2e tests use the real,
@@ -13,50 +13,50 @@ import base64
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
-import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-from aliyunsdkcore.acs_exception.exceptions import ServerException
 from aliyunsdkcore.client import AcsClient
-from aliyunsdkcore.request import CommonRequest
 from aliyunsdkecs.request.v20140526 import (
     AuthorizeSecurityGroupRequest,
-    CreateImageRequest,
     CreateSecurityGroupRequest,
-    DeleteImageRequest,
     DeleteInstanceRequest,
     DeleteInstancesRequest,
     DescribeAvailableResourceRequest,
-    DescribeImagesRequest,
     DescribeInstancesRequest,
     DescribeInstanceTypesRequest,
-    DescribeInvocationResultsRequest,
     DescribeRegionsRequest,
     DescribeSecurityGroupAttributeRequest,
     DescribeSecurityGroupsRequest,
     DescribeVSwitchesRequest,
     DescribeZonesRequest,
-    GetInstanceConsoleOutputRequest,
-    RunCommandRequest,
-    RunInstancesRequest,
     StartInstanceRequest,
     StopInstanceRequest,
     StopInstancesRequest,
 )
 
 from emulators.aliyun_ecs import EcsEmulator
-from emulators.aliyun_ecs_machines import PUBLIC_IMAGES
-from emulators.aliyun_rpc import NonceStore, sign, signed_query, string_to_sign, verify
-from emulators.hosts_api import CommandResult, PaperHosts
-
-AK, SECRET = "test-ak", "test-secret"
-IMAGE = "ubuntu_22_04_x64_20G_alibase_20240926.vhd"
-A10 = "ecs.gn7i-c8g1.2xlarge"
-ZONE_H, ZONE_I, ZONE_J = "cn-hangzhou-h", "cn-hangzhou-i", "cn-hangzhou-j"
+from emulators.aliyun_rpc import NonceStore, sign, string_to_sign, verify
+from emulators.ecs_sdk import (
+    A10,
+    IMAGE,
+    SECRET,
+    ZONE_H,
+    ZONE_I,
+    ZONE_J,
+    call,
+    describe,
+    fetch,
+    hand_url,
+    launch,
+    run_request,
+    sdk,
+    server_error,
+    start,
+    stop,
+    wait_status,
+)
+from emulators.hosts_api import PaperHosts
 
 
 @pytest.fixture(autouse=True)
@@ -77,86 +77,6 @@ def emu(hosts: PaperHosts) -> Iterator[EcsEmulator]:
         yield emulator
     assert hosts.closed
 
-
-def sdk(emu: EcsEmulator, secret: str = SECRET, **kwargs: Any) -> AcsClient:
-    return AcsClient(AK, secret, "cn-hangzhou", port=emu.port, **kwargs)
-
-
-def call(client: AcsClient, request: Any) -> dict[str, Any]:
-    request.set_endpoint("127.0.0.1")
-    return json.loads(client.do_action_with_exception(request))
-
-
-def server_error(client: AcsClient, request: Any) -> ServerException:
-    with pytest.raises(ServerException) as info:
-        call(client, request)
-    return info.value
-
-
-def run_request(zone: str = ZONE_I, itype: str = A10, **fields: Any) -> RunInstancesRequest.RunInstancesRequest:
-    request = RunInstancesRequest.RunInstancesRequest()
-    request.set_ImageId(fields.pop("image", IMAGE))
-    request.set_InstanceType(itype)
-    if zone:
-        request.set_ZoneId(zone)
-    for name, value in fields.items():
-        getattr(request, f"set_{name}")(value)
-    return request
-
-
-def launch(client: AcsClient, **fields: Any) -> list[str]:
-    return call(client, run_request(**fields))["InstanceIdSets"]["InstanceIdSet"]
-
-
-def describe(client: AcsClient, ids: list[str] | None = None, **fields: Any) -> dict[str, Any]:
-    request = DescribeInstancesRequest.DescribeInstancesRequest()
-    if ids is not None:
-        request.set_InstanceIds(json.dumps(ids))
-    for name, value in fields.items():
-        getattr(request, f"set_{name}")(value)
-    return call(client, request)
-
-
-def wait_status(client: AcsClient, ids: list[str], status: str, timeout: float = 5) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = describe(client, ids, PageSize=100)["Instances"]["Instance"]
-        if len(found) == len(ids) and all(i["Status"] == status for i in found):
-            return found
-        assert time.monotonic() < deadline, f"never {status}: {[(i['InstanceId'], i['Status']) for i in found]}"
-        time.sleep(0.03)
-
-
-def stop(client: AcsClient, instance_id: str, mode: str = "KeepCharging") -> None:
-    request = StopInstanceRequest.StopInstanceRequest()
-    request.set_InstanceId(instance_id)
-    request.set_StoppedMode(mode)
-    call(client, request)
-
-
-def start(client: AcsClient, instance_id: str) -> None:
-    request = StartInstanceRequest.StartInstanceRequest()
-    request.set_InstanceId(instance_id)
-    call(client, request)
-
-
-def hand_url(emu: EcsEmulator, action: str, secret: str = SECRET, method: str = "GET", **extra: str) -> str:
-    """A request signed by hand with the §1 algorithm (what a replaying or clock-skewed client sends)."""
-    params = {"AccessKeyId": AK, "Action": action, "Version": "2014-05-26", "Format": "JSON",
-              "SignatureMethod": "HMAC-SHA1", "SignatureVersion": "1.0", "SignatureNonce": uuid.uuid4().hex,
-              "Timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "RegionId": "cn-hangzhou"}
-    params.update(extra)
-    params = {k: v for k, v in params.items() if v is not None}
-    return f"http://{emu.endpoint}/?{signed_query(method, params, secret)}"
-
-
-def fetch(url: str, data: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(urllib.request.Request(url, data=data, headers=headers or {}), timeout=10) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read()
 
 
 # --- signature and protocol -------------------------------------------------------------------
@@ -523,120 +443,3 @@ def _describe_page_size(size: int) -> DescribeInstancesRequest.DescribeInstances
     request = DescribeInstancesRequest.DescribeInstancesRequest()
     request.set_PageSize(size)
     return request
-
-
-# --- images ---------------------------------------------------------------------------------
-
-def test_create_describe_use_and_delete_an_image(emu: EcsEmulator, hosts: PaperHosts) -> None:
-    client = sdk(emu)
-    [iid] = launch(client)
-    wait_status(client, [iid], "Running")
-    create = CreateImageRequest.CreateImageRequest()
-    create.set_InstanceId(iid)
-    create.set_ImageName("ngcx-host-v1")
-    create.set_ClientToken("bake-1")
-    create.set_Tags([{"Key": "ngcx", "Value": "host"}])
-    image_id = call(client, create)["ImageId"]
-    assert image_id.startswith("m-") and call(client, create)["ImageId"] == image_id   # idempotent
-    listing = DescribeImagesRequest.DescribeImagesRequest()
-    listing.set_ImageOwnerAlias("self")
-    listing.set_Status("Creating,Available")
-    deadline = time.monotonic() + 5
-    while (images := call(client, listing)["Images"]["Image"])[0]["Status"] != "Available":
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    assert [(m["ImageId"], m["ImageName"]) for m in images] == [(image_id, "ngcx-host-v1")]
-    assert images[0]["Tags"]["Tag"] == [{"TagKey": "ngcx", "TagValue": "host"}]
-    assert hosts.named("snapshot") == [("snapshot", iid, image_id)]
-    system = DescribeImagesRequest.DescribeImagesRequest()
-    system.set_ImageOwnerAlias("system")
-    system.set_PageSize(50)
-    assert {m["ImageId"] for m in call(client, system)["Images"]["Image"]} == set(PUBLIC_IMAGES)
-
-    [child] = launch(client, image=image_id)
-    wait_status(client, [child], "Running")
-    assert hosts.named("create")[-1][1:3] == (child, image_id)
-    delete = DeleteImageRequest.DeleteImageRequest()
-    delete.set_ImageId(image_id)
-    call(client, delete)
-    assert call(client, listing)["Images"]["Image"] == []
-    assert server_error(client, run_request(image=image_id)).get_error_code() == "InvalidImageId.NotFound"
-    deadline = time.monotonic() + 5
-    while image_id in hosts.images and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert image_id not in hosts.images
-
-
-# --- Cloud Assistant, console, ACR, hold ------------------------------------------------------
-
-def test_run_command_and_invocation_results(emu: EcsEmulator, hosts: PaperHosts) -> None:
-    client = sdk(emu)
-    [iid] = launch(client, UserData=base64.b64encode(b"echo booted").decode())
-    wait_status(client, [iid], "Running")
-    hosts.results["docker ps"] = CommandResult(0, "CONTAINER ID   IMAGE\n")
-    hosts.results["false"] = CommandResult(1, "")
-    invokes = {}
-    for script, encoding in (("docker ps", "Base64"), ("false", "PlainText")):
-        request = RunCommandRequest.RunCommandRequest()
-        request.set_Type("RunShellScript")
-        request.set_CommandContent(base64.b64encode(script.encode()).decode() if encoding == "Base64" else script)
-        request.set_ContentEncoding(encoding)
-        request.set_InstanceIds([iid])
-        request.set_Timeout(30)
-        answer = call(client, request)
-        assert answer["CommandId"].startswith("c-") and answer["InvokeId"].startswith("t-")
-        invokes[script] = answer["InvokeId"]
-    assert ("run_command", iid, "docker ps", 30) in hosts.calls
-    results = {}
-    deadline = time.monotonic() + 5
-    while len(results) < 2:
-        for script, invoke_id in invokes.items():
-            request = DescribeInvocationResultsRequest.DescribeInvocationResultsRequest()
-            request.set_InvokeId(invoke_id)
-            [result] = call(client, request)["Invocation"]["InvocationResults"]["InvocationResult"]
-            if result["InvocationStatus"] != "Running":
-                results[script] = result
-        assert time.monotonic() < deadline
-    assert base64.b64decode(results["docker ps"]["Output"]).decode() == "CONTAINER ID   IMAGE\n"
-    assert (results["docker ps"]["InvocationStatus"], results["docker ps"]["ExitCode"]) == ("Success", 0)
-    assert (results["false"]["InvocationStatus"], results["false"]["ExitCode"]) == ("Failed", 1)
-
-    console = GetInstanceConsoleOutputRequest.GetInstanceConsoleOutputRequest()
-    console.set_InstanceId(iid)
-    answer = call(client, console)
-    assert answer["InstanceId"] == iid and base64.b64decode(answer["ConsoleOutput"]).decode().endswith("echo booted")
-
-
-def test_acr_get_authorization_token_is_fresh_and_never_recorded(emu: EcsEmulator) -> None:
-    client = sdk(emu)
-    answers = []
-    for _ in range(2):
-        request = CommonRequest(domain="127.0.0.1", version="2018-12-01", action_name="GetAuthorizationToken",
-                                product="cr")
-        request.set_method("POST")
-        request.add_query_param("InstanceId", "cri-emulated")
-        answers.append(json.loads(client.do_action_with_exception(request)))
-    first, second = answers
-    assert set(first) == {"RequestId", "IsSuccess", "TempUsername", "AuthorizationToken", "ExpireTime"}
-    assert first["IsSuccess"] is True and first["TempUsername"]
-    assert first["AuthorizationToken"] != second["AuthorizationToken"]
-    assert abs(first["ExpireTime"] - (time.time() + 3600) * 1000) < 60_000
-    assert emu.issued_tokens == [first["AuthorizationToken"], second["AuthorizationToken"]]
-    assert not any(token in json.dumps(emu.calls) for token in emu.issued_tokens)
-
-
-def test_hold_answers_only_after_the_event_and_counts_performed(emu: EcsEmulator) -> None:
-    release = threading.Event()
-    emu.hold("RunInstances", release)
-    answer: list[list[str]] = []
-    caller = threading.Thread(target=lambda: answer.append(launch(sdk(emu, auto_retry=False))))
-    caller.start()
-    deadline = time.monotonic() + 5
-    while emu.performed("RunInstances") == 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    time.sleep(0.1)
-    assert len(emu.instances()) == 1 and not answer      # the cloud did it; the caller has no answer yet
-    release.set()
-    caller.join(timeout=5)
-    assert answer == [[emu.instances()[0]["id"]]]
