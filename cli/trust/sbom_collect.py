@@ -43,6 +43,7 @@ class PyDist:
     version: str
     location: str
     hashes: dict[str, str]      # algorithm -> hex, from direct_url.json; {} when pip recorded none
+    wheel_tags: tuple[str, ...] = ()  # the WHEEL file's Tag lines (py3-none-manylinux2014_x86_64); () if no wheel
 
 
 @dataclass(frozen=True)
@@ -124,8 +125,8 @@ def collect(ref: str) -> Inventory:
     inv = Inventory(
         image=_image_ref(ref, attrs), base=_base(client, attrs, labels), labels=labels,
         os=dict(report.get("os") or {}), python=str(report.get("python", "")),
-        debs=_debs(report), dists=tuple(PyDist(d["name"], d["version"], d["location"], dict(d.get("hashes") or {}))
-                                        for d in report.get("dists", [])),
+        debs=_debs(report), dists=tuple(PyDist(d["name"], d["version"], d["location"], dict(d.get("hashes") or {}),
+                                               tuple(d.get("wheel_tags") or ())) for d in report.get("dists", [])),
         cuda=_cuda(report, labels), models=_models(report, labels, ref),
         created=str(attrs.get("Created", "")), platform=f"{attrs.get('Os', '')}/{attrs.get('Architecture', '')}",
         notes=_notes(report),

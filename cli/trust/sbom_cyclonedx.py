@@ -156,6 +156,7 @@ def _dist(dist: PyDist) -> Any:
     return Component(name=dist.name, version=dist.version, purl=purl, bom_ref=purl.to_string(),
                      hashes=_sha256(known) if known else [],
                      properties=_props({"package-type": "python", "python.location": dist.location,
+                                        "python.wheel-tags": ", ".join(dist.wheel_tags) or None,
                                         "wheel-hash": "direct_url.json" if known else "not recorded in the image"}))
 
 

@@ -11,7 +11,8 @@ image's own tools, in the image's own Python, and prints one JSON document on st
   archive a distribution was installed FROM a URL or file (`archive_info.hashes`, or the older `hash`); pip
   writes no such record for an install from an index or a --find-links folder (the catalog's wheel pool,
   recipes/macros.j2), and RECORD holds the installed files' hashes, not the wheel's. So `hashes` is empty for
-  those, and the SBOM says so rather than guessing.
+  those, and the SBOM says so rather than guessing; the WHEEL file's tags are kept, which with the name and
+  version name the wheel file that was installed (to look its hash up in a lock that maps files to hashes).
 - cuda: ngcx_runtime.probe's own steps behind `ngcx test` (`libraries()` in a child interpreter, the framework
   imports, then `framework_copies()`), so the SBOM names the files the linker and the frameworks really load.
 - models: sha256 of each entry under the model folder given as argv[1] (a project image's /opt/ngcx/model),
@@ -76,8 +77,10 @@ def dists() -> list[dict[str, object]]:
         if not name or _canonical(name) in seen:
             continue
         seen.add(_canonical(name))
+        tags = [ln.split(":", 1)[1].strip() for ln in (dist.read_text("WHEEL") or "").splitlines()
+                if ln.startswith("Tag:")]
         out.append({"name": name, "version": dist.version, "location": str(dist.locate_file("")),
-                    "hashes": _archive_hashes(dist)})
+                    "hashes": _archive_hashes(dist), "wheel_tags": tags})
     return out
 
 
