@@ -36,10 +36,11 @@ def test_the_layer_contracts_hold() -> None:
 
 
 def test_no_module_imports_itself_back() -> None:
-    """No cycle between any two modules (TYPE_CHECKING imports aside): each can be read bottom-up."""
+    """No cycle through any module, type-only (TYPE_CHECKING) and lazy imports included: each can be read
+    bottom-up, and a target's balancer never names its host class through the verbs that import it (issue 46)."""
     import grimp
 
-    graph = grimp.build_graph(*PACKAGES.values(), cache_dir=None, exclude_type_checking_imports=True)
+    graph = grimp.build_graph(*PACKAGES.values(), cache_dir=None, exclude_type_checking_imports=False)
     cycles = []
     for module in sorted(graph.modules):
         for imported in graph.find_modules_directly_imported_by(module):

@@ -29,7 +29,8 @@ def installed(tmp_path_factory) -> Path:
     assert "ngcx/_data/recipes/deploy/role_login.py" in names            # cloud hosts run it to log in
     assert "ngcx/_data/recipes/deploy/balancer/haproxy.cfg.j2" in names  # --cloud local services' balancer
     assert "ngcx/_data/recipes/deploy/kubernetes/deployment.yaml.j2" in names  # --cloud kubernetes manifests
-    assert "ngcx/deploy/kubernetes_nodes.yaml" in names                       # their node labels per GPU kind
+    assert "ngcx/deploy/kubernetes/nodes.yaml" in names                       # their node labels per GPU kind
+    assert {"ngcx/deploy/aliyun/offers.yaml", "ngcx/deploy/aws/offers.yaml"} <= set(names)  # instance types
     assert "ngcx/_data/images/pytorch/image.yaml" in names
     assert any(n.startswith("ngcx/_data/images/cuda/tests/") for n in names)
     assert "ngcx_runtime/cli.py" in names

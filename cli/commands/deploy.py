@@ -23,7 +23,7 @@ class Cloud(StrEnum):
     aliyun = "aliyun"
     aws = "aws"
     any = "any"       # every cloud with credentials, best candidate first, failing over on capacity
-    kubernetes = "kubernetes"   # manifests written to -o DIR with --dry-run (cli/deploy/kubernetes.py)
+    kubernetes = "kubernetes"   # manifests written to -o DIR with --dry-run (cli/deploy/kubernetes/)
 
 
 class Workload(StrEnum):
@@ -177,13 +177,13 @@ def _kubernetes_options(cloud: Cloud, dry_run: bool, output: Path | None, replic
         if output is not None or node_labels is not None or kserve:
             raise UserError("-o, --node-labels and --kserve are for --cloud kubernetes")
         return None
-    from ..deploy.kubernetes import options_from_flags
+    from ..deploy.kubernetes.manifests import options_from_flags
 
     return options_from_flags(dry_run, output, replicas, service, scale, node_labels, kserve)
 
 
 def _kubernetes(config: Any, options: Any, as_json: bool) -> None:
-    from ..deploy.kubernetes import summary, write
+    from ..deploy.kubernetes.manifests import summary, write
 
     done = write(config, options)
     if as_json:

@@ -210,7 +210,7 @@ def key_cmd(deployment: IdArg) -> None:
         from .services import key
 
         return key(deployment)
-    if deployment.startswith("k8s-"):            # a --cloud kubernetes service's key (cli/deploy/kubernetes.py)
+    if deployment.startswith("k8s-"):            # a --cloud kubernetes service's key (cli/deploy/kubernetes/)
         from ..deploy import keys
 
         found = keys.get(deployment) if "/" not in deployment else None

@@ -1,10 +1,11 @@
 """`ngcx deploy`: the same image, served on a GPU — this workstation or a cloud instance.
 
-The router (SkyPilot's shape, cloud-apis.md §11.2): every target is one module of this package
-with the same verbs — run (create or reuse a host and start the container), query, start, stop,
-terminate, logs, orphans, install_key_hashes (the endpoint's accepted keys), certificate (the host's
-TLS one) — and a CAPABILITIES declaration (common.Capabilities). flow.py walks a deploy through them
-and the state store; nothing outside this package names a target's module.
+The router (SkyPilot's shape, cloud-apis.md §11.2): every target is a subpackage (local/, aliyun/, aws/;
+kubernetes/ writes manifests instead) whose verbs.py has the same verbs — run (create or reuse a host and
+start the container), query, start, stop, terminate, logs, orphans, install_key_hashes (the endpoint's
+accepted keys), certificate (the host's TLS one) — and a CAPABILITIES declaration (common.Capabilities).
+flow.py walks a deploy through them and the state store. The contracts and flows never import a target
+(pyproject's import-linter contracts), so a new target is a new folder.
 vm.py is what the VM clouds share; image.py says which image a deploy serves, bake.py makes host images,
 offers.py ranks instance types, store.py keeps the records, hostscript.py renders what a host runs,
 keys.py keeps each endpoint's key, security.py pins TLS, checks and rotates keys.
@@ -29,7 +30,7 @@ def target(cloud: str) -> ModuleType:
 
     if cloud not in TARGETS:
         raise UserError(f"unknown cloud {cloud!r}", hint=f"use one of: {', '.join(TARGETS)}")
-    module = importlib.import_module(f"ngcx.deploy.{cloud}")
+    module = importlib.import_module(f"ngcx.deploy.{cloud}.verbs")
     missing = [verb for verb in VERBS if not hasattr(module, verb)]
     assert not missing, f"deploy target {cloud} lacks {missing}"
     return module

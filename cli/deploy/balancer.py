@@ -2,9 +2,9 @@
 
 Why the clouds' balancers and not one of ours: they are engines that already scale to internet
 traffic, check health from every zone and drain on deregistration (DESIGN.md "Security, services").
-Each VM cloud implements this contract in its own module: Alibaba Cloud ALB (aliyun_alb.py, ALB
+Each VM cloud implements this contract in its own package: Alibaba Cloud ALB (aliyun/alb.py, ALB
 2020-06-16: layer 7, server groups with health checks and connection draining, several zones; CLB is
-the older product), AWS ALB (aws_elb.py, boto3 elbv2: target group + listener). Tests run them
+the older product), AWS ALB (aws/elb.py, boto3 elbv2: target group + listener). Tests run them
 against tests/emulators (aliyun_alb.py, aws_elbv2.py), whose data plane is a real haproxy.
 
 Rules every implementation keeps, because services are found again after an interrupted ngcx:

@@ -106,7 +106,7 @@ def forget(deployment: int | str) -> None:
 
     for suffix in ("key", "next", "pem"):
         (folder() / f"{deployment}.{suffix}").unlink(missing_ok=True)
-    shutil.rmtree(folder() / f"{deployment}.auth", ignore_errors=True)   # local.py's mounted hashes
+    shutil.rmtree(folder() / f"{deployment}.auth", ignore_errors=True)   # local/verbs.py's mounted hashes
 
 
 def kept() -> set[int]:

@@ -4,7 +4,7 @@ can run on, ranked by what the workload needs, explained line by line for `ngcx 
 Why a data table and not DescribeInstanceTypes: the cloud APIs name the GPU ("NVIDIA A10") and
 count it, but say nothing about tensor TFLOP/s, memory bandwidth or compute capability, which is
 what decides whether an image runs at all and how fast. Those come from NVIDIA's datasheets and
-change only when a family is added, so they live in clouds/<cloud>.yaml (cloud-neutral keys, the
+change only when a family is added, so they live in <cloud>/offers.yaml (cloud-neutral keys, the
 same for AWS), validated as strictly as the catalog: a bad row is one line with file:line.
 
 Prices in the table are estimates written from public price lists at `prices_as_of`, never live
@@ -47,7 +47,7 @@ from ..core.errors import UserError
 from ..core.problems import Problem, ProblemsFound, schema_problems
 
 WORKLOADS = ("cnn", "rnn", "transformer")
-CLOUDS_DIR = Path(__file__).resolve().parent / "clouds"
+TARGETS_DIR = Path(__file__).resolve().parent    # each target's table: <cloud>/offers.yaml
 _URL = r"^https?://\S+$"
 _UNKNOWN_KEY_HINT = "remove it or check its spelling; the keys are listed at the top of cli/deploy/offers.py's _Row"
 
@@ -126,7 +126,7 @@ class _Strict(BaseModel):
 
 
 class _Row(_Strict):
-    """One instance type as written in clouds/<cloud>.yaml."""
+    """One instance type as written in <cloud>/offers.yaml."""
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$", description="e.g. ecs.gn7i-c8g1.2xlarge")
     family: str = Field(pattern=r"^[a-z0-9][a-z0-9\-]*$", description="e.g. gn7i; must appear in name")
@@ -191,16 +191,16 @@ class _Table(_Strict):
 
 
 def table_file(cloud: str) -> Path:
-    """clouds/<cloud>.yaml; an unknown cloud -> UserError naming the known ones."""
-    known = sorted(p.stem for p in CLOUDS_DIR.glob("*.yaml"))
+    """<cloud>/offers.yaml; an unknown cloud -> UserError naming the known ones."""
+    known = sorted(p.parent.name for p in TARGETS_DIR.glob("*/offers.yaml"))
     if not re.fullmatch(r"[a-z0-9\-]+", cloud) or cloud not in known:
         raise UserError(f"no instance table for cloud {cloud!r}: ngcx knows {', '.join(known) or 'none'}",
                         hint="pick one of them")
-    return CLOUDS_DIR / f"{cloud}.yaml"
+    return TARGETS_DIR / cloud / "offers.yaml"
 
 
 def load_table(cloud: str, path: Path | None = None) -> tuple[list[InstanceType], dict]:
-    """The instance types of `cloud` (from `path`, or the shipped clouds/<cloud>.yaml) and the table's
+    """The instance types of `cloud` (from `path`, or the shipped <cloud>/offers.yaml) and the table's
     meta: cloud, currency, prices_as_of, sources, file. A bad table -> one UserError line, file:line."""
     file = Path(path) if path is not None else table_file(cloud)
     try:
@@ -484,7 +484,7 @@ def merged(choices: list[Choice]) -> list[tuple[str, Candidate]]:
     currencies = {c.currency for c in choices if c.candidates}
     if len(currencies) > 1:
         raise UserError(f"the instance tables price in different currencies ({', '.join(sorted(currencies))})",
-                        hint="write every clouds/<cloud>.yaml in one currency")
+                        hint="write every <cloud>/offers.yaml in one currency")
     pairs = [(choice.cloud, cand) for choice in choices for cand in choice.candidates]
     return sorted(pairs, key=lambda p: _rank_key(p[1].itype, choices[0].workload,
                                                  next(c.spot for c in choices if c.cloud == p[0])))

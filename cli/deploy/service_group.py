@@ -35,7 +35,7 @@ alarm on the balancer's 503 count (CloudWatch / an ESS alarm task) runs a +1 ste
 stopped host, and the next requests are served. Clients retry on 503 (WAKE_NOTE says so at deploy). A deploy
 at --min 0 still waits for one host to serve, so the service is known to work before it first sleeps.
 
-A target offers `scaling_group(config)` (aws.py and aliyun.py: vm_groups.ServiceGroups over EC2 Auto Scaling /
+A target offers `scaling_group(config)` (aws/ and aliyun/ verbs.py: vm_groups.ServiceGroups over EC2 Auto Scaling /
 ESS) with check / ensure / members / size / resize / idle / release / delete / tagged. Not built yet, refused
 in one line: rolling updates, stop/start, logs and key rotation of a group service.
 """

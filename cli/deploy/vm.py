@@ -2,7 +2,7 @@
 
 Why one module for every VM cloud: the paths (cold-start.md §7), the record transitions, the
 failover and the per-phase split are the same on Alibaba Cloud ECS and AWS EC2; only the API
-calls differ. A cloud module (aliyun.py, aws.py) supplies a `Cloud` object with the primitives
+calls differ. A cloud's verbs (aliyun/verbs.py, aws/verbs.py) supplies a `Cloud` object with the primitives
 below and re-exports this module's verbs, so the router sees the same contract for both.
 
 - A running host of the same spec serving the same image gets the new container through the
@@ -481,8 +481,8 @@ def record_regions(cloud_name: str, default: str) -> list[str]:
 class Verbs:
     """The contract's verbs for a VM cloud, bound to how that cloud finds a record's region client.
 
-    A cloud module binds them once (`run, stop, … = vm.Verbs(cloud_for_record).all()`), so aliyun.py and
-    aws.py hold only what differs between clouds: the primitives and prepare()."""
+    A cloud module binds them once (`run, stop, … = vm.Verbs(cloud_for_record).all()`), so aliyun/ and
+    aws/ hold only what differs between clouds: the primitives and prepare()."""
 
     cloud_of: Any   # (DeployRecord) -> Cloud
 

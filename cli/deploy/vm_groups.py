@@ -1,6 +1,6 @@
 """The scaling-group verbs service_group.py asks of a VM cloud, written once over each cloud's client.
 
-Why apart from aws_asg.py and aliyun_ess.py: those speak one cloud's scaling API each (EC2 Auto Scaling,
+Why apart from aws/asg.py and aliyun/ess.py: those speak one cloud's scaling API each (EC2 Auto Scaling,
 ESS); what a service needs of either is the same sequence — the image and pull role from the cloud's
 prepare, the zones' subnets / vSwitches, the host script as user-data (the service key's hash in it, never
 the key; a registry login by the instance role, since a host launches long after any token from now has
@@ -35,7 +35,7 @@ class Member:
 
 @dataclass(frozen=True)
 class GroupKit:
-    """One cloud's scaling client and how its names are spelled (aws_asg.kit, aliyun_ess.kit)."""
+    """One cloud's scaling client and how its names are spelled (aws/asg.py kit, aliyun/ess.py kit)."""
 
     client: Any                                     # ensure_group, sizes, set_size, put_target_tracking, ...
     ref: type                                       # its GroupRef

@@ -1,4 +1,4 @@
-"""A service's Alibaba Cloud load balancer (cli/deploy/aliyun_alb.py) against the emulated ALB, on loopback.
+"""A service's Alibaba Cloud load balancer (cli/deploy/aliyun/alb.py) against the emulated ALB, on loopback.
 
 What a user notices: `ensure` run again (or after a lost answer, or after ngcx died mid-way) leaves one
 balancer, one server group and one listener; requests to the balancer reach every registered replica whose
@@ -54,8 +54,8 @@ def emu(hosts: LoopbackMachines) -> Iterator[EcsEmulator]:
 def alb(emu: EcsEmulator, isolated_state: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     """ngcx's Alb over ngcx's Ecs, its network prepared as a deploy prepares it."""
     from ngcx.clouds.aliyun import Api
-    from ngcx.deploy.aliyun import Ecs
-    from ngcx.deploy.aliyun_alb import Alb
+    from ngcx.deploy.aliyun.alb import Alb
+    from ngcx.deploy.aliyun.ecs import Ecs
 
     aliyun_sdk_on(monkeypatch, emu.endpoint, AK, SECRET)
     ecs = Ecs(Api("cn-hangzhou", deadline_s=20))

@@ -1,4 +1,4 @@
-"""A service's Alibaba Cloud scaling group (cli/deploy/aliyun_ess.py) against the emulated ESS, through the real
+"""A service's Alibaba Cloud scaling group (cli/deploy/aliyun/ess.py) against the emulated ESS, through the real
 aliyun-python-sdk-core.
 
 What a user notices: ensure run twice leaves one scaling group; a new host image makes a new scaling
@@ -40,7 +40,7 @@ from emulators.test_aws_autoscaling import ProcessHosts, replica_user_data
 from emulators.traffic import PacedLoad, get
 
 from ngcx.core.errors import UserError
-from ngcx.deploy.aliyun_ess import WAKE_METRIC, GroupRef, GroupSpec, Metric, ScalingGroups
+from ngcx.deploy.aliyun.ess import WAKE_METRIC, GroupRef, GroupSpec, Metric, ScalingGroups
 from ngcx.deploy.balancer import BalancerRef
 from support import aliyun_sdk_on
 

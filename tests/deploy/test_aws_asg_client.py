@@ -1,4 +1,4 @@
-"""A service's Auto Scaling group (cli/deploy/aws_asg.py) against the AWS double, through the real boto3.
+"""A service's Auto Scaling group (cli/deploy/aws/asg.py) against the AWS double, through the real boto3.
 
 What a user notices: ensure run twice leaves one launch template and one group; a new AMI makes a new
 template version the group launches; delete leaves nothing and may run twice; gc's `tagged` finds what a
@@ -34,8 +34,8 @@ from emulators.test_aws_emulator import until
 from emulators.traffic import PacedLoad
 
 from ngcx.core.errors import UserError
-from ngcx.deploy import aws_asg
-from ngcx.deploy.aws_asg import AutoScalingGroups, GroupSpec
+from ngcx.deploy.aws import asg as aws_asg
+from ngcx.deploy.aws.asg import AutoScalingGroups, GroupSpec
 
 OWNER = {"ngcx:owner": "asg-owner", "ngcx:service": "svc1"}
 OTHER_AMI = "ami-0000000000000001"

@@ -1,4 +1,4 @@
-"""A service's AWS load balancer (cli/deploy/aws_elb.py) against the AWS double, through the real boto3 `elbv2`.
+"""A service's AWS load balancer (cli/deploy/aws/elb.py) against the AWS double, through the real boto3 `elbv2`.
 
 What a user notices: `ensure` run twice (or after a lost answer, or a throttled call) leaves one balancer,
 one target group and one listener, tagged and wired so the balancer reaches the hosts' port; requests to the
@@ -28,7 +28,7 @@ from emulators.test_aws_imds import LoopbackHosts
 from emulators.traffic import get, get_tls, running, spread, tls_server_context
 
 from ngcx.core.errors import UserError
-from ngcx.deploy import aws_elb
+from ngcx.deploy.aws import elb as aws_elb
 from ngcx.deploy.balancer import BalancerRef, BalancerSpec
 
 KEY, SECRET = "AKIAELBCLIENTTEST001", "elb-secret-never-printed-5c1f"
@@ -104,7 +104,7 @@ def emulator(double) -> Ec2Emulator:
 def elb(double, monkeypatch, tmp_path) -> Iterator[aws_elb.Elb]:
     """Elb on an Ec2 whose prepare_network ran; every balancer, group and instance is gone after the test."""
     from ngcx.clouds.aws import Api
-    from ngcx.deploy.aws import Ec2
+    from ngcx.deploy.aws.ec2 import Ec2
 
     emulator = double[0]
     for name, value in {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_DEFAULT_REGION": "us-east-1",

@@ -21,8 +21,10 @@ from emulators.hosts_api import CommandResult, PaperHosts
 
 from ngcx.clouds.aws import Api, AwsError, default_region, session
 from ngcx.core.errors import UserError
-from ngcx.deploy import aws, vm
-from ngcx.deploy.common import CapacityError
+from ngcx.deploy import vm
+from ngcx.deploy.aws import ec2
+from ngcx.deploy.aws import verbs as aws
+from ngcx.deploy.common import CapacityError, DeployConfig
 from ngcx.registry import ecr
 
 KEY, SECRET = "AKIAUNITTEST00000001", "unit-secret-never-printed-51f2"
@@ -70,14 +72,14 @@ def env(clean_env, monkeypatch, emulator) -> Ec2Emulator:
 
 
 @pytest.fixture
-def cloud(env) -> aws.Ec2:
-    ec2 = aws.cloud_for("us-east-1")
-    ec2.api.deadline_s = 20.0
-    ec2.prepare_network("10.0.0.0/8")
-    return ec2
+def cloud(env) -> ec2.Ec2:
+    host = ec2.cloud_for("us-east-1")
+    host.api.deadline_s = 20.0
+    host.prepare_network("10.0.0.0/8")
+    return host
 
 
-def spec(cloud: aws.Ec2, token: str, zone: str = "us-east-1a", **extra) -> vm.CreateSpec:
+def spec(cloud: ec2.Ec2, token: str, zone: str = "us-east-1a", **extra) -> vm.CreateSpec:
     return vm.CreateSpec("g5.xlarge", zone, cloud.fallback_image(), "#!/bin/sh\necho hi\n", token,
                          {vm.TAG_OWNER: "unit", vm.TAG_DEPLOYMENT: token}, f"ngcx-{token}", **extra)
 
@@ -99,7 +101,7 @@ def test_region_comes_from_aws_region_then_aws_default_region_then_the_profile(c
     assert default_region() == "us-west-2"
     monkeypatch.setenv("AWS_REGION", "eu-central-1")           # the AWS CLI v2 order: AWS_REGION wins
     assert default_region() == "eu-central-1"
-    assert aws.region_of(aws.DeployConfig("aws", "img", None, None, {}, None, region="sa-east-1")) == "sa-east-1"
+    assert aws.region_of(DeployConfig("aws", "img", None, None, {}, None, region="sa-east-1")) == "sa-east-1"
 
 
 def test_without_any_setting_the_region_is_us_east_1(clean_env):
@@ -120,7 +122,7 @@ def test_a_profile_in_the_credentials_file_signs_the_requests(env, monkeypatch, 
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
     monkeypatch.setenv("AWS_PROFILE", "team")
     assert aws.has_credentials()
-    aws.cloud_for("us-east-1").check()       # the emulator verifies the SigV4 signature with that key
+    ec2.cloud_for("us-east-1").check()       # the emulator verifies the SigV4 signature with that key
 
 
 def test_one_session_serves_a_command_until_its_credentials_change_and_each_thread_has_its_own(clean_env, monkeypatch):
@@ -157,15 +159,15 @@ def test_aws_endpoint_url_reaches_every_client_and_a_service_variable_overrides_
 def test_no_credentials_is_one_line_that_says_credentials(clean_env):
     assert not aws.has_credentials()
     with pytest.raises(UserError) as err:
-        aws.cloud_for("us-east-1").check()
+        ec2.cloud_for("us-east-1").check()
     assert "no AWS credentials found" in err.value.line() and "\n" not in err.value.line()
 
 
 def test_a_wrong_secret_is_one_line_naming_its_source_without_the_secret(env, monkeypatch):
     wrong = "wrong-secret-9d1e-never-printed"
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", wrong)
-    for call in (lambda: aws.cloud_for("us-east-1").check(),                 # EC2: AuthFailure
-                 lambda: Api("us-east-1").call("ssm", "get_parameter", Name=aws.GPU_AMI_PARAMETER)):  # SSM
+    for call in (lambda: ec2.cloud_for("us-east-1").check(),                 # EC2: AuthFailure
+                 lambda: Api("us-east-1").call("ssm", "get_parameter", Name=ec2.GPU_AMI_PARAMETER)):  # SSM
         with pytest.raises(UserError) as err:
             call()
         line = err.value.line()
@@ -224,12 +226,12 @@ def test_zones_are_those_that_sell_the_type_and_have_a_default_subnet(cloud, env
 def test_the_network_is_made_once_and_a_second_deploy_finds_it(cloud, env):
     made = [len(wire(env, action)) for action in ("CreateSecurityGroup", "CreateInstanceProfile",
                                                   "AuthorizeSecurityGroupIngress")]
-    again = aws.cloud_for("us-east-1")
+    again = ec2.cloud_for("us-east-1")
     again.prepare_network("10.0.0.0/8")
-    assert again.security_group == cloud.security_group and again.instance_profile == aws.INSTANCE_PROFILE
+    assert again.security_group == cloud.security_group and again.instance_profile == ec2.INSTANCE_PROFILE
     assert [len(wire(env, action)) for action in ("CreateSecurityGroup", "CreateInstanceProfile",
                                                   "AuthorizeSecurityGroupIngress")] == made
-    wider = aws.cloud_for("us-east-1")
+    wider = ec2.cloud_for("us-east-1")
     wider.prepare_network("192.168.0.0/16")          # another --allow-from: one more rule on the same group
     assert wider.security_group == cloud.security_group
     assert len(wire(env, "AuthorizeSecurityGroupIngress")) == made[2] + 1
@@ -251,7 +253,7 @@ def test_a_command_runs_once_through_ssm_with_its_exit_code_and_output(cloud, en
 
 
 def test_an_instance_without_an_instance_profile_is_unreachable_in_one_line(cloud, env, monkeypatch):
-    monkeypatch.setattr(aws, "AGENT_WAIT_S", 0.5)
+    monkeypatch.setattr(ec2, "AGENT_WAIT_S", 0.5)
     cloud.instance_profile = None
     instance_id = cloud.create(spec(cloud, "unit-token-4"))
     vm.wait_state(cloud, instance_id, "running", 30)
@@ -261,7 +263,7 @@ def test_an_instance_without_an_instance_profile_is_unreachable_in_one_line(clou
 
 
 def test_the_ssm_agent_check_goes_after_the_shebang():
-    text = aws.with_ssm_agent("#!/bin/sh\n# ngcx host script\necho run\n")
+    text = ec2.with_ssm_agent("#!/bin/sh\n# ngcx host script\necho run\n")
     assert text.startswith("#!/bin/sh\nif ! systemctl is-active") and text.endswith("# ngcx host script\necho run\n")
 
 

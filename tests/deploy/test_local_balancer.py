@@ -1,4 +1,4 @@
-"""LocalBalancer (cli/deploy/local_balancer.py): haproxy in a container in front of real replica containers.
+"""LocalBalancer (cli/deploy/local/balancer.py): haproxy in a container in front of real replica containers.
 
 The replicas are the ECS emulator's web image (python3 on the offline base, tests/emulators/
 test_docker_hosts.py), running a small threaded HTTP server: it answers its container name, /slow?s=N
@@ -28,7 +28,7 @@ from emulators.test_docker_hosts import WEB_DOCKERFILE
 from ngcx.core.engine import containers
 from ngcx.core.errors import UserError
 from ngcx.deploy.balancer import HEALTH_STATES, BalancerRef, BalancerSpec
-from ngcx.deploy.local_balancer import LABEL_BALANCER, LABEL_CHECKS, LocalBalancer, _Admin, folder_of
+from ngcx.deploy.local.balancer import LABEL_BALANCER, LABEL_CHECKS, LocalBalancer, _Admin, folder_of
 from support import LOOPBACK_REGISTRY
 
 pytestmark = pytest.mark.docker

@@ -64,7 +64,7 @@ def ecs() -> Iterator[Any]:
 @pytest.fixture
 def aliyun_cloud(ecs, monkeypatch) -> Iterator[Any]:
     from ngcx.clouds.aliyun import Api
-    from ngcx.deploy.aliyun import Ecs
+    from ngcx.deploy.aliyun.ecs import Ecs
 
     aliyun_sdk_on(monkeypatch, ecs.endpoint, AK, SECRET)
     cloud = Ecs(Api("cn-hangzhou"))
@@ -151,7 +151,7 @@ def ec2() -> Iterator[Any]:
 @pytest.fixture
 def aws_cloud(ec2, monkeypatch, tmp_path) -> Iterator[Any]:
     from ngcx.clouds.aws import Api
-    from ngcx.deploy.aws import Ec2
+    from ngcx.deploy.aws.ec2 import Ec2
 
     for name, value in {"AWS_ACCESS_KEY_ID": AWS_KEY, "AWS_SECRET_ACCESS_KEY": AWS_SECRET,
                         "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": ec2.endpoint, "HOME": str(tmp_path),

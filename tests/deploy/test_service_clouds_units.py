@@ -1,4 +1,4 @@
-"""A service on a VM cloud (aws.py, aliyun.py over vm.py), without a cloud: what its balancer spec says, what
+"""A service on a VM cloud (aws/, aliyun/ over vm.py), without a cloud: what its balancer spec says, what
 is refused before any cloud call, and the client side of a balancer's CA-signed certificate.
 
 What a user notices (issue 21): `--replicas N` without `--certificate` on a cloud is one line naming what to
@@ -18,7 +18,9 @@ import pytest
 from emulators.traffic import certs
 
 from ngcx.core.errors import UserError
-from ngcx.deploy import aliyun, aws, vm
+from ngcx.deploy import vm
+from ngcx.deploy.aliyun import verbs as aliyun
+from ngcx.deploy.aws import verbs as aws
 from ngcx.deploy.common import SERVE_PORT, DeployConfig, DeployRecord
 from ngcx.deploy.service import Options
 from ngcx.project.client import Client

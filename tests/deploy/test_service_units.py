@@ -95,7 +95,7 @@ def test_a_service_command_mistake_is_one_line_with_exit_2(state, args, message)
 
 def test_each_local_replica_gets_one_gpu_round_robin_where_the_host_has_several(monkeypatch):
     """The NVML probe answers two GPUs (this machine has none; the choice is what is tested, the engine is not)."""
-    from ngcx.deploy import local
+    from ngcx.deploy.local import verbs as local
     from ngcx.workstation import host
 
     monkeypatch.setattr(host, "host_gpus", lambda: ("580.65", [{"index": 0}, {"index": 1}]))

@@ -11,7 +11,7 @@ A redeploy of the same image onto its running host (issue 24 item 6: <= 3 s) mak
 image, and its host already holds the pull role its record names, so it asks RAM nothing; a redeploy whose
 repository changed still gets its own role, on the same host.
 
-The cloud is the Aliyun SDK (through ngcx.deploy.aliyun.Ecs) against the ECS emulator; its machines are
+The cloud is the Aliyun SDK (through ngcx.deploy.aliyun.ecs.Ecs) against the ECS emulator; its machines are
 paper ones (hosts_api.PaperHosts, no engine needed), whose next `fail_next` creates raise, as a machine that
 cannot be made does.
 """
@@ -62,7 +62,7 @@ class HostImage:
 def new_plan(grant: roles.PullGrant | None = None, image: HostImage | None = None) -> vm.Plan:
     """What aliyun.prepare hands vm.run."""
     from ngcx.clouds.aliyun import Api
-    from ngcx.deploy.aliyun import Ecs
+    from ngcx.deploy.aliyun.ecs import Ecs
 
     return vm.Plan(Ecs(Api("cn-hangzhou")), vm.choose("aliyun", CONFIG).candidates[:1], image or HostImage(),
                    "registry.example/app@sha256:" + "0" * 64, "registry.example", lambda: None, grant=grant)

@@ -38,12 +38,12 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..clouds.aws import AwsError
-from ..core.errors import UserError
+from ...clouds.aws import AwsError
+from ...core.errors import UserError
 
 if TYPE_CHECKING:
-    from ..clouds.aws import Api
-    from .balancer import BalancerRef
+    from ...clouds.aws import Api
+    from ..balancer import BalancerRef
 
 HOOK = "ngcx-drain"
 TERMINATING = "autoscaling:EC2_INSTANCE_TERMINATING"
@@ -386,7 +386,7 @@ STATES = {"Pending": "pending", "Pending:Wait": "pending", "Pending:Proceed": "p
 def kit(api: Api) -> Any:
     """vm_groups.GroupKit over this module: a target group's ARN, requests per target per minute (AWS's
     ALBRequestCountPerTarget is a per-minute sum, the unit of --target-requests)."""
-    from .vm_groups import GroupKit
+    from ..vm_groups import GroupKit
 
     def spec(*, networks: tuple[str, ...], balancer: BalancerRef, role: str | None, **common: Any) -> GroupSpec:
         return GroupSpec(subnets=networks, target_group_arn=balancer.group_id, instance_profile=role, **common)

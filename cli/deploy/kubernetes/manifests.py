@@ -15,7 +15,7 @@ Decisions (the README's "Kubernetes" section is the short version):
   replayed as the key, so the folder can be committed, reviewed and applied by CI without leaking anything,
   while a `kubectl create secret --from-file` of the key would put the key itself in the cluster and in the
   user's shell history. The Deployment and the InferenceService only reference the Secret by name.
-- Node selection per GPU kind: a required node affinity from kubernetes_nodes.yaml (the label keys and values per
+- Node selection per GPU kind: a required node affinity from nodes.yaml (the label keys and values per
   provider, and where each comes from), ORed with the well-known node.kubernetes.io/instance-type over the
   offers table's instance types of that kind. Without --gpu, every kind of the provider's table that the image's
   compute capabilities admit (offers.choose, the same rule a cloud deploy ranks by).
@@ -46,13 +46,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import UserError
-from .common import SERVE_PORT, DeployConfig
+from ...core.errors import UserError
+from ..common import SERVE_PORT, DeployConfig
 
 PROVIDERS = ("ack", "eks")
-NODES_FILE = Path(__file__).resolve().parent / "kubernetes_nodes.yaml"
+NODES_FILE = Path(__file__).resolve().parent / "nodes.yaml"
 KEYS_MOUNT = "/run/ngcx/auth"
-PLAN_CACHE = "/var/cache/ngcx/plans"   # local.py PLAN_CACHE_IN_IMAGE, project/render.py CACHE_DIR
+PLAN_CACHE = "/var/cache/ngcx/plans"   # local/verbs.py PLAN_CACHE_IN_IMAGE, project/render.py CACHE_DIR
 RUN_AS = 65532                         # the distroless "nonroot" uid: no user of that id exists in the images
 PENDING_PER_POD = "4"                  # HPA target: requests waiting per pod before another pod is wanted
 GPUS_PER_POD = 1
@@ -175,7 +175,7 @@ def provider_for(gpu: str | None, asked: str | None) -> str:
 def placement(config: DeployConfig, provider: str) -> tuple[list[str], list[dict[str, Any]]]:
     """(GPU kinds, nodeSelectorTerms): every kind of the provider's offers table the image can run on (only --gpu's
     when given), each by the provider's GPU labels and by the well-known instance-type label."""
-    from . import offers
+    from .. import offers
 
     table = node_table()
     spec = table["providers"][provider]
@@ -204,7 +204,7 @@ def placement(config: DeployConfig, provider: str) -> tuple[list[str], list[dict
 
 def pull_ref(config: DeployConfig) -> str:
     """REGISTRY/REPO@sha256:… of the image's newest verified push (nodes pull by digest, as cloud hosts do)."""
-    from .image import pushes
+    from ..image import pushes
 
     if not config.pushes:
         try:
@@ -221,7 +221,7 @@ def endpoint_key(name: str, auth: bool) -> tuple[str | None, str | None, str | N
     """(key name, digest, the key when made now): the service's key, kept by ngcx like every endpoint's."""
     if not auth:
         return None, None, None
-    from . import keys
+    from .. import keys
 
     key_name = f"k8s-{name}"
     existing = keys.get(key_name)
@@ -233,7 +233,7 @@ def endpoint_key(name: str, auth: bool) -> tuple[str | None, str | None, str | N
 def _env() -> Any:
     import jinja2
 
-    from ..core import paths
+    from ...core import paths
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.recipes_dir() / "deploy" / "kubernetes")),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True,
@@ -303,7 +303,7 @@ def write(config: DeployConfig, options: Options) -> Written:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         if key is not None:         # made now and never shown: a later run makes (and shows) a new one
-            from . import keys
+            from .. import keys
 
             keys.forget(key_name or "")
         raise

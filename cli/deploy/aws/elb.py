@@ -33,12 +33,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import UserError
-from . import vm
-from .balancer import BalancerRef, BalancerSpec
+from ...core.errors import UserError
+from .. import vm
+from ..balancer import BalancerRef, BalancerSpec
 
 if TYPE_CHECKING:
-    from .aws import Ec2
+    from .ec2 import Ec2
 
 NAME_MAX = 32                      # elbv2: load balancer and target group names
 SSL_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"
@@ -120,7 +120,7 @@ class Elb:
 
     def _security_groups(self, hosts: dict[str, Any], spec: BalancerSpec) -> str:
         """ngcx-balancer-<owner>, open on the listener port; the hosts' group, open to it on the target port."""
-        from . import store
+        from .. import store
 
         owner = store.owner_id()
         front, rules = self._security_group(hosts["VpcId"], f"ngcx-balancer-{owner}", owner)
@@ -138,7 +138,7 @@ class Elb:
         return front
 
     def _security_group(self, vpc: str, name: str, owner: str) -> tuple[str, list[dict[str, Any]]]:
-        from ..clouds.aws import AwsError
+        from ...clouds.aws import AwsError
 
         def found() -> list[dict[str, Any]]:
             return self._call_ec2("describe_security_groups", Filters=[
@@ -159,7 +159,7 @@ class Elb:
         return groups[0]["GroupId"], groups[0].get("IpPermissions", [])
 
     def _authorize(self, group: str, permission: dict[str, Any]) -> None:
-        from ..clouds.aws import AwsError
+        from ...clouds.aws import AwsError
 
         try:
             self._call_ec2("authorize_security_group_ingress", GroupId=group, IpPermissions=[permission])
@@ -170,7 +170,7 @@ class Elb:
     def _find(self, name: str, kind: str, tags: dict[str, str]) -> dict[str, Any] | None:
         """The balancer or group of that name, None when there is none; one that lacks the spec's tags is
         someone else's (another owner or service whose name fits to the same one): refused, not adopted."""
-        from ..clouds.aws import AwsError
+        from ...clouds.aws import AwsError
 
         noun = "".join(w.capitalize() for w in kind.split())       # LoadBalancer, TargetGroup
         try:
@@ -217,7 +217,7 @@ class Elb:
                          ) -> dict[str, Any]:
         """CreateListener, not resent blindly after a 5xx (AWS answers a repeat with the same settings with the
         same listener; moto, and so the double, makes a second one): the port is looked at again first."""
-        from ..clouds.aws import AwsError
+        from ...clouds.aws import AwsError
 
         attempt = 1
         while True:
@@ -261,7 +261,7 @@ class Elb:
     def deregister(self, ref: BalancerRef, instance_id: str, port: int) -> None:
         """DeregisterTargets, then wait until AWS shows the drain started (DRAIN_START_S at most); AWS
         then finishes the in-flight requests for spec.drain_s. Not registered (any more): done."""
-        from ..clouds.aws import AwsError
+        from ...clouds.aws import AwsError
 
         target = {"Id": instance_id, "Port": port}
         try:
@@ -280,7 +280,7 @@ class Elb:
 
     def health(self, ref: BalancerRef) -> dict[str, str]:
         """Instance id -> balancer.HEALTH_STATES (STATES maps AWS's); a deleted group has no targets."""
-        from ..clouds.aws import AwsError
+        from ...clouds.aws import AwsError
 
         try:
             rows = self._call("describe_target_health", TargetGroupArn=ref.group_id)["TargetHealthDescriptions"]
@@ -294,7 +294,7 @@ class Elb:
 
     def delete(self, ref: BalancerRef) -> None:
         """Listeners, the balancer, then the group (retried while AWS says it is still in use, DELETE_WAIT_S)."""
-        from ..clouds.aws import AwsError
+        from ...clouds.aws import AwsError
 
         if ref.balancer_id:
             try:
@@ -312,7 +312,7 @@ class Elb:
 
     def _gone_ok(self, operation: str, *, busy_ok: bool = False, **params: Any) -> bool:
         """True when done or already gone; False while busy (ResourceInUse) when busy_ok."""
-        from ..clouds.aws import AwsError
+        from ...clouds.aws import AwsError
 
         try:
             self._call(operation, **params)

@@ -1,10 +1,10 @@
 """EC2 hosts' pull roles: one IAM role + instance profile per ECR repository (roles.py says why).
 
-Apart from aws.py because IAM is its own API with its own consistency rules: a new instance profile
-is refused by RunInstances / AssociateIamInstanceProfile for seconds (aws.py retries those), and
+Apart from ec2.py because IAM is its own API with its own consistency rules: a new instance profile
+is refused by RunInstances / AssociateIamInstanceProfile for seconds (ec2.py retries those), and
 every create answers EntityAlreadyExists when an earlier, interrupted run made it, which is done.
 The role also carries AmazonSSMManagedInstanceCore: an instance has one profile, and SSM Run
-Command (the command channel, aws.py) reaches a host only through it.
+Command (the command channel, ec2.py) reaches a host only through it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import roles, vm
+from .. import roles, vm
 
 SSM_POLICY = "AmazonSSMManagedInstanceCore"
 INLINE_POLICY = "ngcx-pull"
@@ -74,7 +74,7 @@ def attach_profile(api: Any, instance_id: str, profile: str) -> None:
 
 def _current(api: Any, name: str, document: str) -> bool:
     """The profile exists with its role, and the role's pull policy is this one (one read each)."""
-    from ..clouds.aws import AwsError
+    from ...clouds.aws import AwsError
 
     try:
         profile = api.call("iam", "get_instance_profile", InstanceProfileName=name)["InstanceProfile"]
@@ -93,7 +93,7 @@ def _account(api: Any) -> str:
 
 
 def _ignoring_done(api: Any, operation: str, params: dict[str, Any]) -> None:
-    from ..clouds.aws import AwsError
+    from ...clouds.aws import AwsError
 
     try:
         api.call("iam", operation, **params)

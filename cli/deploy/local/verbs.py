@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..core.errors import UserError
-from . import store
-from .common import (
+from ...core.errors import UserError
+from .. import store
+from ..common import (
     IN_FLIGHT,
     LABEL_OWNER,
     PATH_LOCAL,
@@ -46,8 +46,8 @@ class Plan:
 
 def prepare(config: DeployConfig) -> Plan:
     """The engine answers, the image is here, and the GPU decision is made (driver checked)."""
-    from ..core.engine import engine_client, image_or_none
-    from ..workstation.host import check_driver, host_gpus, host_has_gpu
+    from ...core.engine import engine_client, image_or_none
+    from ...workstation.host import check_driver, host_gpus, host_has_gpu
 
     client = engine_client()
     if image_or_none(client, config.image) is None:
@@ -65,8 +65,8 @@ def prepare(config: DeployConfig) -> Plan:
 
 def run(config: DeployConfig, record: DeployRecord, plan: Plan) -> DeployRecord:
     """Swap out a previous deployment of the same image (keeping its port), start the container."""
-    from ..project.serving import free_port, plan_cache_dir
-    from . import keys
+    from ...project.serving import free_port, plan_cache_dir
+    from .. import keys
 
     lone = config.service_id is None       # a service's replicas are rolled by service.py, never swapped here
     port = config.port or (lone and _swap_previous(plan.client, config.image, record.id)) or free_port()
@@ -99,7 +99,7 @@ def _gpus(config: DeployConfig) -> Any:
     """Every GPU for a lone deploy; one GPU per replica of a service, round-robin, where the host has several."""
     from docker.types import DeviceRequest
 
-    from ..workstation.host import host_gpus
+    from ...workstation.host import host_gpus
 
     gpus = host_gpus()[1] if config.service_id is not None else []
     if len(gpus) > 1:
@@ -108,9 +108,9 @@ def _gpus(config: DeployConfig) -> Any:
 
 
 def balancer(config: DeployConfig | None = None) -> Any:
-    """A service's balancer here: haproxy in a container on the service's own network (local_balancer.py); the
+    """A service's balancer here: haproxy in a container on the service's own network (balancer.py); the
     config (which the clouds need for the region) changes nothing on one engine."""
-    from .local_balancer import LocalBalancer
+    from .balancer import LocalBalancer
 
     return LocalBalancer()
 
@@ -123,8 +123,8 @@ def member(record: DeployRecord) -> tuple[str, int]:
 
 def service_spec(name: str, zones: tuple[str, ...], tags: dict[str, str], options: Any,
                  config: DeployConfig) -> Any:
-    """Plain HTTP on 127.0.0.1, as a local deploy serves (local_balancer.py's docstring)."""
-    from .balancer import BalancerSpec
+    """Plain HTTP on 127.0.0.1, as a local deploy serves (balancer.py's docstring)."""
+    from ..balancer import BalancerSpec
 
     return BalancerSpec(name=name, zones=zones, tags=tags, port=options.port or 0, protocol="HTTP",
                         target_port=SERVE_PORT, target_protocol="HTTP", health_interval_s=options.health_interval_s,
@@ -138,7 +138,7 @@ def container_name(record_id: int) -> str:
 
 def install_key_hashes(record: DeployRecord, hashes_text: str) -> None:
     """Rewrite the hashes the container accepts (it re-reads the file: no restart)."""
-    from . import keys
+    from .. import keys
 
     keys.write_local_hashes(record.id, hashes_text)
 
@@ -173,7 +173,7 @@ def _remove(client: Any, container_id: str | None) -> None:
 def _container(record: DeployRecord) -> Any:
     from docker.errors import NotFound
 
-    from ..core.engine import engine_client
+    from ...core.engine import engine_client
 
     if not record.container:
         raise UserError(f"deployment {record.id} has no container", hint="deploy again")
@@ -203,7 +203,7 @@ def cleanup_failed(record: DeployRecord, plan: Plan) -> str:
 def query(record: DeployRecord) -> HostStatus:
     from docker.errors import NotFound
 
-    from ..core.engine import engine_client
+    from ...core.engine import engine_client
 
     try:
         container = engine_client().containers.get(record.container or "")
@@ -226,7 +226,7 @@ def stop(record: DeployRecord) -> DeployRecord:
 def terminate(record: DeployRecord) -> DeployRecord:
     """Remove the container; one whose id never reached the record (an ngcx killed right after `docker run`) is
     found by its name, which only this record's id makes."""
-    from ..core.engine import engine_client
+    from ...core.engine import engine_client
 
     _remove(engine_client(), record.container or container_name(record.id))
     return store.mark_destroyed(record.id)
@@ -238,7 +238,7 @@ def logs(record: DeployRecord, tail: int = 50) -> str:
 
 def orphans() -> list[dict[str, str]]:
     """Containers labelled by ngcx deploy (this state store's) that no live record owns."""
-    from ..core.engine import containers, engine_client
+    from ...core.engine import containers, engine_client
 
     live = store.records(cloud="local")
     owned = {r.container for r in live if r.container}
@@ -255,7 +255,7 @@ def orphans() -> list[dict[str, str]]:
 
 
 def delete_orphan(item: dict[str, str]) -> None:
-    from ..core.engine import engine_client
+    from ...core.engine import engine_client
 
     _remove(engine_client(), item["id"])
 

@@ -38,13 +38,13 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..clouds.aliyun import AliyunError, tag_params
-from ..core.errors import UserError
-from . import vm
-from .balancer import BalancerRef, BalancerSpec
+from ...clouds.aliyun import AliyunError, tag_params
+from ...core.errors import UserError
+from .. import vm
+from ..balancer import BalancerRef, BalancerSpec
 
 if TYPE_CHECKING:
-    from .aliyun import Ecs
+    from .ecs import Ecs
 
 ACTIVE_S, RUNNING_S, BUSY_S = 600.0, 300.0, 180.0
 BUSY = ("Conflict.Lock", "IncorrectStatus")      # code prefixes: try again once the other change is done

@@ -1,12 +1,7 @@
-"""The Alibaba Cloud ECS target: ECS's primitives behind the VM contract of cli/deploy/vm.py.
+"""ECS's hosts for one region (vm.Cloud): instances, Cloud Assistant, the stock check, a pull role per repository.
 
-What is ECS-specific lives here: RunInstances with a ClientToken the record holds before the call
-(aliyun_api retries with the same token; the SDK's own retry would send none), the stock check
-DescribeAvailableResource before RunInstances, StopCharging stops (GPU and vCPUs stop billing, the
-disk keeps the pulled layers; a restart can fail for stock, OperationDenied.NoStock, and vm.py then
-creates a new host), Cloud Assistant (RunCommand) as the command channel, ACR's VPC endpoint and a
-RAM role per repository for the host's pull (roles.py; `--registry-login token`: a 1-hour token
-instead), and ngcx's tags on every instance: ngcx:owner (this state store), ngcx:deployment (the record).
+Apart from the verbs (verbs.py) so that the balancer (alb.py) and the scaling group (ess.py) can name the
+host class without importing the verbs that import them.
 """
 
 from __future__ import annotations
@@ -17,19 +12,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.errors import UserError
-from . import roles, vm
-from .common import SERVE_PORT, Capabilities, CapacityError, DeployConfig, DeployRecord, HostStatus
+from ...core.errors import UserError
+from .. import roles, vm
+from ..common import SERVE_PORT, CapacityError, HostStatus
 
-CAPABILITIES = Capabilities(stop_start_host=True, choose_instance=True, bake=True, list_orphans=True)
 NAME = "aliyun"
-DEFAULT_REGION = "cn-hangzhou"
 # A public image to fall back on when the region has no baked ngcx host image (driver + Docker are
 # then installed at boot: 5-10 min, cloud-apis.md §7).
 FALLBACK_IMAGE = "ubuntu_22_04_x64_20G_alibase_20240926.vhd"
 TAG_OWNER, TAG_DEPLOYMENT, TAG_HOST_IMAGE = vm.TAG_OWNER, vm.TAG_DEPLOYMENT, vm.TAG_HOST_IMAGE
-TOKEN_NOTE = ("--registry-login token: a 1-hour ACR token travels in this host job (user-data or Cloud Assistant "
-              "command, which ECS keeps); it pulls whatever the RAM user may until it expires")
 STATE_MAP = {"Running": "running", "Stopped": "stopped", "Starting": "starting", "Pending": "pending",
              "Stopping": "stopping"}
 
@@ -61,7 +52,7 @@ class Ecs:
         self.api.ecs("StopInstance", {"InstanceId": instance_id, "StoppedMode": "StopCharging"}, write=True)
 
     def delete(self, instance_id: str) -> None:
-        from ..clouds.aliyun import AliyunError
+        from ...clouds.aliyun import AliyunError
 
         try:
             self.api.ecs("DeleteInstance", {"InstanceId": instance_id, "Force": True}, write=True)
@@ -94,8 +85,8 @@ class Ecs:
 
     def prepare_network(self, allow_from: str) -> None:
         """vSwitch per zone of the default VPC, and ngcx's security group (port 8000 open to allow_from)."""
-        from ..clouds.aliyun import tag_params
-        from . import store
+        from ...clouds.aliyun import tag_params
+        from .. import store
 
         if self.security_group:
             return
@@ -120,7 +111,7 @@ class Ecs:
 
     def ensure_pull_role(self, grant: roles.PullGrant | roles.PullRole) -> str:
         """The RAM role ECS hosts assume to pull `grant`'s repositories: made once, found by its name after that."""
-        from ..clouds.aliyun import AliyunError
+        from ...clouds.aliyun import AliyunError
 
         role = roles.pull_role(grant)
         name, document = role.role_name, roles.aliyun_policy(role)
@@ -170,7 +161,7 @@ class Ecs:
         self.api.ecs("AttachInstanceRamRole", {"InstanceIds": ids, "RamRoleName": role}, write=True)
 
     def create(self, spec: vm.CreateSpec) -> str:
-        from ..clouds.aliyun import tag_params
+        from ...clouds.aliyun import tag_params
 
         if spec.zone not in (self.vswitches or {}):
             raise CapacityError("NoVSwitchInZone", spec.zone)
@@ -202,7 +193,7 @@ class Ecs:
         raise UserError(f"Cloud Assistant command on {instance_id} did not finish in {timeout:.0f} s")
 
     def create_image(self, instance_id: str, name: str, tags: dict[str, str], token: str) -> str:
-        from ..clouds.aliyun import tag_params
+        from ...clouds.aliyun import tag_params
 
         return self.api.ecs("CreateImage", {"InstanceId": instance_id, "ImageName": name, **tag_params(tags)},
                             token=token, write=True)["ImageId"]
@@ -214,7 +205,7 @@ class Ecs:
 
     def host_images(self) -> list[tuple[str, str, str]]:
         """(image id, name, creation time) of the baked ngcx host images, oldest first."""
-        from ..clouds.aliyun import tag_params
+        from ...clouds.aliyun import tag_params
 
         answer = self.api.ecs("DescribeImages", {"ImageOwnerAlias": "self", "Status": "Available", "PageSize": 100,
                                                  **tag_params({TAG_HOST_IMAGE: "1"})})
@@ -225,7 +216,7 @@ class Ecs:
         return FALLBACK_IMAGE
 
     def tagged(self, tags: dict[str, str]) -> list[str]:
-        from ..clouds.aliyun import tag_params
+        from ...clouds.aliyun import tag_params
 
         ids, page = [], 1
         while True:
@@ -254,125 +245,6 @@ def _spot(spec: vm.CreateSpec) -> dict[str, Any]:
 
 
 def cloud_for(region: str) -> Ecs:
-    from ..clouds.aliyun import Api
+    from ...clouds.aliyun import Api
 
     return Ecs(Api(region))
-
-
-def has_credentials() -> bool:
-    """Whether Alibaba Cloud credentials are configured here (variables or the aliyun CLI's profile file)."""
-    import os
-    from pathlib import Path
-
-    return bool(os.environ.get("ALIBABA_CLOUD_ACCESS_KEY_ID")) or (Path.home() / ".aliyun" / "config.json").is_file()
-
-
-def region_of(config: DeployConfig) -> str:
-    from ..clouds.aliyun import credentials
-
-    return config.region or credentials().region or DEFAULT_REGION
-
-
-def choose(config: DeployConfig) -> Any:
-    """The ranked instance types for this image over the Alibaba Cloud table."""
-    return vm.choose(NAME, config)
-
-
-def prepare(config: DeployConfig) -> vm.Plan:
-    """Read-only checks: credentials work, an instance type fits, the image is in a registry."""
-    from ..registry import acr
-
-    picked = config.pick_push(lambda host: acr.region_of(host) is not None)
-    if picked is None:
-        raise UserError(f"{config.image} has not been pushed to a registry the host can pull from",
-                        hint="push it first (ngcx push IMAGE --registry acr://REGION/NAMESPACE) or pass --registry")
-    config_pull, config_registry = picked
-    cloud = cloud_for(region_of(config))
-    cloud.api.ecs("DescribeRegions")  # proves the credentials before anything is written
-    choice = choose(config)
-    if not choice.candidates:
-        reasons = "; ".join(f"{r.itype.name}: {r.reason}" for r in choice.rejected[:4])
-        raise UserError(f"no Alibaba Cloud instance type fits {config.image}: {reasons}",
-                        hint="relax --gpu / --max-price, or see them all with --dry-run")
-    host_image = vm.baked_or(cloud, lambda: FALLBACK_IMAGE, (
-        f"no baked ngcx host image in {cloud.region}: a fresh host installs its driver and Docker at boot "
-        f"(5-10 min); make one once: ngcx hosts bake --cloud aliyun --region {cloud.region}"))
-    acr_region = acr.region_of(config_registry)
-    pull_ref, registry = config_pull, config_registry
-    if acr_region:  # hosts pull in-region through the VPC endpoint, logged in by their RAM role
-        registry = acr.vpc_endpoint(acr_region)
-        pull_ref = registry + pull_ref[len(config_registry):]
-    if not acr_region:
-        return vm.Plan(cloud, choice.candidates, host_image, pull_ref, registry, lambda: None)
-    if config.registry_login == "token":
-        return vm.Plan(cloud, choice.candidates, host_image, pull_ref, registry,
-                       lambda: acr.temporary_login(acr_region), [TOKEN_NOTE])
-    grant = roles.PullGrant(NAME, acr_region, roles.repository_of(pull_ref), acr.instance_id())
-    login = roles.RoleLogin(NAME, acr_region, acr.api_host_endpoint(acr_region), grant.registry_instance)
-    return vm.Plan(cloud, choice.candidates, host_image, pull_ref, registry, lambda: login, grant=grant)
-
-
-# ---------------------------------------------------------------- the contract's verbs (vm.py does the work)
-
-def _cloud(record: DeployRecord) -> Ecs:
-    return cloud_for(record.region or DEFAULT_REGION)
-
-
-(run, report_phases, container_failure, cleanup_failed, query, start, stop, terminate,
- logs, install_key_hashes, certificate) = vm.Verbs(_cloud).all()
-
-
-def orphans() -> list[dict[str, str]]:
-    from ..clouds.aliyun import credentials
-
-    default = credentials().region or DEFAULT_REGION
-    return vm.orphans_in([cloud_for(region) for region in vm.record_regions(NAME, default)])
-
-
-def delete_orphan(item: dict[str, str]) -> None:
-    cloud_for(item["region"]).delete(item["id"])
-
-
-# ---------------------------------------------------------------- services (issue 21): service.py's verbs
-
-CERTIFICATE = ("a Certificate Management Service (CAS) certificate id", "CERT_ID-REGION")
-
-
-def check_service(config: DeployConfig, options: Any) -> None:
-    """Refuses a service without --certificate, before any cloud call (vm.check_service)."""
-    vm.check_service(options, NAME, CERTIFICATE)
-
-
-def service_spec(name: str, zones: tuple[str, ...], tags: dict[str, str], options: Any, config: DeployConfig) -> Any:
-    """An ALB: HTTPS on 443 with the CAS certificate, the hosts' own TLS behind it (vm.service_spec)."""
-    return vm.service_spec(name, zones, tags, options, NAME, CERTIFICATE)
-
-
-def service_zones(config: DeployConfig) -> tuple[str, ...]:
-    return vm.service_zones_with(cloud_for(region_of(config)), NAME, config)
-
-
-def balancer(config: DeployConfig | None = None) -> Any:
-    """aliyun_alb.Alb in the service's region (the default region without a config: gc). Its ensure
-    needs the hosts' network (subnets, security group), prepared here with the service's --allow-from."""
-    from ..clouds.aliyun import credentials
-    from .aliyun_alb import Alb
-
-    region = region_of(config) if config is not None else (credentials().region or DEFAULT_REGION)
-    cloud = cloud_for(region)
-    if config is not None:
-        cloud.prepare_network(config.allow_from)
-    return Alb(cloud)
-
-
-member = vm.member
-
-
-def scaling_group(config: DeployConfig | None = None) -> Any:
-    """Services' --min/--max (service_group.py): vm_groups.ServiceGroups over ESS (aliyun_ess.py) in the
-    service's region (the default region without a config: gc). Hosts get no extra user-data wrapping."""
-    from ..clouds.aliyun import credentials
-    from . import aliyun_ess, vm_groups
-
-    cloud = cloud_for(region_of(config) if config is not None else (credentials().region or DEFAULT_REGION))
-    return vm_groups.ServiceGroups(config, cloud, prepare, str, aliyun_ess.kit(cloud.api))

@@ -2,7 +2,7 @@
 target tracking (CommonRequest through clouds/aliyun.py's Api; no ESS SDK needed).
 
 Why the cloud's own scaling engine (issue 22): a group keeps its size and follows its rule while the user's
-laptop is closed; ngcx only describes it. The twin of aws_asg.py (EC2 Auto Scaling), the same shape and
+laptop is closed; ngcx only describes it. The twin of aws/asg.py (EC2 Auto Scaling), the same shape and
 rules; used by services' --min/--max through vm_groups.py (the `kit` at the end of this module).
 
 What ensure_group makes, found by name before anything is created (a name in use under another owner, by
@@ -22,7 +22,7 @@ the group's ngcx:owner tag, is refused), so a retry after a lost answer or a kil
 - the group is enabled with that configuration (a new ESS group is Inactive and launches nothing).
 Creates carry ClientTokens that are digests of their parameters; a token whose first answer names something
 deleted since (a service deleted, then made again) makes way for the next of a fixed sequence, as in
-aliyun_alb.py. Target tracking (put_target_tracking) is one TargetTrackingScalingRule per group on a
+alb.py. Target tracking (put_target_tracking) is one TargetTrackingScalingRule per group on a
 Metric: QPS per backend server of the ALB server group, or a custom CloudMonitor metric the hosts publish.
 ESS_QPS, the rule's MetricName for the ALB metric, is a guess (the console calls it "(ALB) QPS per Backend
 Server"; the API name was not found in the reference); the emulator uses the same name.
@@ -53,12 +53,12 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..clouds.aliyun import AliyunError
-from ..core.errors import UserError
+from ...clouds.aliyun import AliyunError
+from ...core.errors import UserError
 
 if TYPE_CHECKING:
-    from ..clouds.aliyun import Api
-    from .balancer import BalancerRef
+    from ...clouds.aliyun import Api
+    from ..balancer import BalancerRef
 
 HOOK = "ngcx-drain"
 OWNER_TAG = "ngcx:owner"
@@ -421,8 +421,8 @@ STATES = {"Pending": "pending", "Pending:Wait": "pending", "InService": "in-serv
 def kit(api: Api) -> Any:
     """vm_groups.GroupKit over this module: the ALB server group on the replicas' port, and QPS per backend
     server (ESS_QPS, per second) from --target-requests (per minute, as on AWS) / 60."""
-    from .common import SERVE_PORT
-    from .vm_groups import GroupKit
+    from ..common import SERVE_PORT
+    from ..vm_groups import GroupKit
 
     def spec(*, networks: tuple[str, ...], balancer: BalancerRef, role: str | None, **common: Any) -> GroupSpec:
         return GroupSpec(vswitches=networks, server_group_id=balancer.group_id, port=SERVE_PORT, ram_role=role,

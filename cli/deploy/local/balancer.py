@@ -53,11 +53,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..core.engine import containers
-from ..core.errors import UserError
-from . import store
-from .balancer import BalancerRef, BalancerSpec
-from .common import LABEL_OWNER
+from ...core.engine import containers
+from ...core.errors import UserError
+from .. import store
+from ..balancer import BalancerRef, BalancerSpec
+from ..common import LABEL_OWNER
 
 BASE_IMAGE = "ngcx/base:bookworm"
 IMAGE_REPO = "ngcx/balancer"
@@ -90,7 +90,7 @@ def network_name(spec_name: str) -> str:
 
 
 def folder_of(network: str) -> Path:
-    from ..core import paths
+    from ...core import paths
 
     return paths.state_dir() / "balancers" / network
 
@@ -109,7 +109,7 @@ def checks_of(spec: BalancerSpec) -> dict[str, Any]:
 def render(template: str, **values: Any) -> str:
     import jinja2
 
-    from ..core import paths
+    from ...core import paths
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.recipes_dir())), autoescape=False,
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True)
@@ -296,7 +296,7 @@ class LocalBalancer:
     @property
     def client(self) -> Any:
         if self._client is None:
-            from ..core.engine import engine_client
+            from ...core.engine import engine_client
 
             self._client = engine_client()
         return self._client
@@ -383,7 +383,7 @@ class LocalBalancer:
     # --- the image -------------------------------------------------------------------------------
     def image(self) -> str:
         """ngcx/balancer:<hash of the rendered recipe and the base's id>, built when missing."""
-        from ..core.engine import image_or_none
+        from ...core.engine import image_or_none
 
         base = image_or_none(self.client, BASE_IMAGE)
         if base is None:
@@ -398,9 +398,9 @@ class LocalBalancer:
     def _build(self, tag: str, dockerfile: str) -> None:
         """BuildKit through the docker CLI, as `ngcx build`: the CA as a secret, proxies from the environment
         (passed by name, never by value), the apt mirror as a build arg."""
-        from ..build.image import detect_ca
-        from ..core.engine import docker_cli
-        from ..core.output import redact
+        from ...build.image import detect_ca
+        from ...core.engine import docker_cli
+        from ...core.output import redact
 
         cli = docker_cli()
         if cli is None:
