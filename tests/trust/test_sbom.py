@@ -89,3 +89,28 @@ def test_model_sha256_is_read_inside_and_a_changed_model_is_refused(docker_clien
     finally:
         for tag in (good, bad):
             docker_client.images.remove(tag, force=True)
+
+
+def test_a_pushed_image_is_named_by_the_digest_its_registry_serves(docker_client, base_image, registry):
+    """The SBOM names what a signature names: the manifest digest the registry serves (read here from the
+    registry's own Docker-Content-Digest header), or the digest `ngcx push` passes; an image never pushed under
+    its own name is named by its image ID, not by another repository's digest."""
+    import requests
+
+    from ngcx.trust.sbom import make_sbom
+
+    ns = f"ngcx-sbom-{secrets.token_hex(4)}"
+    repo = f"{registry}/{ns}/base"
+    docker_client.images.get(base_image).tag(repo, "t")
+    try:
+        docker_client.images.push(repo, "t")
+        served = requests.head(f"http://{registry}/v2/{ns}/base/manifests/t", timeout=10, headers={
+            "Accept": "application/vnd.docker.distribution.manifest.v2+json"}).headers["Docker-Content-Digest"]
+        pushed = json.loads(run_ngcx("sbom", f"{repo}:t").stdout)["metadata"]["component"]
+        assert pushed["version"] == served and pushed["purl"].startswith(f"pkg:oci/base@{served}?")
+        local = json.loads(run_ngcx("sbom", base_image).stdout)["metadata"]["component"]
+        assert local["version"] == docker_client.images.get(base_image).id
+        named = make_sbom(base_image, digest=served)["metadata"]["component"]
+        assert named["version"] == served
+    finally:
+        docker_client.images.remove(f"{repo}:t")
