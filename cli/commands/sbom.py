@@ -25,11 +25,14 @@ def sbom_command(
     import json
     import sys
 
+    from ..core import naming
     from ..core.errors import UserError
     from ..trust.sbom import FORMATS, build_sbom
 
     if fmt not in FORMATS:
         raise UserError(f"unknown --format {fmt!r}", hint="use cyclonedx or spdx")
+    if variant not in naming.VARIANTS:
+        raise UserError(f"unknown --variant {variant!r}", hint=f"use one of: {', '.join(naming.VARIANTS)}")
     if out is not None and not out.parent.is_dir():
         raise UserError(f"cannot write {out}: folder {out.parent} does not exist", hint="create it, or pick another -o")
     result = build_sbom(ref, fmt, variant)  # type: ignore[arg-type]

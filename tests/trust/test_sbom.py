@@ -34,6 +34,7 @@ def test_bad_input_is_one_line_exit_2(docker_client, base_image, tmp_path):
     _one_error(run_ngcx("sbom", base_image, "--format", "xml"), "--format", "cyclonedx or spdx")
     _one_error(run_ngcx("sbom", f"ngcx-test/absent-{secrets.token_hex(4)}:1"), "no local image")
     _one_error(run_ngcx("sbom", "cuda:99.99"), "unknown release")
+    _one_error(run_ngcx("sbom", "cuda:24.05", "--variant", "slim"), "--variant")
     _one_error(run_ngcx("sbom", base_image, "-o", str(tmp_path / "no-such-dir" / "sbom.json")), "does not exist")
     down = run_ngcx("sbom", base_image, env={"DOCKER_HOST": f"unix://{tmp_path}/no-dockerd.sock"})
     _one_error(down, "Docker Engine not reachable")
