@@ -232,3 +232,19 @@ def test_push_with_a_bad_key_uploads_nothing(images, namespace, isolated_state, 
     import requests
 
     assert requests.head(f"http://{host}/v2/{ns}/{name}/manifests/{tag}", timeout=10).status_code == 404
+
+
+def test_sign_and_verify_on_a_registry_that_needs_a_login(images, auth_registry, isolated_state):
+    """The signature and attestations go up, and are read back, with the credentials `ngcx login` stored."""
+    host, user, password = auth_registry
+    login = run_ngcx("login", host, "--username", user, "--password-stdin", input=password + "\n")
+    assert login.returncode == 0, login.stderr
+    remote, digest = push(images(), host)
+    verified = run_ngcx("verify", remote)
+    assert verified.returncode == 0 and digest in verified.stdout, verified.stderr
+    assert run_ngcx("logout", host).returncode == 0
+    anonymous = run_ngcx("verify", remote)
+    assert anonymous.returncode == 2 and len(anonymous.stderr.strip().splitlines()) == 1, anonymous.stderr
+    assert f"ngcx login {host}" in anonymous.stderr
+    for proc in (login, verified, anonymous):
+        assert password not in proc.stdout + proc.stderr
