@@ -54,6 +54,7 @@ class CudaLib:
     wheel: str | None           # "name==version" of the pip wheel whose RECORD lists that file
     pin: str | None             # the image's ai.ngcx.pin.<component> label
     loaded_by: str              # "linker" or "framework"
+    sha256: str | None = None   # of the loaded file's bytes
 
 
 @dataclass(frozen=True)
@@ -255,7 +256,8 @@ def _cuda(report: dict[str, Any], labels: dict[str, str]) -> tuple[CudaLib, ...]
             if entry.get("version") and entry.get("path"):
                 wheel = entry.get("wheel") or None
                 out.append(CudaLib(component, str(entry["version"]), str(entry["path"]),
-                                   f"{wheel['name']}=={wheel['version']}" if wheel else None, pin, by))
+                                   f"{wheel['name']}=={wheel['version']}" if wheel else None, pin, by,
+                                   entry.get("sha256")))
     return tuple(out)
 
 

@@ -171,7 +171,8 @@ def _cuda(lib: CudaLib) -> Any:
     from cyclonedx.model.component import Component
 
     return Component(name=lib.path.rsplit("/", 1)[-1], group="nvidia", version=lib.version, purl=cuda_purl(lib),
-                     bom_ref=f"cuda:{lib.component}:{lib.path}", description=f"{lib.component}, loaded by the "
+                     bom_ref=f"cuda:{lib.component}:{lib.path}", hashes=_sha256(lib.sha256 or ""),
+                     description=f"{lib.component}, loaded by the "
                      f"{lib.loaded_by} (ngcx-runtime probe)",
                      properties=_props({"package-type": "cuda-library", "cuda.path": lib.path,
                                         "cuda.wheel": lib.wheel, "cuda.pin": lib.pin, "cuda.loaded-by": lib.loaded_by}))

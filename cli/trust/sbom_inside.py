@@ -14,7 +14,8 @@ image's own tools, in the image's own Python, and prints one JSON document on st
   those, and the SBOM says so rather than guessing; the WHEEL file's tags are kept, which with the name and
   version name the wheel file that was installed (to look its hash up in a lock that maps files to hashes).
 - cuda: ngcx_runtime.probe's own steps behind `ngcx test` (`libraries()` in a child interpreter, the framework
-  imports, then `framework_copies()`), so the SBOM names the files the linker and the frameworks really load.
+  imports, then `framework_copies()`), so the SBOM names the files the linker and the frameworks really load,
+  each with its sha256.
 - models: sha256 of each entry under the model folder given as argv[1] (a project image's /opt/ngcx/model),
   with the tree hash of cli/project/context.py sha256_tree for a folder, so it compares with the image's
   ai.ngcx.project.model-sha256 label.
@@ -93,6 +94,10 @@ def cuda() -> dict[str, object]:
     libs = probe.libraries()
     probe.frameworks()          # the imports that may map their own copies (torch's bundled cuDNN) ...
     probe.framework_copies(libs)  # ... noted as "framework_loaded", as in `ngcx-runtime info`
+    for lib in libs.values():     # the bytes loaded: the file's sha256, the linker's copy and a framework's
+        for entry in (lib, lib.get("framework_loaded") or {}):
+            if entry.get("path") and Path(entry["path"]).is_file():
+                entry["sha256"] = _sha256_file(Path(entry["path"]))
     return {"libraries": libs}
 
 

@@ -39,7 +39,7 @@ def spdx(inv: Inventory) -> dict[str, Any]:
               f"built package from: {d.source} {d.source_version}") for d in inv.debs]
     rows += [("pypi", d.name, d.version, pypi_purl(d).to_string(), "LIBRARY", d.hashes.get("sha256"), None)
              for d in inv.dists]
-    rows += [("cuda", c.path.rsplit("/", 1)[-1], c.version, cuda_purl(c).to_string(), "LIBRARY", None,
+    rows += [("cuda", c.path.rsplit("/", 1)[-1], c.version, cuda_purl(c).to_string(), "LIBRARY", c.sha256,
               f"{c.component} at {c.path}, loaded by the {c.loaded_by}") for c in inv.cuda]
     for i, (kind, name, version, purl, purpose, sha, info) in enumerate(rows):
         ref = f"SPDXRef-{kind}-{i}"

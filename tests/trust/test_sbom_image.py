@@ -47,12 +47,18 @@ def _lists_what_the_image_reports(client, tag: str) -> dict:
 
 
 def _cuda_as_probed(client, tag: str, doc: dict) -> None:
-    """Each library the probe reports loaded is a pkg:generic component with the same file and version."""
+    """Each library the probe reports loaded is a pkg:generic component with the same file, version and bytes
+    (sha256sum in the image)."""
     probe = json.loads(in_image(client, tag, ["ngcx-runtime", "info", "--json"]))
     seen = {(p["value"], c["version"]) for c in _purls(doc, "generic") for p in c["properties"]
             if p["name"] == "ngcx:cuda.path"}
     loaded = {(lib["path"], lib["version"]) for lib in probe["libraries"].values() if "version" in lib}
     assert loaded and loaded <= seen, (loaded, seen)
+    paths = {path for path, _v in seen}
+    sums = dict(reversed(line.split(None, 1)) for line in in_image(client, tag, ["sha256sum", *sorted(paths)])
+                .splitlines())
+    assert {p["value"]: c["hashes"][0]["content"] for c in _purls(doc, "generic") for p in c["properties"]
+            if p["name"] == "ngcx:cuda.path"} == sums
     labels = client.images.get(tag).labels
     for c in _purls(doc, "generic"):
         props = {p["name"]: p["value"] for p in c["properties"]}
