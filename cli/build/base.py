@@ -143,10 +143,23 @@ def bootstrap(client, *, suite: str, mirror: str, tag: str, variant: str, slim: 
         (root / OWNER_FILE).write_text(f"{os.getpid()}\n")
         run_debootstrap(root / "rootfs", suite=suite, mirror=mirror, variant=variant, tag=tag)
         finish_rootfs(root / "rootfs", slim=slim, mirror=mirror)
-        return import_rootfs(client, root / "rootfs", tag=tag, labels=image_labels(suite, mirror, variant))
+        image = import_rootfs(client, root / "rootfs", tag=tag, labels=image_labels(suite, mirror, variant))
+        record_pin(tag, image.id)
+        return image
     finally:
         signal.signal(signal.SIGTERM, previous)
         remove_tree(root)
+
+
+def record_pin(tag: str, image_id: str) -> None:
+    """Record which image `tag` is now (render/basepin.py): builds FROM it refuse another image under that tag."""
+    from ..render import basepin
+
+    try:
+        basepin.record(tag, image_id)
+    except OSError as exc:
+        raise UserError(f"made {tag} ({image_id[:19]}), but cannot record its pin in the state folder: "
+                        f"{exc.strerror}", hint="set NGCX_STATE_DIR to a writable folder and bootstrap again") from None
 
 
 def reclaim_stale_roots(workdir: Path) -> None:

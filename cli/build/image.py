@@ -187,6 +187,9 @@ def build(release: Release, opts: BuildOptions, catalog=None) -> BuildResult:
     for url in opts.pip_extra_index_urls:
         _check_url(url, "--pip-extra-index-url")
     _check_url(opts.apt_mirror, "--apt-mirror")
+    from ..catalog.lockdata import release_lock
+
+    release_lock(release, catalog.source if catalog else None)  # no wheel hashes: one line now, not after a render
     ca = detect_ca(opts.ca_cert)
     tag = opts.tag or naming.local_tag(release.image, release.tag, opts.variant)
     base = render.resolve_base(release, opts.base)
@@ -198,6 +201,7 @@ def build(release: Release, opts: BuildOptions, catalog=None) -> BuildResult:
         raise UserError("the docker CLI is not installed (BuildKit builds need it)",
                         hint="apt-get install docker.io, or run scripts/setup.sh")
     ensure_base(client, base, release)
+    from_ref, base_image = pin_base(client, base)
 
     context_dir = paths.state_dir() / "contexts" / f"{release.image}-{release.tag}-{opts.variant}"
     ctx = write_context(release, context_dir, opts, catalog)
@@ -205,7 +209,8 @@ def build(release: Release, opts: BuildOptions, catalog=None) -> BuildResult:
     with tempfile.TemporaryDirectory(prefix="ngcx-secrets-") as secret_dir:
         os.chmod(secret_dir, 0o700)
         cmd = [cli, "build", "--progress=plain", "-t", tag,
-               "--build-arg", f"BASE_IMAGE={base}",
+               "--build-arg", f"BASE_IMAGE={from_ref}",
+               "--label", f"org.opencontainers.image.base.digest={base_image.id}",
                "--build-arg", f"NGCX_CREATED={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
                "--build-arg", f"NGCX_REVISION={_revision()}"]
         if opts.apt_mirror:
@@ -221,13 +226,14 @@ def build(release: Release, opts: BuildOptions, catalog=None) -> BuildResult:
         cmd.append(str(ctx.path))
         env = {**os.environ, "DOCKER_BUILDKIT": "1"}
         started = time.monotonic()
-        print(f"building {tag} from {base} ({release.ref}, {opts.variant}); context {ctx.path}")
+        print(f"building {tag} from {from_ref} ({release.ref}, {opts.variant}); context {ctx.path}")
         parser = run_build(cmd, env, opts.progress, step_titles(ctx.dockerfile.read_text()))
         duration = time.monotonic() - started
 
     if parser.returncode != 0:
         _report_failure(parser)
     img = client.images.get(tag)
+    check_on_base(img, base_image, base)
     size = int(img.attrs.get("Size") or 0)
     steps = parser.build_steps()
     cached = sum(1 for s in steps if s.status == "cached")
@@ -323,10 +329,14 @@ def _revision() -> str:
 
 
 def _report_failure(parser: ProgressParser) -> None:
-    """Print the failing step and its last log lines, then raise BuildFailed (exit 1)."""
+    """Print the failing step and its last log lines, then raise BuildFailed (exit 1); a wheel whose bytes are not
+    the locked ones is that one line alone."""
     import sys
 
     step = parser.failed()
+    mismatch = hash_mismatch(list(step.log)) if step is not None else None
+    if mismatch:
+        raise BuildFailed(mismatch)
     if step is None:
         tail = [s for s in parser.steps.values() if s.log]
         detail = tail[-1].log if tail else []
@@ -338,3 +348,76 @@ def _report_failure(parser: ProgressParser) -> None:
     for line in list(step.log)[-20:]:
         print(f"  | {line}", file=sys.stderr)
     raise BuildFailed(f"build failed at {(step.title or step.name)[:90]}: {parser.error or 'see the log above'}")
+
+
+# ----------------------------------------------------------------------------- pins: the base and the wheels
+
+
+def pin_base(client, base: str):
+    """(the reference the build names its base by, the base image): a digest wherever one exists.
+
+    A base that has a registry digest (pulled, or given as NAME@sha256:...) is built FROM `repo@sha256:...`, which
+    BuildKit resolves to exactly those bytes. An imported base (`ngcx base bootstrap`: no registry digest, and the
+    engine's BuildKit resolves name@sha256 only through one, render/basepin.py) is built from its tag, pinned by
+    the image ID recorded when it was made: another image under the tag is refused here, and check_on_base proves
+    the result sits on the recorded one. A base made before pins were recorded is recorded now, once, and said.
+    """
+    import sys
+
+    from ..render import basepin
+
+    image = client.images.get(base)
+    if "@" in base:
+        return base, image
+    repository = base.rsplit(":", 1)[0] if ":" in base.rsplit("/", 1)[-1] else base
+    digests = [d for d in image.attrs.get("RepoDigests") or [] if d.split("@")[0] == repository]
+    if digests:
+        return digests[0], image
+    pinned = basepin.recorded(base)
+    if pinned is None:
+        basepin.record(base, image.id)
+        print(f"ngcx: pinned base {base} to image {image.id} (first build from it; later builds refuse another "
+              "image under this tag)", file=sys.stderr)
+    elif pinned != image.id:
+        raise UserError(f"base {base} is now image {image.id[:19]}, not {pinned[:19]} recorded when it was made: "
+                        "refusing a retagged base",
+                        hint="if you re-made it on purpose, `ngcx base bootstrap` records the new one; else tag "
+                             f"{pinned[:19]} back as {base}")
+    return base, image
+
+
+def check_on_base(img, base_image, base: str) -> None:
+    """The built image's layers start with its base's: what was pinned is what it was built FROM."""
+    mine = (img.attrs.get("RootFS") or {}).get("Layers") or []
+    theirs = (base_image.attrs.get("RootFS") or {}).get("Layers") or []
+    if not theirs or mine[:len(theirs)] != theirs:
+        raise BuildFailed(f"built {img.id[:19]}, but it does not sit on the pinned base {base} "
+                          f"({base_image.id[:19]}): the tag changed during the build; build again")
+
+
+_MISMATCH = re.compile(r"DO NOT MATCH THE HASHES")
+_PACKAGE = re.compile(r"(?:^|\s)(?P<req>[A-Za-z0-9][A-Za-z0-9._\[\],-]*==\S+) from ")
+_EXPECTED = re.compile(r"Expected\s+(?:sha256|or)\s+(?P<hash>[0-9a-f]{64})")
+_GOT = re.compile(r"Got\s+(?P<hash>[0-9a-f]{64})")
+
+
+def hash_mismatch(log: list[str]) -> str | None:
+    """pip's "THESE PACKAGES DO NOT MATCH THE HASHES" block as one line: the package, its bytes' sha256 and the
+    locked one(s) (recipes/macros.j2 installs every wheel with --require-hashes); None when the log has none."""
+    start = next((i for i, line in enumerate(log) if _MISMATCH.search(line)), None)
+    if start is None:
+        return None
+    package, expected, got = None, [], None
+    for line in log[start + 1:]:
+        if package is None and (m := _PACKAGE.search(line)):
+            package = m["req"]
+        elif m := _EXPECTED.search(line):
+            expected.append(m["hash"])
+        elif m := _GOT.search(line):
+            got = m["hash"]
+            break
+    if package is None or got is None or not expected:
+        return None
+    return (f"{package}: the wheel's sha256 is {got}, but the catalog's lock (registry.lock.yaml) has "
+            f"{' or '.join(expected)}: its bytes are not the ones locked, so nothing was installed "
+            "(a replaced file on the index, mirror or proxy; if the lock is stale: `ngcx catalog lock`)")

@@ -1,4 +1,5 @@
-"""`ngcx catalog ls / show / check`: the releases of registry.yaml, one release in full, the rules checked over a file.
+"""`ngcx catalog ls / show / check / lock`: the releases of registry.yaml, one release in full, the rules checked over a
+file, the wheel hashes refreshed from the package index (catalog/refresh.py).
 
 catalog/ loads and validates; this module prints. It stays light (the standard library only) so the CLI
 starts fast: typer is imported only by register(), so commands/fastpath.py runs `catalog ls` without it
@@ -126,6 +127,16 @@ def _check(catalog_file: Path | None, json_out: bool) -> None:
         print(f"{file}: ok — {len(cat.image_names())} images, {n} releases, all compatibility rules hold")
 
 
+def _lock(catalog_file: Path | None) -> None:
+    """`ngcx catalog lock`: resolve every release's layers and write the hashes beside the catalog."""
+    from ..catalog.refresh import refresh
+
+    report = refresh(load_catalog(catalog_file))
+    for ref, reason in sorted(report.skipped.items()):
+        print(f"ngcx: {ref}: not locked (it will not build): {reason}", file=sys.stderr)
+    print(f"{report.path}: {len(report.releases)} releases, {report.files} file hashes")
+
+
 def register(app: "typer.Typer") -> None:
     import typer
 
@@ -149,5 +160,10 @@ def register(app: "typer.Typer") -> None:
               json_out: JsonOpt = False) -> None:
         """Validate schema and every compatibility rule; exit 2 listing each violation."""
         _check(file, json_out)
+
+    @group.command("lock")
+    def lock(catalog_file: CatalogOpt = None) -> None:
+        """Fetch the sha256 of every wheel each release installs (registry.lock.yaml); builds need them."""
+        _lock(catalog_file)
 
     app.add_typer(group, name="catalog")

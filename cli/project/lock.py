@@ -7,7 +7,10 @@ The base runs once with `docker run --rm`: its own pip, under its pins and its f
 read-only into that one container only, never into an image.
 
 The lock names the base image (ID and layer digest) and the requirements it was made from, so
-`ngcx build` refuses a lock that no longer fits either (one line: run `ngcx lock` again).
+`ngcx build` refuses a lock that no longer fits either (one line: run `ngcx lock` again). Each pin carries
+the sha256 of the file pip chose (the report's download_info), and the project build installs with
+--require-hashes (recipes/project.Dockerfile.j2), so a wheel with other bytes fails the build; a lock
+written before hashes were recorded is refused the same way.
 """
 
 from __future__ import annotations
@@ -91,6 +94,10 @@ def check_lock(project: Project, base: BaseImage) -> Lock:
     if lock.requirements_sha256 != requirements_sha(project):
         raise UserError(f"{path} is older than the requirements in {project.file.name} (they changed since "
                         "`ngcx lock` ran)", hint="run `ngcx lock` again")
+    unhashed = [p.split()[0] for p in lock.pins if "--hash=sha256:" not in p]
+    if unhashed:
+        raise UserError(f"{path}: {unhashed[0]} has no --hash (the build installs with --require-hashes)",
+                        hint="run `ngcx lock` again to record every wheel's sha256")
     return lock
 
 
@@ -138,7 +145,8 @@ def resolve(project: Project, base: BaseImage, opts: BuildOptions, client: Any) 
 
 
 def pins_from_report(report: dict) -> list[str]:
-    """`pip install --report` -> one `name==version` (or `name @ url` for a direct URL) per package."""
+    """`pip install --report` -> one `name==version --hash=sha256:H` (or `name @ url --hash=...` for a direct
+    URL) per package: H is the sha256 of the file pip chose; one without it (a folder, a VCS URL) is one line."""
     from .spec import canonical
 
     pins = []
@@ -147,9 +155,25 @@ def pins_from_report(report: dict) -> list[str]:
         name, version = meta.get("name"), meta.get("version")
         if not name or not version:
             continue
-        url = (item.get("download_info") or {}).get("url")
-        pins.append(f"{name} @ {url}" if item.get("is_direct") and url else f"{name}=={version}")
+        info = item.get("download_info") or {}
+        url = info.get("url")
+        digest = file_sha256(info)
+        if digest is None:
+            raise UserError(f"{name} {version} ({url or 'no URL'}) has no sha256 to lock: every wheel the build "
+                            "installs is checked with --require-hashes",
+                            hint="require it from an index or as a wheel/sdist URL, not a folder or VCS URL")
+        pin = f"{name} @ {url}" if item.get("is_direct") and url else f"{name}=={version}"
+        pins.append(f"{pin} --hash=sha256:{digest}")
     return sorted(pins, key=lambda p: canonical(re.split(r"[ =@]", p, maxsplit=1)[0]))
+
+
+def file_sha256(download_info: dict) -> str | None:
+    """The chosen file's sha256 from a report entry (archive_info.hashes, or the older archive_info.hash)."""
+    archive = download_info.get("archive_info") or {}
+    digest = (archive.get("hashes") or {}).get("sha256")
+    if not digest and str(archive.get("hash") or "").startswith("sha256="):
+        digest = archive["hash"].split("=", 1)[1]
+    return digest if digest and re.fullmatch(r"[0-9a-f]{64}", digest) else None
 
 
 def lock_text(project: Project, base: BaseImage, pins: list[str], environment: dict) -> str:

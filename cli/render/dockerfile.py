@@ -90,10 +90,11 @@ def render_dockerfile(release: "Release", variant: str = "runtime", base: str | 
     if variant not in naming.VARIANTS:
         raise UserError(f"unknown variant {variant!r}", hint=f"use one of {', '.join(naming.VARIANTS)}")
     description = catalog.image(release.image).description if catalog else release.image
-    inputs = render_inputs(release, variant, base, description)
+    source = catalog.source if catalog else None
+    inputs = render_inputs(release, variant, base, description, source)
     key = _cache_key(inputs) if inputs is not None else None
     if inputs is None or key is None:
-        return render_uncached(release, variant, base, description)
+        return render_uncached(release, variant, base, description, source)
     from ..catalog import cache
     from . import seed
 
@@ -103,22 +104,27 @@ def render_dockerfile(release: "Release", variant: str = "runtime", base: str | 
     seeded = seed.lookup(inputs)
     if seeded is not None:
         return seeded
-    text = render_uncached(release, variant, base, description)
+    text = render_uncached(release, variant, base, description, source)
     cache.write_entry("dockerfile", key, text.encode())
     return text
 
 
-def render_uncached(release: "Release", variant: str, base: str | None, description: str) -> str:
-    """Render Dockerfile.j2 (no cache): recipe checks first, then the base, as users see the errors."""
+def render_uncached(release: "Release", variant: str, base: str | None, description: str,
+                    catalog_source: str | None = None, *, pinned: bool = True) -> str:
+    """Render Dockerfile.j2 (no cache): recipe checks first, then the base, then the wheel hashes, as users see
+    the errors. `pinned=False` leaves out this machine's base pin (basepin.py): what the shipped seeds hold."""
+    from ..catalog.lockdata import release_lock
     from ..core.errors import UserError
 
     recipe = load_recipe(release.image)
     if "framework" in recipe.blocks and release.framework is None:
         raise UserError(f"{release.ref}: image recipe has a framework block but the release pins no framework")
     packages = image_packages(recipe)
+    base_image = resolve_base(release, base)
+    lock = release_lock(release, catalog_source)
     text = _environment().get_template("Dockerfile.j2").render(
         release=release, variant=variant, blocks=layer_blocks(recipe, release), recipe=recipe,
-        base_image=resolve_base(release, base),
+        base_image=base_image, base_id=_base_id(base_image) if pinned else None, lock=lock,
         apt_packages=sorted(BASE_APT), image_packages=packages,
         devel_packages=sorted(DEVEL_APT),
         labels=release.labels(), description=description, runtime_version=__version__,
@@ -129,19 +135,21 @@ def render_uncached(release: "Release", variant: str, base: str | None, descript
 
 def seed_texts(catalog: "Catalog") -> dict[str, str]:
     """What seed.SEED holds for `catalog` (the shipped one): {seed key: Dockerfile} for every release x variant x
-    base (the catalog's public one and its offline one), rendered now."""
+    base (the catalog's public one and its offline one), rendered now; a release without wheel hashes (its index
+    unreachable when `ngcx catalog lock` ran) does not render, so it has none."""
+    from ..catalog.lockdata import is_locked
     from ..core import naming
     from . import seed
 
     texts = {}
-    for release in catalog.all_releases():
+    for release in filter(lambda r: is_locked(r, catalog.source), catalog.all_releases()):
         description = catalog.image(release.image).description
         for variant in naming.VARIANTS:
             for base in (None, "offline") if release.base.offline else (None,):
-                inputs = render_inputs(release, variant, base, description)
+                inputs = render_inputs(release, variant, base, description, pinned=False)
                 if inputs is None:
                     raise OSError(f"{release.ref}: the render's inputs cannot be read")
-                texts[seed.key(inputs)] = render_uncached(release, variant, base, description)
+                texts[seed.key(inputs)] = render_uncached(release, variant, base, description, pinned=False)
     return texts
 
 
@@ -162,30 +170,43 @@ def layer_blocks(recipe: Recipe, release: "Release") -> list[str]:
 
 # The code a rendered Dockerfile depends on besides the templates: this module (packages, _tidy),
 # naming (labels, variants) and the completed catalog (Release.labels, pins).
-RENDER_CODE = ("render/dockerfile.py", "core/naming.py", "catalog/complete.py", "catalog/patterns.py")  # under cli/
+RENDER_CODE = ("render/dockerfile.py", "core/naming.py", "catalog/complete.py", "catalog/patterns.py",
+               "catalog/lockdata.py", "render/basepin.py")  # under cli/
 
 
-def render_inputs(release: "Release", variant: str, base: str | None, description: str) -> str | None:
+def _base_id(base_image: str) -> str | None:
+    """The image ID this machine recorded for the base tag (basepin.py), for the rendered pin; a digest reference
+    or an unrecorded base has none."""
+    from . import basepin
+
+    return None if "@" in base_image else basepin.recorded(base_image)
+
+
+def render_inputs(release: "Release", variant: str, base: str | None, description: str,
+                  catalog_source: str | None = None, *, pinned: bool = True) -> str | None:
     """sha256 of every input of render_uncached but Jinja2, or None (render without the cache) when one cannot
     be read.
 
-    Inputs: the release's completed data, variant, the resolved base image, the description, the
-    image's image.yaml bytes, every file under recipes/ (templates include each other), and the code in
-    RENDER_CODE with the ngcx version. Errors are never cached: on any problem here the uncached path runs
-    and reports it as before.
+    Inputs: the release's completed data, variant, the resolved base image and its recorded ID (unless not
+    `pinned`), the description, the release's wheel hashes (catalog/lockdata.py), the image's image.yaml bytes,
+    every file under recipes/ (templates include each other), and the code in RENDER_CODE with the ngcx version.
+    Errors are never cached: on any problem here (no hashes included) the uncached path runs and reports it.
     """
     import json
     from dataclasses import asdict
 
     from ..catalog.cache import source_digest
+    from ..catalog.lockdata import release_lock
     from ..core import paths
     from ..core.errors import UserError
 
     here = Path(__file__).resolve().parent.parent
     try:
         h = hashlib.sha256(b"dockerfile\0" + source_digest([here / f for f in RENDER_CODE]).encode())
-        h.update(json.dumps([asdict(release), variant, resolve_base(release, base), description],
-                            sort_keys=True).encode())
+        base_image = resolve_base(release, base)
+        lock = asdict(release_lock(release, catalog_source))
+        h.update(json.dumps([asdict(release), variant, base_image, description, lock,
+                             _base_id(base_image) if pinned else None], sort_keys=True).encode())
         h.update(b"\0image.yaml\0" + (paths.images_dir() / release.image / "image.yaml").read_bytes())
         recipes = paths.recipes_dir()
         for file in sorted(p for p in recipes.rglob("*") if p.is_file() and "__pycache__" not in p.parts):

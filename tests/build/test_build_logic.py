@@ -134,3 +134,51 @@ def test_rendered_context_holds_no_secret_material(tmp_path: Path):
     names = {p.relative_to(ctx.path).as_posix() for p in ctx.path.rglob("*") if p.is_file()}
     assert "Dockerfile" in names and "ngcx-runtime/pyproject.toml" in names
     assert not [n for n in names if n.endswith((".pem", ".crt", "pip.conf"))]
+
+
+# pip's own output for a wheel whose bytes are not the locked ones, as BuildKit's plain progress shows it (the
+# format pip 23 and 26 both print: Debian bookworm's pip runs in the images).
+PIP_MISMATCH = """\
+#9 [4/12] RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=locked ...
+#9 1.204 Looking in links: /root/.cache/ngcx-wheels
+#9 1.311 Processing /root/.cache/ngcx-wheels/nvidia_cuda_runtime_cu12-12.4.127-py3-none-manylinux2014_x86_64.whl
+#9 1.502 ERROR: THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE. If you have updated the package \
+versions, please update the hashes. Otherwise, examine the package contents carefully; someone may have tampered \
+with them.
+#9 1.502     nvidia-cuda-runtime-cu12==12.4.127 from https://files.pythonhosted.org/packages/ea/27/\
+nvidia_cuda_runtime_cu12-12.4.127-py3-none-manylinux2014_x86_64.whl (from -r /dev/fd/63 (line 1)):
+#9 1.502         Expected sha256 1111111111111111111111111111111111111111111111111111111111111111
+#9 1.502         Expected     or 2222222222222222222222222222222222222222222222222222222222222222
+#9 1.502              Got        64403288fa2136ee8e467cdc9c9427e0434110899d07c779f25b5c068934faa5
+#9 1.502
+#9 ERROR: executor failed running [/bin/bash -o pipefail -c ...]: exit code: 1
+"""
+
+
+def test_a_wheel_with_other_bytes_is_one_line_naming_the_package_and_both_hashes(capsys):
+    from ngcx.build.image import BuildFailed, _report_failure
+
+    parser = ProgressParser()
+    for line in PIP_MISMATCH.splitlines():
+        parser.feed(line)
+    with pytest.raises(BuildFailed) as info:
+        _report_failure(parser)
+    assert info.value.line() == (
+        "nvidia-cuda-runtime-cu12==12.4.127: the wheel's sha256 is "
+        "64403288fa2136ee8e467cdc9c9427e0434110899d07c779f25b5c068934faa5, but the catalog's lock "
+        "(registry.lock.yaml) has 1111111111111111111111111111111111111111111111111111111111111111 or "
+        "2222222222222222222222222222222222222222222222222222222222222222: its bytes are not the ones locked, so "
+        "nothing was installed (a replaced file on the index, mirror or proxy; if the lock is stale: "
+        "`ngcx catalog lock`)")
+    assert capsys.readouterr().err == ""  # no step log around it: the one line is the whole report
+
+
+def test_another_failure_still_shows_its_step_log(capsys):
+    from ngcx.build.image import BuildFailed, _report_failure
+
+    parser = ProgressParser()
+    for line in PIP_MISMATCH.replace("DO NOT MATCH THE HASHES", "could not be found").splitlines():
+        parser.feed(line)
+    with pytest.raises(BuildFailed, match="build failed at"):
+        _report_failure(parser)
+    assert "  | " in capsys.readouterr().err

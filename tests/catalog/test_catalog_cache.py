@@ -266,6 +266,7 @@ def data_copy(tmp_path: Path) -> Path:
     data = tmp_path / "data"
     data.mkdir()
     shutil.copy(SHIPPED, data / "registry.yaml")
+    shutil.copy(SHIPPED.with_name("registry.lock.yaml"), data / "registry.lock.yaml")
     for folder in ("images", "recipes"):
         shutil.copytree(paths.data_dir() / folder, data / folder)
     return data

@@ -38,46 +38,51 @@ RUN python3 -c 'import sys; v="%d.%d" % sys.version_info[:2]; sys.exit(0 if v ==
 # ---- CUDA 12.8 libraries as pinned wheels, one layer per wheel in the catalog's order (a wheel's
 #      dependencies before it, then the largest first): a patch bump rebuilds the bumped wheel's layer and the
 #      smaller ones after it, not the whole stack, and those come from the wheel pool (a BuildKit cache mount),
-#      not the network. --no-deps: a layer installs its pin and nothing else ----
+#      not the network. --no-deps: a layer installs its pin and nothing else; --require-hashes: only the bytes
+#      the catalog's lock names (registry.lock.yaml) ----
 RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+    && pin='nvidia-cublas-cu12==12.8.4.1 --hash=sha256:8ac4e771d5a348c551b2a426eda6193c19aa630236b418086020df5ba9667142 --hash=sha256:b86f6dd8935884615a0683b663891d43781b819ac4f2ba2b0c9604676af346d0' \
     && { { ls /root/.cache/ngcx-wheels/nvidia_cublas_cu12-12.8.4.1-*.whl >/dev/null 2>&1 \
-    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cublas-cu12==12.8.4.1 2>/dev/null; } \
-    || { pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cublas-cu12==12.8.4.1 \
-    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cublas-cu12==12.8.4.1; }; } \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --require-hashes --find-links /root/.cache/ngcx-wheels -r <(printf '%s\n' "$pin") 2>/dev/null; } \
+    || { pip download --progress-bar off --no-cache-dir --no-deps --require-hashes --dest /root/.cache/ngcx-wheels -r <(printf '%s\n' "$pin") \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --require-hashes --find-links /root/.cache/ngcx-wheels -r <(printf '%s\n' "$pin"); }; } \
     && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia \( -type d -name include -o -type f -name '*.a' \) -prune -exec rm -rf {} +
 RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+    && pin='nvidia-cudnn-cu12==9.10.2.21 --hash=sha256:949452be657fa16687d0930933f032835951ef0892b37d2d53824d1a84dc97a8 --hash=sha256:c9132cc3f8958447b4910a1720036d9eff5928cc3179b0a51fb6d167c6cc87d8' \
     && { { ls /root/.cache/ngcx-wheels/nvidia_cudnn_cu12-9.10.2.21-*.whl >/dev/null 2>&1 \
-    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cudnn-cu12==9.10.2.21 2>/dev/null; } \
-    || { pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cudnn-cu12==9.10.2.21 \
-    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cudnn-cu12==9.10.2.21; }; } \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --require-hashes --find-links /root/.cache/ngcx-wheels -r <(printf '%s\n' "$pin") 2>/dev/null; } \
+    || { pip download --progress-bar off --no-cache-dir --no-deps --require-hashes --dest /root/.cache/ngcx-wheels -r <(printf '%s\n' "$pin") \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --require-hashes --find-links /root/.cache/ngcx-wheels -r <(printf '%s\n' "$pin"); }; } \
     && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia \( -type d -name include -o -type f -name '*.a' \) -prune -exec rm -rf {} +
 RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+    && pin='nvidia-nccl-cu12==2.27.3 --hash=sha256:9ddf1a245abc36c550870f26d537a9b6087fb2e2e3d6e0ef03374c6fd19d984f --hash=sha256:adf27ccf4238253e0b826bce3ff5fa532d65fc42322c8bfdfaf28024c0fbe039' \
     && { { ls /root/.cache/ngcx-wheels/nvidia_nccl_cu12-2.27.3-*.whl >/dev/null 2>&1 \
-    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-nccl-cu12==2.27.3 2>/dev/null; } \
-    || { pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-nccl-cu12==2.27.3 \
-    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-nccl-cu12==2.27.3; }; } \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --require-hashes --find-links /root/.cache/ngcx-wheels -r <(printf '%s\n' "$pin") 2>/dev/null; } \
+    || { pip download --progress-bar off --no-cache-dir --no-deps --require-hashes --dest /root/.cache/ngcx-wheels -r <(printf '%s\n' "$pin") \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --require-hashes --find-links /root/.cache/ngcx-wheels -r <(printf '%s\n' "$pin"); }; } \
     && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia \( -type d -name include -o -type f -name '*.a' \) -prune -exec rm -rf {} +
 RUN --mount=type=cache,id=ngcx-wheels,target=/root/.cache/ngcx-wheels,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+    && pin='nvidia-cuda-runtime-cu12==12.8.90 --hash=sha256:52bf7bbee900262ffefe5e9d5a2a69a30d97e2bc5bb6cc866688caa976966e3d --hash=sha256:adade8dcbd0edf427b7204d480d6066d33902cab2a4707dcfc48a2d0fd44ab90' \
     && { { ls /root/.cache/ngcx-wheels/nvidia_cuda_runtime_cu12-12.8.90-*.whl >/dev/null 2>&1 \
-    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cuda-runtime-cu12==12.8.90 2>/dev/null; } \
-    || { pip download --progress-bar off --no-cache-dir --no-deps --dest /root/.cache/ngcx-wheels nvidia-cuda-runtime-cu12==12.8.90 \
-    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --find-links /root/.cache/ngcx-wheels nvidia-cuda-runtime-cu12==12.8.90; }; } \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --require-hashes --find-links /root/.cache/ngcx-wheels -r <(printf '%s\n' "$pin") 2>/dev/null; } \
+    || { pip download --progress-bar off --no-cache-dir --no-deps --require-hashes --dest /root/.cache/ngcx-wheels -r <(printf '%s\n' "$pin") \
+    && pip install --progress-bar off --no-cache-dir --no-deps --no-index --require-hashes --find-links /root/.cache/ngcx-wheels -r <(printf '%s\n' "$pin"); }; } \
     && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia \( -type d -name include -o -type f -name '*.a' \) -prune -exec rm -rf {} +
 # ---- the stack's pins, written after its wheels (so a bump does not change the first wheel layer), checked as
 #      one set (pip check: every wheel's own requirements met), and registered with the loader ----
@@ -90,21 +95,28 @@ RUN printf '%s\n' \
     && pip check \
     && find /opt/ngcx/venv/lib/python3.11/site-packages/nvidia -maxdepth 3 -type d -name lib | sort > /etc/ld.so.conf.d/ngcx-cuda.conf \
     && ldconfig
-# ---- gRPC for `ngcx-runtime serve --grpc-port`, orjson for its JSON tensors (its own layer: changes far less often than the runtime) ----
+# ---- gRPC for `ngcx-runtime serve --grpc-port`, orjson for its JSON tensors (its own layer: changes far less often than the runtime).
+#      Pinned and hashed like every wheel (registry.lock.yaml): the runtime's dependencies and the setuptools
+#      its build needs, so ngcx-runtime below builds with no index at all ----
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     --mount=type=secret,id=ca,required=false \
     --mount=type=secret,id=pip_conf,required=false \
     if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
     && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip install --progress-bar off --constraint /etc/ngcx/constraints.txt "grpcio>=1.62" "protobuf>=4.21" "orjson>=3.9"
-# ---- ngcx-runtime (small, changes often): info / optimize / serve / bench ----
+    && pip install --progress-bar off --require-hashes --constraint /etc/ngcx/constraints.txt \
+        -r <(printf '%s\n' \
+        'grpcio==1.85.3 --hash=sha256:0aa95286ed10b23c71f3179bad4a52c7ba92a6624c306511876d530f92c951a0 --hash=sha256:1d74fa7da939a0199c96b082c13326225ed36ad433b75e94e880630748d5161e --hash=sha256:1fe3c07494cce4fa62e0732d3569f779e6ae04d70f73ef013fb2eb8f97382d80 --hash=sha256:21864eaf90c9f62f8dfb1a1ff52c9c3b303ae84c8c00173136dff4d049e69ed7 --hash=sha256:24a29604524c608a9b79fa556849f3dab7c07b0ec0acf57d84aa298c5f7fb18b --hash=sha256:258c579112434464d24dd5f8f73bf4b220a9c88219bef4d6f56410b5363a0a81 --hash=sha256:2aa5c328cc6409e1f40b1fcc7f3879ee7deb4a292821a6821dc8511eafe3a205 --hash=sha256:399fc184b4d2dd0b014b4b880a5b1ecc99383b610dbb270acb43d1b23e1e8b9c --hash=sha256:42324e16026c9d6c817718e5a471cc37bd99401bba6a8078243b0f6ab03d13a1 --hash=sha256:44040897cefc1b4283cba1817ea78b099f0880171d822d85c2301b844fd95c70 --hash=sha256:53443ce822ace2723a27a1d94d7ae4c9a49fbab888ff9bad9c501b8d6cdc6339 --hash=sha256:576736a5cf5a0dfac6ae3c20308bbf753d6ad380fcee3258ceb63ea147ab9c05 --hash=sha256:5ba281614699dd37ae420664f462bc17ce7dcf192d9d02236afc8152a97da08e --hash=sha256:5ca5277d9cc880f792118612c5cef03f0521c1bbcbcc4bb2a3d1e6807cc146cd --hash=sha256:66606bdde0476f9507fa174258e5945116ccc6cf300fdff0c8d4260683c3de3f --hash=sha256:70ac4bbd32fac306bde39cad92c2becb7e5e87a581a24aa1b51db07b3ca87bc7 --hash=sha256:726a43169704bbc79e8aac0eeb6170e02db2fc9e3f4b76f4ecd2d265477e15ef --hash=sha256:7329aa28ad7ebe6138ae4d6e0bc68fe8bb3f91d8b2ecf95d93dc1f9fd6619cbd --hash=sha256:7b35a9bd21fad8f94f2c1219e3c1a99abcd5d58a0155e12fb9bac0bd583e3b01 --hash=sha256:7ee86a10ec206fb0d0874fab4ba16723476aff4c087b3dc8910f628f103dc2d7 --hash=sha256:8147e611f308598a3457e8f77dac9e201a80997bf7189b18e9b7799dab1e75d3 --hash=sha256:8266434d54c3442ebdba71d97e6f688b73dd00194bda6e1e35e57272afbd2d73 --hash=sha256:859e9395fa8998c9eaa12c93a1a91c9adb497c819c6d29dc6b0b8d30a523e4ca --hash=sha256:87d162186a98e907cdf2c3ee4f419967c513f9799fdf9168f5aeb7e7889f020e --hash=sha256:885f8c19eb4f472dc9b91bec03ea8b2b135027b4d94c4386501069a7b6e08efa --hash=sha256:8e18f15d1b09b8771edbf59d634b26cbe4903bc2577cb667264934a6655eb8b4 --hash=sha256:9d20015c0dfc91de7a9a037cc84c7a174e8fe62e6427f563f1e2e35ca10f3798 --hash=sha256:9f2988016d9ea33dbeba7bd7cb7cd4adfcdf8ed738ee1ed57a5f2e3f7903006e --hash=sha256:af380cfb3c46cb21582999784cdfbce89adde3b269505f0b3bb8da297e6cd929 --hash=sha256:b80182b312759d0eebd7aa4dc13ad2ba2de0441398dbc25a5d1aa8e0c0101070 --hash=sha256:b995f03fa077c6f3727e0e3dc65434cf903a107779eff0ad240043eb2b4cf4dc --hash=sha256:c0de93a8197bc51aabc930bae79e4d5e83259ffeb5f6901e5306d55e96feb7c5 --hash=sha256:d1c3193d7db9dc7786325b6f93c800b5eecb1037daf9b3ca105ef8ffa6607895 --hash=sha256:df376205244bf5639da75cd475ab52756c53573f18090fbcecb2211bc31201ab --hash=sha256:e5d3582c1124665b661c2e8a51dc17ba64f35b0b85d0b173e0e1361b398a5322 --hash=sha256:ea6371b013d661579b8b52c42751eaecec85e342e704896803ff131adc2e39af --hash=sha256:f047dc3ab821621c86f5c99cd376414681d8e00dfa6a98d01ba68fbabbeae1f5 --hash=sha256:f13766ed972cda01690510f71e5b1a14132be83215129e800d950e917fe12edc --hash=sha256:f2813e3b4e74703349c78f3a583a9b8991813e511b42c81ed3ebcbc333d6794a --hash=sha256:f2948333a1f462c0e559b5ea436655ed36822fa448f5713d6de2d483bed6e03f --hash=sha256:f7adb3642a622fb31a1f03d39c5586bc73c849bb38b6e14fd45061ad66e6fa85 --hash=sha256:f87a4f69f1a8da71abe14c246442f0f39a6cf65638f1fafe099ca387d4e3b84a --hash=sha256:f88c854546f3b95adf259226abecfc653c1e8355543cedd3fbaae1fc634ef072' \
+        'numpy==2.4.6 --hash=sha256:0ab0a9c4ffb1a6d95ef519fe4247dba8eb6b18ad93999f76b7f657039acabd47 --hash=sha256:29cb7f67d10b479ff07c17d33e39f78c07f71c40ef30d63c153d340e96cd3fb4 --hash=sha256:33111801a01c12a8a1e3721f0a9232f8cfc8ae2c6b7098167e6f623c6073f402 --hash=sha256:40fdc1ae7125e518ea98e53e69a4ebc27e1fd50510c47b7ea130cf21e5e1d42b --hash=sha256:5dbbdb29840ca3d91ee0fece42fc29278886d908280bfec0a5846c6f901a3eb0 --hash=sha256:5f9fb9157b4ce2971008323afe46053787b526ef624fea915b261468a8421a0f --hash=sha256:68bb27509ac1b9a3443094260f6326150663b06abe40b73a2f81160623da5b67 --hash=sha256:72fbe16c6fac95aedf5937fa873445cec2110be35d8a4e9433d7501fd98dae6b --hash=sha256:7d92c3819208a60205a12a245c91ad70cb0a85336659b19b834205573ac8456e --hash=sha256:89cd468399cfd2504718f0ba50e410dca55a170b61a02ad92bb18c8a65186e93 --hash=sha256:8ad03c0965fb3c692200e74d458ca28c1dbb4ce96f9a479a8aa041ad5fabca02 --hash=sha256:90f9849678c75fe7afa2d348ac842c168b0a4d3d61919687216dfc547976d853 --hash=sha256:9cd5ffd25db4e7ba6a375693b3fc0fc1791ec636c17db3720da19bde7180ec43 --hash=sha256:a0df0043bdb289bde1f62da130d20df23d58b45429f752bc7a8fc5325a225ecd --hash=sha256:a2c306dea656c12c68f51f4cea133cbe78ca7435eb28c735eac1d3ebe73be6e8 --hash=sha256:a7830bab239b79cda9c08c2da014761cafb48da6150e1da17ac06283f43b6089 --hash=sha256:ae506e6902902557576a26ff33eda8695e7ecb3cb36c3b573a0765dee114ebdb --hash=sha256:c1a2af6c6ef86344a6b0db6b97834208bf598db514f2b155042439b62605601a --hash=sha256:c2d37ab77531417474168eb79d6d80b14f821a966818505d03013d0833edb7a8 --hash=sha256:dfa20cc6ca228e6b155b11da03825975ce66aea520985dbbddf0f2a5a495c605 --hash=sha256:e5805d5a22fd19c8ccff10a9561f9df94436b0545619ea579db2d3c35294bce2 --hash=sha256:e85b752a1e912b70eaad4fafbd4d1238007ab221de2009b9a2f5ae7461239895 --hash=sha256:ede83e07a75dd06bc501566c1eca2afc0d61677c1472ac9ad93fdee6e638a48d --hash=sha256:ef4aea96ce4d3b074422cb4f2f64e216bf9e213004bb58ecfdf50ea02ea8eb9a --hash=sha256:f3a3570c4a2a16746ac2c31a7c7c7b0c186b95ce902e33db6f28094ed7387dda --hash=sha256:f407cb6b8e9d6d8c626bc73c945db1706035af8fd632295547bf1c9e46d092d6 --hash=sha256:f74a575920ab21fe304421a3fc28793d82e299cae9eccb37084e9fc7f3617c20' \
+        'orjson==3.13.0 --hash=sha256:0526a3456db67b264c6d661b5f090077f326b6cd074d0ef53a72763595dec5d7 --hash=sha256:08bf722f923d2100bc5e5a5dcf72c656db557049c1bea26582fdd5dd9d5395a1 --hash=sha256:2715c4808d1571029ed18fd07a82140bf3ba7def0dc89f8d015c416e3649bf87 --hash=sha256:3ef75ed7e81dae34a3649f82df52cd85f9ac839a7d6ec78ab355b33b3b27ef7f --hash=sha256:4329c19b8a25693f60a77b867c9d2a3ab637b20e36f5b7bea7f5acb492b44b15 --hash=sha256:45e34deb3437509f4ec9888dd9ee5dc426cfe21be10f1eb4ea3a9e4d33034f9e --hash=sha256:4e5c8175e1574dcbe446ee654275d353c1d78bbd9a0dc9f209bf35c9df72d171 --hash=sha256:50a5202ba388b3850ba24437951727d3aa6d79a21964a30ae8dc6a059a5fd34c --hash=sha256:51d11525bc3ca736fa97ce4e4c7da9999cc00bf261522bede43b4e7531bd7965 --hash=sha256:554948becd1110123ef9f6a6e1310fd92b2d07d2cbac6dbf65df3de75702e736 --hash=sha256:58a9619d88f8818d9ab6b39d70d203789457ba13c1ed5d274f33ce9ae7e81a36 --hash=sha256:637dbca1fccffe83780e806fbc0f17427c0c59bf822528eb0acc8f0aa9f19acb --hash=sha256:65c4e0e106ccc7265b488385659117a6805c37d042f737558ecd68aa0c67ad8f --hash=sha256:6c8bfe728b81b0fd58a3c7f3f9c5a113f87f2992c9948e0f28707aafd737c0bc --hash=sha256:6d0684895b119ad167fb4ec05113639dc7f728022deec4756a710e838ed92e7a --hash=sha256:78a12d4f8d740cc9ae197f5223682e5e960ba61b4fb2ce5a6a3bb54e83fde28e --hash=sha256:7b3bc6b81835ce65f4729ae401607583d41139c6de95bc7453f450f1391d3e7b --hash=sha256:89bcf2d4bc6c9a7e1763c8cf534f38712e66b76a0fefda7fb7785462f0d635e4 --hash=sha256:8c2ac5c09b017c484df1b4c68b2cf250b4e8ba08204cb58e7cd6cbbc71a9c902 --hash=sha256:93c70a5e22bbbbdeafc7b273441e8452a196041d67fd4d9a9c450c66370a8486 --hash=sha256:9825b954155b345c4759f24e5f8d652b9aec2261bb5d4e1abe06bba0a1200535 --hash=sha256:a79cdc4934fe81f593072c94e13da3095e9d41c2deef8f6ff2901794ca1c5042 --hash=sha256:ac81530647c3423107cf61c3481e91f57134e9ddfb6ef83f5150ccbdcbc3a3ee --hash=sha256:ae1d895cf7bbfd50ef34bb63bb727b14514f259f3e3f8dd010783bd38e864c6e --hash=sha256:b081f0e7b600ff24513dec4ca75507fa05e904607847e386e8310d5b7b96b6c7 --hash=sha256:b74c30e56346aad067937d766846ee74c231d1d18aad3f324e9b9261de3b2d5e --hash=sha256:bceadfd314bd238f584fc229a4bbaf0e573597e7a026dec5429fbf29fd66c641 --hash=sha256:c5e3ccaac3106e8fa6e2f2f6962449d7c757d7b067e41b395a19d6f0d6cec892 --hash=sha256:c749ab3ac30b5ab1ffb7677f8b92eacfdfdc5260210baa398f845bc3714c05d8 --hash=sha256:cbed5f4c4b88d94bcc36115f4c3bb3aa25da1563a5c3328aa3acebce2b083040 --hash=sha256:d1de5eb04485110c5da4c657e49168995d55e076b1ce60f1a042e254f4186c4f --hash=sha256:dd61e64802d51d1e4f16531c64536354fc3bc67932dc0cff254044f72bf0f187 --hash=sha256:dd9d9a101bd8dbfad112170f009cd155e52bb8c936468821a0d03cbb96c0e426 --hash=sha256:e8e05549f3b30f9d8a8e28c5aba11cc2a4b90b90961ec685ca58444b0815fc09 --hash=sha256:e9b61676116f755126b90e740a9cff36b91562f47ec330056cc88cc3b9f02f4b --hash=sha256:efa160215c4630836d3b1250af4c7a305acd8239e0d75aff986b8088c2fcacb6 --hash=sha256:fbbad6b9b1da43f25c1f5b20cd5a268e028a2fc95d5a8d1ade6059973bc71584' \
+        'protobuf==7.36.2 --hash=sha256:497d0463ff3316681da6c0b9e8d06cb465d61abce00b613ab42226175644d1bb --hash=sha256:89f23aa53c24553a2416fd4fd1ec06f74fa42b14b546d8883128813f775bbfd2 --hash=sha256:bdb3a345d48db958e6ce1f18e508beb0cc981d64f24088427549c866cd039f1e --hash=sha256:e11e1f0180583a2af89db6a2ecd9e8dc40aa6d2988ca175bfd0e6d12ea72d74e --hash=sha256:f4fee11ec330d238b34a05c9b675f693c20415d1c5bd7d5320cc2f8a798eb9cf' \
+        'setuptools==84.2.1 --hash=sha256:3ff8b3b5492a0aa66960f4419365a86b84e013070d4313e4d4a6894f5d64d6bc --hash=sha256:ca140b45d5325a9478f880e351484f62fef15f336462e449ca0c03c873d589c2' \
+        'typing-extensions==4.16.0 --hash=sha256:481caa481374e813c1b176ada14e97f1f67a4539ce9cfeb3f350d78d6370c2e8 --hash=sha256:dc983d19a509c94dba722ee6abd33940f7c05a89e243c47e907eb4db6f1a43e5' \
+    )
+# ---- ngcx-runtime (small, changes often): info / optimize / serve / bench. Its source is in the build context
+#      (no index: --no-index, its dependencies are the layer above, its build backend the setuptools there) ----
 COPY ngcx-runtime/ /opt/ngcx/src/ngcx-runtime/
-RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    --mount=type=secret,id=ca,required=false \
-    --mount=type=secret,id=pip_conf,required=false \
-    if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi \
-    && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && pip install --progress-bar off --constraint /etc/ngcx/constraints.txt /opt/ngcx/src/ngcx-runtime \
+RUN pip install --progress-bar off --no-cache-dir --no-index --no-deps --no-build-isolation /opt/ngcx/src/ngcx-runtime \
+    && pip check \
     && rm -rf /opt/ngcx/src/ngcx-runtime
 # ---- app layer (last): the image's own tests, environment, labels, entrypoint ----
 COPY tests/ /opt/ngcx/tests/

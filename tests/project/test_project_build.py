@@ -157,9 +157,12 @@ def test_lock_resolves_in_the_base_and_build_installs_the_lock(project, docker_c
     text = (root / "ngcx.lock").read_text()
     base_id = docker_client.images.get(tag).labels["ai.ngcx.project.base-id"]
     assert f"# base-id: {base_id}" in text and "# platform: python 3.11" in text
-    assert re.findall(r"^[^#].*$", text, re.M) == [re.search(r"^six==\S+$", text, re.M).group(0)]
-    # The build must install the lock, not the loose `six`: pin an older release there and look inside.
-    (root / "ngcx.lock").write_text(re.sub(r"^six==\S+$", "six==1.16.0", text, flags=re.M))
+    assert re.findall(r"^[^#].*$", text, re.M) == [re.search(r"^six==\S+ --hash=sha256:[0-9a-f]{64}$", text,
+                                                            re.M).group(0)]
+    # The build must install the lock, not the loose `six`: pin an older release there (with its wheel's sha256,
+    # PyPI's six-1.16.0-py2.py3-none-any.whl: the build checks it) and look inside.
+    six_116 = "six==1.16.0 --hash=sha256:8abb2f1d86890a2dfb989f9a77cfcfd3e47c2a354b01111771326f8aa26e0254"
+    (root / "ngcx.lock").write_text(re.sub(r"^six==.*$", six_116, text, flags=re.M))
     result = ngcx("build", cwd=root, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "wheels from ngcx.lock" in result.stdout

@@ -27,15 +27,19 @@ import pytest
 import yaml
 
 from ngcx.catalog import load_catalog
+from ngcx.catalog.lockdata import is_locked, release_lock
 from ngcx.catalog.model import Release
 from ngcx.core import naming, paths
 from ngcx.core.errors import UserError
+from ngcx.render import basepin
 from ngcx.render.dockerfile import DEVEL_APT, render_dockerfile, write_context
 from ngcx.render.recipe import BASE_APT, load_recipe
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 CATALOG = load_catalog()
-CASES = [(r.ref, v) for r in CATALOG.all_releases() for v in naming.VARIANTS]
+# Releases with wheel hashes render (registry.lock.yaml); one whose index `ngcx catalog lock` could not reach does not.
+LOCKED = [r for r in CATALOG.all_releases() if is_locked(r, CATALOG.source)]
+CASES = [(r.ref, v) for r in LOCKED for v in naming.VARIANTS]
 CASE_IDS = [f"{ref}-{v}" for ref, v in CASES]
 RAW = yaml.safe_load(paths.registry_file().read_text(encoding="utf-8"))
 
@@ -154,6 +158,45 @@ def test_cli_render_equals_golden(tmp_path: Path) -> None:
     assert out.read_text() == golden_path("onnxruntime:25.08", "devel").read_text()
 
 
+# ----------------------------------------------------------------------------- inputs pinned to the byte
+
+
+def pip_calls(args: str) -> list[str]:
+    """Each `pip install` / `pip download` command in one RUN's arguments, up to the next shell operator."""
+    return [m.group(0) for m in re.finditer(r"pip (?:install|download)\b.*?(?=&&|\|\||;|\}|$)", args)]
+
+
+@pytest.mark.parametrize(("ref", "variant"), CASES, ids=CASE_IDS)
+def test_every_pip_install_is_hash_checked(ref: str, variant: str) -> None:
+    """Every wheel comes from an index with --require-hashes and the lock's sha256 of each file; the one install
+    without hashes is ngcx-runtime from the build context, and it may not reach any index (--no-index)."""
+    items = instructions(render(ref, variant))
+    calls = [c for k, a in items if k == "RUN" for c in pip_calls(a)]
+    assert calls
+    for call in calls:
+        if "/opt/ngcx/src/ngcx-runtime" in call:
+            assert "--no-index" in call and "--no-deps" in call and "--no-build-isolation" in call, call
+        else:
+            assert "--require-hashes" in call, call
+    text = " ".join(a for _, a in items)
+    lock = release_lock(CATALOG.resolve(ref), CATALOG.source)
+    for requirement, hashes in (*lock.stack, *lock.framework, *lock.runtime):
+        assert f"'{requirement} " + " ".join(f"--hash=sha256:{h}" for h in hashes) + "'" in text, requirement
+
+
+def test_offline_base_renders_its_recorded_image_id(tmp_path: Path) -> None:
+    """`ngcx base bootstrap` records the image it made; the Dockerfile names that ID, and the shipped seed (no
+    record) is not what a machine with a record gets."""
+    assert "# pinned:" not in render("cuda:24.05", "runtime", "offline")
+    image_id = "sha256:" + hashlib.sha256(b"a base").hexdigest()
+    basepin.record("ngcx/base:bookworm", image_id)
+    text = render("cuda:24.05", "runtime", "offline")
+    assert f"# pinned: ngcx/base:bookworm is image {image_id}, recorded when it was made" in text
+    assert "# pinned:" not in render("cuda:24.05", "runtime")  # debian:bookworm-slim: pinned at build by digest
+    digest = "debian:bookworm-slim@sha256:" + "ab" * 32
+    assert base_of(render("cuda:24.05", "runtime", digest)) == digest
+
+
 def test_bare_image_renders_newest() -> None:
     assert render("cuda", "runtime") == render(CATALOG.newest("cuda").ref, "runtime")
 
@@ -197,7 +240,9 @@ def test_secrets_only_through_secret_mounts(ref: str, variant: str) -> None:
             for secret in set(re.findall(r"/run/secrets/(\w+)", args)):
                 assert f"--mount=type=secret,id={secret}," in args + ",", \
                     f"RUN reads /run/secrets/{secret} without mounting it"
-    runs = [a for k, a in items if k == "RUN" and ("pip install" in a or "apt-get install" in a)]
+    # Every step that reaches an index or a mirror sees the CA; ngcx-runtime installs from the context alone.
+    runs = [a for k, a in items if k == "RUN" and ("pip install" in a or "apt-get install" in a)
+            and "--no-index --no-deps --no-build-isolation /opt/ngcx/src/ngcx-runtime" not in a]
     assert runs and all("--mount=type=secret,id=ca,required=false" in a for a in runs)
 
 
@@ -261,13 +306,15 @@ def test_cuda_wheels_pinned_and_registered_with_the_loader(ref: str, variant: st
     so a rebuilt layer downloads only a wheel the pool lacks), then the pins file, pip check and the loader."""
     rel = CATALOG.resolve(ref)
     items = instructions(render(ref, variant))
-    wheel_runs = [index_of(items, "RUN", f"--find-links {POOL} {pin.requirement}") for pin in rel.pins]
+    wheel_runs = [index_of(items, "RUN", f"pin='{pin.requirement} --hash=sha256:") for pin in rel.pins]
     assert wheel_runs == sorted(wheel_runs) and len(set(wheel_runs)) == len(rel.pins), wheel_runs
     for pin, i in zip(rel.pins, wheel_runs, strict=True):
         run = items[i][1]
         assert f"--mount=type=cache,id=ngcx-wheels,target={POOL},sharing=locked" in run
-        assert f"pip download --progress-bar off --no-cache-dir --no-deps --dest {POOL} {pin.requirement}" in run
-        assert f"--no-deps --no-index --find-links {POOL} {pin.requirement}" in run
+        from_pin = "-r <(printf '%s\\n' \"$pin\")"
+        assert f"pip download --progress-bar off --no-cache-dir --no-deps --require-hashes --dest {POOL} {from_pin}" \
+            in run
+        assert f"--no-deps --no-index --require-hashes --find-links {POOL} {from_pin}" in run
         others = [p.requirement for p in rel.pins if p is not pin]
         assert not any(other in run for other in others), f"{pin.requirement} shares its layer"
     pins_run = index_of(items, "RUN", "> /etc/ngcx/constraints.txt")
@@ -286,8 +333,8 @@ def test_a_patch_bump_leaves_the_layers_before_the_bumped_wheel_unchanged() -> N
     before = instructions(render("cuda:24.05", "runtime"))
     after = instructions(render("cuda:24.05", "runtime").replace(last, last + ".0"))
     first_changed = next(i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b)
-    assert first_changed == index_of(before, "RUN", f"--find-links {POOL} {last}")
-    assert all(index_of(before, "RUN", f"--find-links {POOL} {p.requirement}") < first_changed for p in rel.pins[:-1])
+    assert first_changed == index_of(before, "RUN", f"pin='{last} ")
+    assert all(index_of(before, "RUN", f"pin='{p.requirement} ") < first_changed for p in rel.pins[:-1])
 
 
 @pytest.mark.parametrize(("ref", "variant"), CASES, ids=CASE_IDS)
@@ -298,7 +345,7 @@ def test_layer_order(ref: str, variant: str) -> None:
     order = [index_of(items, "RUN", "apt-get install"),
              cuda_pins_layer(items)]
     if rel.framework:
-        order.append(index_of(items, "RUN", f"'{rel.install[0]}'"))
+        order.append(index_of(items, "RUN", f"'{rel.install[0]} --hash=sha256:"))
     order += [index_of(items, "COPY", "ngcx-runtime/"), index_of(items, "COPY", "tests/")]
     assert order == sorted(order) and len(set(order)) == len(order), order
     assert [k for k, _ in items].count("FROM") == 1
@@ -313,7 +360,7 @@ def test_variant_contents(ref: str, variant: str) -> None:
     """runtime: headers and static libs stripped from every wheel layer; devel: kept + compilers."""
     items = instructions(render(ref, variant))
     wheel_runs = [a for k, a in items if k == "RUN" and "pip install" in a
-                  and (f"--find-links {POOL} nvidia" in a or "site-packages/nvidia" in a)]
+                  and ("pin='nvidia" in a or "site-packages/nvidia" in a)]
     assert wheel_runs
     apt = " ".join(a for k, a in items if k == "RUN" and "apt-get install" in a).split()
     if variant == "runtime":
@@ -325,12 +372,18 @@ def test_variant_contents(ref: str, variant: str) -> None:
 
 
 def test_framework_layer_uses_constraints_and_extra_index() -> None:
-    items = instructions(render("tensorrt:25.08", "runtime"))
-    fw = items[index_of(items, "RUN", "'tensorrt-cu12==10.16.1.11'")][1]
-    assert "--constraint /etc/ngcx/constraints.txt" in fw
+    """The framework installs under the stack's constraints, from the release's own index too (tensorrt's
+    pypi.nvidia.com, which `ngcx catalog lock` could not reach here: shown on onnxruntime with that index)."""
+    import dataclasses
+
+    rel = CATALOG.resolve("onnxruntime:25.08")
+    rel = dataclasses.replace(rel, spec=dataclasses.replace(rel.spec, index_urls=("https://pypi.nvidia.com",)))
+    items = instructions(render_dockerfile(rel, "runtime", None, CATALOG))
+    fw = items[index_of(items, "RUN", "'onnxruntime-gpu==1.22.0 --hash=sha256:")][1]
+    assert "--require-hashes --constraint /etc/ngcx/constraints.txt" in fw
     assert "--extra-index-url https://pypi.nvidia.com" in fw
     tf = instructions(render("tensorflow:25.03", "runtime"))
-    assert index_of(tf, "RUN", "'tensorflow[and-cuda]==2.18.1'")
+    assert index_of(tf, "RUN", "'tensorflow[and-cuda]==2.18.1 --hash=sha256:")
 
 
 # ----------------------------------------------------------------------------- layers shared on one stack
@@ -343,7 +396,7 @@ def stack_key(rel: Release) -> tuple[str, str, tuple[str, ...]]:
 
 def same_stack_pairs() -> list[tuple[str, str]]:
     groups: dict[tuple[str, str, tuple[str, ...]], list[str]] = {}
-    for rel in CATALOG.all_releases():
+    for rel in LOCKED:
         groups.setdefault(stack_key(rel), []).append(rel.ref)
     return [pair for refs in groups.values() for pair in itertools.combinations(refs, 2)]
 
@@ -426,7 +479,7 @@ def test_image_packages_the_base_layer_has_add_no_layer(tmp_path: Path) -> None:
     the layers up to the CUDA wheels stay those of the shipped image."""
     data = tmp_path / "data"
     data.mkdir()
-    for name in ("registry.yaml", "images", "recipes"):
+    for name in ("registry.yaml", "registry.lock.yaml", "images", "recipes"):
         src = paths.data_dir() / name
         shutil.copytree(src, data / name) if src.is_dir() else shutil.copy(src, data / name)
     image_yaml = data / "images" / "cuda" / "image.yaml"
@@ -618,7 +671,7 @@ def test_hostile_image_yaml_is_one_line(text: str, problem: str, tmp_path: Path)
     """images/*/image.yaml goes through the catalog's limited safe loader too (issue 8)."""
     data = tmp_path / "data"
     data.mkdir()
-    for name in ("registry.yaml", "images", "recipes"):
+    for name in ("registry.yaml", "registry.lock.yaml", "images", "recipes"):
         src = paths.data_dir() / name
         shutil.copytree(src, data / name) if src.is_dir() else shutil.copy(src, data / name)
     marker = tmp_path / "PWNED"
