@@ -106,8 +106,18 @@ def _print_ready(svc: Any, as_json: bool) -> None:
     if key and sys.stderr.isatty():
         say(f"key (shown once; `ngcx deployments key {svc.ref}` prints it again): {key}")
     auth = f'-H "Authorization: Bearer $(ngcx deployments key {svc.ref})" ' if key else ""
-    say(f"call it: curl {auth}{svc.endpoint}/v2/models/{svc.config.get('model') or 'NAME'}")
+    say(f"call it: curl {auth}{svc.endpoint}/v2/models/{_served_name(svc, key)}")
     print(svc.endpoint)
+
+
+def _served_name(svc: Any, key: str | None) -> str:
+    """The model name the service's URL answers to, asked of that URL (the call the line prints goes there):
+    the config's model is the project's name, not the served one (deploy/security.py served_models says why).
+    Over https only a CA-verified balancer gets the key (a cloud balancer with --certificate)."""
+    from ..deploy.security import call_name, served_models
+
+    endpoint = svc.endpoint or ""
+    return call_name(served_models(endpoint, key, verify=endpoint.startswith("https://")), svc.config.get("model"))
 
 
 def _service_json(svc: Any) -> dict[str, Any]:

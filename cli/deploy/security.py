@@ -20,6 +20,7 @@ from . import keys, store, target
 from .common import LIVE, READY, DeployRecord, NotReady
 
 PROBE = "/v2"                 # server metadata: the cheapest call that needs the key
+INDEX = "/v2/repository/index"  # the names the server serves (runtime/routes.py), as a caller must spell them
 ROTATION_WAIT_S = 30.0        # ngcx-runtime re-reads its keys file within 0.25 s; a cloud's command channel is slower
 
 
@@ -54,7 +55,39 @@ def secure(module: ModuleType, record: DeployRecord, key: str | None) -> DeployR
         record = store.update(record.id, spec=dict(record.spec, tls_sha256=pin, tls_pubkey_sha256=pubkey))
     if key:
         check(record, key)
+    served = served_models(record.endpoint or "", key, pin_of(record))
+    if served:
+        record = store.update(record.id, spec=dict(record.spec, served=served))
     return record
+
+
+def served_models(endpoint: str, key: str | None, pin: str | None = None, verify: bool = False) -> list[str]:
+    """The model names the endpoint serves, from its repository index; [] when it does not say.
+
+    Why ask the server: the name a caller puts in /v2/models/NAME is the runtime's `--name` (a project's
+    model.name, else its name: project/spec.py model_name), or whatever a custom command gives; the
+    image's ai.ngcx.project.name label is the project's name, and printing it made a call that failed
+    (issue 46: `unknown model 'onnx-zero-code'; this server serves 'convnet'`). A deploy is ready only once
+    its model is (flow.wait_ready), so the index lists it by then."""
+    import http.client
+    import json
+
+    from ..project.client import Client
+
+    client = Client(endpoint, timeout=10.0, key=key, pin=pin, verify=verify)
+    try:
+        status, _, body = client._request("POST", INDEX, b'{"ready": true}', {"Content-Type": "application/json"})
+        rows = json.loads(body) if status == 200 else []
+    except (OSError, ValueError, http.client.HTTPException):
+        return []          # the line falls back to the label's name: a courtesy, never a reason to fail a deploy
+    finally:
+        client.close()
+    return sorted({str(row["name"]) for row in rows if isinstance(row, dict) and row.get("name")})
+
+
+def call_name(served: list[str] | None, fallback: str | None) -> str:
+    """The NAME of the printed call: the one model the server serves, else the fallback, else NAME."""
+    return served[0] if served and len(served) == 1 else (fallback or "NAME")
 
 
 def _status(record: DeployRecord, key: str | None, with_key: bool = True) -> int:
@@ -165,7 +198,8 @@ def how_to_call(record: DeployRecord, show_key: bool = False) -> list[str]:
     # -k skips the CA chain (no CA signed the host's own certificate); --pinnedpubkey still refuses any
     # other key before a byte is sent, so the bearer key reaches only this host
     tls = f"-k --pinnedpubkey sha256//{pubkey} " if pubkey else ""
-    lines.append(f"call it: curl {tls}{auth}{record.endpoint}/v2/models/{record.model or 'NAME'}")
+    name = call_name(record.spec.get("served"), record.model)
+    lines.append(f"call it: curl {tls}{auth}{record.endpoint}/v2/models/{name}")
     if not key:
         lines.append("no endpoint key (--no-auth): anyone who reaches the port may call every API")
     return lines
