@@ -54,6 +54,7 @@ def test_pure_python_ecdsa_agrees_with_cryptography():
 @pytest.mark.docker
 def test_host_accepts_the_signed_digest_and_refuses_tampering(docker_client, registry, isolated_state):
     local = tiny_image(docker_client, f"ngcx-trust/host{secrets.token_hex(3)}", "v1")
+    made = [docker_client.images.get(local).id]
     namespace = f"{registry}/ngcx-trust-{secrets.token_hex(4)}"
     try:
         remote, digest = push(local, namespace)
@@ -84,7 +85,8 @@ def test_host_accepts_the_signed_digest_and_refuses_tampering(docker_client, reg
         _refused(_host_check(remote, other_key), "signature does not match")
 
         again = tiny_image(docker_client, local.rsplit(":", 1)[0], "v1")
+        made.append(docker_client.images.get(again).id)
         _ref, new_digest = push(again, namespace, "--no-sign")
         _refused(_host_check(remote, key), f"no signature for {new_digest}")
     finally:
-        remove_images(docker_client, local)
+        remove_images(docker_client, *made)

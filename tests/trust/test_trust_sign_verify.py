@@ -33,7 +33,7 @@ def images(docker_client):
 
     def make(repository: str | None = None, tag: str = "v1") -> str:
         ref = tiny_image(docker_client, repository or f"ngcx-trust/tiny{secrets.token_hex(3)}", tag)
-        made.append(ref)
+        made.append(docker_client.images.get(ref).id)  # by id: a later image may take over the local tag
         return ref
 
     yield make

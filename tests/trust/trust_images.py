@@ -85,6 +85,10 @@ def put_manifest(host: str, repo: str, tag: str, manifest: dict) -> None:
 
 
 def remove_images(client, *refs: str) -> None:
+    """Remove each tiny image with every tag it got (the registry tags `ngcx push` added): each is unique."""
     for ref in refs:
         with contextlib.suppress(Exception):
-            client.images.remove(ref, noprune=True)
+            image = client.images.get(ref)
+            for tag in image.tags:
+                client.images.remove(tag, noprune=True)
+            client.images.remove(image.id, noprune=True)  # left with only a repo digest once its tag moved on
