@@ -61,7 +61,7 @@ def sign_and_attest(remote_ref: str, digest: str, *, local_ref: str | None = Non
     predicate = provenance(_parameters(labels, build), _dependencies(labels, build), started=_rfc3339(began),
                            finished=_rfc3339(ended), invocation=f"urn:uuid:{uuid.uuid4()}", version=__version__)
     envelopes = [(envelope(statement(ref.name, digest, SLSA_PROVENANCE, predicate), signer), SLSA_PROVENANCE)]
-    bom = sbom if sbom is not None else _make_sbom(local_ref or remote_ref)
+    bom = sbom if sbom is not None else _make_sbom(local_ref or remote_ref, digest)
     if bom is not None:
         envelopes.append((envelope(statement(ref.name, digest, CYCLONEDX, bom), signer), CYCLONEDX))
     attach(repo, digest, envelopes)
@@ -107,7 +107,7 @@ def push_credentials(registry: str) -> Any:
     return stored_credentials(host)
 
 
-def _make_sbom(ref: str) -> dict[str, Any] | None:
+def _make_sbom(ref: str, digest: str) -> dict[str, Any] | None:
     """The SBOM from cli/trust/sbom.py's make_sbom(ref) when that module exists (a separate piece of issue 48).
 
     An image the SBOM cannot be made from (one with no Python to list its packages) is still signed, with its
@@ -123,7 +123,7 @@ def _make_sbom(ref: str) -> dict[str, Any] | None:
     except ImportError:
         return None
     try:
-        return make_sbom(ref)
+        return make_sbom(ref, digest=digest)  # the SBOM names the digest it is attested for
     except UserError as exc:
         print(f"ngcx: warning: no SBOM attested for {ref}: {exc.line()}", file=sys.stderr)
         return None
