@@ -31,8 +31,8 @@ def ngcx(*args: str) -> subprocess.CompletedProcess[str]:
 
 # What a user can type today; written out here (not read from COMMAND_MODULES) so a deleted
 # command module fails these tests instead of silently shrinking `ngcx --help`.
-COMMANDS = {"init", "catalog", "render", "base", "build", "lock", "test", "push", "login", "logout", "run",
-            "deploy", "deployments", "hosts", "images", "dashboard", "doctor"}
+COMMANDS = {"init", "catalog", "render", "base", "build", "lock", "test", "push", "verify", "sbom", "login", "logout",
+            "run", "deploy", "deployments", "hosts", "images", "dashboard", "doctor"}
 
 
 def implemented_commands() -> dict[str, list[str]]:
@@ -185,8 +185,8 @@ print(json.dumps({'code': code, 'stages': sorted(m for m in sys.modules if m.sta
     (["logout", "--help"], ["ngcx.commands.login"]),
     (["catalog", "ls", "--help"], ["ngcx.commands.catalog"]),
     (["--help"], sorted(f"ngcx.commands.{m}" for m in (
-        "init", "catalog", "render", "base", "build", "lock", "test", "push", "login", "run",
-        "deploy", "deployments", "hosts", "images", "dashboard", "doctor"))),
+        "init", "catalog", "render", "base", "build", "lock", "test", "push", "verify", "login", "run",
+        "sbom", "deploy", "deployments", "hosts", "images", "dashboard", "doctor"))),
 ])
 def test_a_command_imports_only_the_module_that_owns_it(argv: list[str], stages: list[str]) -> None:
     proc = subprocess.run([sys.executable, "-c", PROBE_ONE, *argv], capture_output=True, text=True, timeout=60)
