@@ -14,6 +14,7 @@ import secrets
 import subprocess
 
 import pytest
+import yaml
 
 from support import BASE_IMAGE, SecretScan, run_ngcx
 
@@ -21,6 +22,32 @@ pytestmark = pytest.mark.docker
 
 CUDA_REF = "cuda:24.05"
 CUDA_TAG = "ngcx/cuda:24.05-runtime"
+CUDART = "nvidia-cuda-runtime-cu12==12.4.127"  # the stack's smallest wheel, its last wheel layer
+
+
+def test_a_wheel_whose_bytes_differ_fails_the_build_in_one_line(docker_client, base_image, tmp_path):
+    """The lock beside a catalog records another sha256 for cudart than the index's file has (as a replaced wheel
+    on a mirror or proxy looks from the other side): the build stops at cudart's layer in one line naming the
+    package, the sha256 of the bytes pip got and the recorded one, and no image is tagged."""
+    from ngcx.core import paths
+
+    catalog = tmp_path / "registry.yaml"
+    catalog.write_text(paths.registry_file().read_text())
+    lock = json.loads("".join(ln for ln in paths.registry_file().with_name("registry.lock.yaml").read_text()
+                              .splitlines(True) if not ln.startswith("#")))
+    real, wrong = lock["hashes"][CUDART], "0" * 64
+    lock["hashes"][CUDART] = [wrong]
+    catalog.with_name("registry.lock.yaml").write_text(yaml.safe_dump(lock))
+    tag = "ngcx-test/tampered:cuda"
+    result = run_ngcx("build", CUDA_REF, "--base", "offline", "--tag", tag, "--catalog", str(catalog),
+                      "--progress", "plain")
+    assert result.returncode == 1, result.stderr[-3000:]
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("ngcx: error:")]
+    assert len(errors) == 1 and "failed step:" not in result.stderr, result.stderr[-3000:]
+    got = re.search(rf"^ngcx: error: {re.escape(CUDART)}: the wheel's sha256 is ([0-9a-f]{{64}}), but the "
+                    rf"catalog's lock \(registry.lock.yaml\) has {wrong}: ", errors[0])
+    assert got and got.group(1) in real, errors[0]  # the index's own file: its bytes are the ones really locked
+    assert not docker_client.images.list(name=tag)
 
 
 def test_build_through_ca_and_password_index_leaves_no_secret(docker_client, base_image, tmp_path, isolated_state,
@@ -125,3 +152,20 @@ def test_offline_base_is_what_builds_start_from(docker_client, base_image):
     assert base_image == BASE_IMAGE
     assert labels["org.opencontainers.image.base.name"] == BASE_IMAGE
     assert labels["ai.ngcx.pin.cudnn"] == "9.1.0.70" and labels["ai.ngcx.min-driver"] == "525.60.13"
+
+
+def test_a_retagged_offline_base_is_refused_in_one_line(docker_client, base_image, isolated_state):
+    """`ngcx base bootstrap` recorded which image the base tag was; another image under that tag is not built
+    from, whatever it holds (here the record names another ID, as after a `docker tag` over the base)."""
+    from ngcx.render import basepin
+
+    recorded = "sha256:" + "1" * 64
+    basepin.record(BASE_IMAGE, recorded)  # NGCX_STATE_DIR is the isolated one: the build reads this record
+    result = run_ngcx("build", CUDA_REF, "--base", "offline", "--tag", "ngcx-test/retagged:cuda")
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    actual = docker_client.images.get(BASE_IMAGE).id
+    assert lines == [f"ngcx: error: base {BASE_IMAGE} is now image {actual[:19]}, not {recorded[:19]} recorded "
+                     "when it was made: refusing a retagged base (if you re-made it on purpose, `ngcx base "
+                     f"bootstrap` records the new one; else tag {recorded[:19]} back as {BASE_IMAGE})"]
+    assert not docker_client.images.list(name="ngcx-test/retagged")
