@@ -44,6 +44,7 @@ class PyDist:
     location: str
     hashes: dict[str, str]      # algorithm -> hex, from direct_url.json; {} when pip recorded none
     wheel_tags: tuple[str, ...] = ()  # the WHEEL file's Tag lines (py3-none-manylinux2014_x86_64); () if no wheel
+    accepted: tuple[str, ...] = ()    # sha256s the release's lock let pip --require-hashes install (sbom_lock.py)
 
 
 @dataclass(frozen=True)
@@ -126,8 +127,7 @@ def collect(ref: str) -> Inventory:
     inv = Inventory(
         image=_image_ref(ref, attrs), base=_base(client, attrs, labels), labels=labels,
         os=dict(report.get("os") or {}), python=str(report.get("python", "")),
-        debs=_debs(report), dists=tuple(PyDist(d["name"], d["version"], d["location"], dict(d.get("hashes") or {}),
-                                               tuple(d.get("wheel_tags") or ())) for d in report.get("dists", [])),
+        debs=_debs(report), dists=_dists(report, labels),
         cuda=_cuda(report, labels), models=_models(report, labels, ref),
         created=str(attrs.get("Created", "")), platform=f"{attrs.get('Os', '')}/{attrs.get('Architecture', '')}",
         notes=_notes(report),
@@ -244,6 +244,15 @@ def _debs(report: dict[str, Any]) -> tuple[Deb, ...]:
         return ()
     return tuple(Deb(r.get("name", ""), r.get("version", ""), r.get("arch", ""), r.get("source") or r.get("name", ""),
                      r.get("source_version") or r.get("version", ""), r.get("status", "")) for r in rows)
+
+
+def _dists(report: dict[str, Any], labels: dict[str, str]) -> tuple[PyDist, ...]:
+    from .sbom_lock import accepted_hashes, key
+
+    accepted = accepted_hashes(labels)
+    return tuple(PyDist(d["name"], d["version"], d["location"], dict(d.get("hashes") or {}),
+                        tuple(d.get("wheel_tags") or ()), accepted.get(key(d["name"], d["version"]), ()))
+                 for d in report.get("dists", []))
 
 
 def _cuda(report: dict[str, Any], labels: dict[str, str]) -> tuple[CudaLib, ...]:

@@ -5,7 +5,8 @@ Why the library and its validator: the document must validate against the offici
 validates with it; a writer of our own would be checked only by our own reading of the spec.
 
 Components and their purls (purl-spec's types): every Debian package `pkg:deb/<os id>/NAME@VER?arch=&distro=`,
-every Python distribution `pkg:pypi/NAME@VER` (with the archive's sha256 where the image recorded it), every
+every Python distribution `pkg:pypi/NAME@VER` (with the wheel's sha256 where the image or the catalog's lock
+says which file it was: sbom_lock.py), every
 CUDA library file the probe saw loaded `pkg:generic/nvidia/COMPONENT@VER`, a project's model files (type
 machine-learning-model, sha256), and the base image (`pkg:oci/...@DIGEST`). metadata.component is the image
 itself: a container component whose version and SHA-256 hash are its digest.
@@ -152,12 +153,25 @@ def _dist(dist: PyDist) -> Any:
     from cyclonedx.model.component import Component
 
     purl = pypi_purl(dist)
-    known = dist.hashes.get("sha256")
+    known, source = wheel_sha256(dist)
     return Component(name=dist.name, version=dist.version, purl=purl, bom_ref=purl.to_string(),
                      hashes=_sha256(known) if known else [],
                      properties=_props({"package-type": "python", "python.location": dist.location,
                                         "python.wheel-tags": ", ".join(dist.wheel_tags) or None,
-                                        "wheel-hash": "direct_url.json" if known else "not recorded in the image"}))
+                                        "wheel-hash": source,
+                                        "wheel-sha256-one-of": " ".join(dist.accepted) if not known and dist.accepted
+                                        else None}))
+
+
+def wheel_sha256(dist: PyDist) -> tuple[str | None, str]:
+    """(the installed wheel's sha256 when it is known, where that answer comes from)."""
+    if dist.hashes.get("sha256"):
+        return dist.hashes["sha256"], "direct_url.json in the image"
+    if len(dist.accepted) == 1:
+        return dist.accepted[0], "registry.lock.yaml: the one file pip --require-hashes accepted"
+    if dist.accepted:
+        return None, "one of wheel-sha256-one-of (registry.lock.yaml: the files pip --require-hashes accepted)"
+    return None, "not recorded in the image"
 
 
 def cuda_purl(lib: CudaLib) -> Any:

@@ -27,7 +27,7 @@ def spdx(inv: Inventory) -> dict[str, Any]:
     """The SPDX 2.3 document for `inv`: the image DESCRIBES-d, CONTAINS every package, DESCENDANT_OF its base."""
     from ngcx_runtime import __version__
 
-    from .sbom_cyclonedx import cuda_purl, deb_purl, oci_purl, pypi_purl
+    from .sbom_cyclonedx import cuda_purl, deb_purl, oci_purl, pypi_purl, wheel_sha256
 
     img = inv.image
     image_id = "SPDXRef-image"
@@ -37,7 +37,7 @@ def spdx(inv: Inventory) -> dict[str, Any]:
     rows: list[tuple[str, str, str, str, str, str | None, str | None]] = []
     rows += [("deb", d.name, d.version, deb_purl(d, inv.os).to_string(), "LIBRARY", None,
               f"built package from: {d.source} {d.source_version}") for d in inv.debs]
-    rows += [("pypi", d.name, d.version, pypi_purl(d).to_string(), "LIBRARY", d.hashes.get("sha256"), None)
+    rows += [("pypi", d.name, d.version, pypi_purl(d).to_string(), "LIBRARY", wheel_sha256(d)[0], wheel_sha256(d)[1])
              for d in inv.dists]
     rows += [("cuda", c.path.rsplit("/", 1)[-1], c.version, cuda_purl(c).to_string(), "LIBRARY", c.sha256,
               f"{c.component} at {c.path}, loaded by the {c.loaded_by}") for c in inv.cuda]

@@ -46,6 +46,26 @@ def _lists_what_the_image_reports(client, tag: str) -> dict:
     return doc
 
 
+def _wheel_hashes_as_locked(doc: dict) -> None:
+    """A pinned wheel the catalog's lock lists one file for carries that file's sha256; one with several files
+    (x86_64, aarch64) names them all as the set it is one of; the CUDA wheels are all in the lock."""
+    from pathlib import Path
+
+    import yaml
+
+    lock = yaml.safe_load((Path(__file__).parents[2] / "registry.lock.yaml").read_text())["hashes"]
+    dists = _purls(doc, "pypi")
+    for c in dists:
+        accepted = lock.get(f"{c['purl'].split('/')[1].split('@')[0]}=={c['version']}", [])
+        props = {p["name"]: p["value"] for p in c["properties"]}
+        if len(accepted) == 1:
+            assert c["hashes"] == [{"alg": "SHA-256", "content": accepted[0]}], c
+        elif accepted:
+            assert "hashes" not in c and props["ngcx:wheel-sha256-one-of"].split() == accepted, c
+    assert all(c.get("hashes") or "ngcx:wheel-sha256-one-of" in {p["name"] for p in c["properties"]}
+               for c in dists if c["name"].startswith("nvidia-")), "every CUDA wheel is hashed by the lock"
+
+
 def _cuda_as_probed(client, tag: str, doc: dict) -> None:
     """Each library the probe reports loaded is a pkg:generic component with the same file, version and bytes
     (sha256sum in the image)."""
@@ -95,6 +115,7 @@ def _spdx_validates(tag: str, cdx: dict) -> None:
 
 def test_cuda_image_sbom_lists_every_package_and_validates(docker_client, cuda_image):
     doc = _lists_what_the_image_reports(docker_client, cuda_image)
+    _wheel_hashes_as_locked(doc)
     _cuda_as_probed(docker_client, cuda_image, doc)
     _digests(docker_client, cuda_image, doc, "ngcx/base:bookworm")
     names = {c["name"] for c in _purls(doc, "pypi")}
@@ -105,6 +126,7 @@ def test_cuda_image_sbom_lists_every_package_and_validates(docker_client, cuda_i
 @pytest.mark.slow
 def test_pytorch_image_sbom_lists_every_package_and_validates(docker_client, pytorch_image):
     doc = _lists_what_the_image_reports(docker_client, pytorch_image)
+    _wheel_hashes_as_locked(doc)
     _cuda_as_probed(docker_client, pytorch_image, doc)
     _digests(docker_client, pytorch_image, doc, "ngcx/base:bookworm")
     assert "torch" in {c["name"] for c in _purls(doc, "pypi")}
