@@ -1,4 +1,4 @@
-"""RAM roles and policies, instance RAM roles, STS credentials and the ECS metadata service, for the ECS emulator.
+"""RAM roles and policies and the STS credentials of those roles, for the ECS emulator.
 
 Why: a host gets no registry secret. It asks the metadata service (100.100.100.200 on ECS) for the
 temporary credentials of the RAM role attached to its instance and signs cr GetAuthorizationToken
@@ -13,17 +13,12 @@ ECS's Attach/Detach/DescribeInstanceRamRole (aliyun_instance_roles.py) and the m
 hands the keys to the machines (aliyun_metadata.py).
 
 Where the real API leaves a choice open or is undocumented, the emulator takes the stricter reading
-and says so here:
-- AttachInstanceRamRole refuses an instance that has any role already, the same one included (the
-  per-instance Code for that, ROLE_ATTACHED, is not documented upstream: the name is the emulator's).
+and says so here (and, for their parts, aliyun_instance_roles.py and aliyun_metadata.py):
 - DeletePolicy of a policy still attached to a role answers DeleteConflict.Role.Policy (the code the
   Terraform provider retries on for DeletePolicy); DeleteRole of a role attached to an instance is
   allowed (the instance keeps a dangling name, its metadata then has no credentials).
 - Only cr GetAuthorizationToken evaluates a role's policies; other actions called with STS keys are
   not checked (the product calls nothing else with them).
-- The metadata service identifies its caller by the TCP source address, which must be the private IP
-  of exactly one Running instance (several instances on one IP, as paper backends may make, answer
-  404 like an unknown caller).
 - System policies: AdministratorAccess and AliyunContainerRegistryReadOnlyAccess only; the second's
   document is an approximation (Get*/List*/Pull* on cr).
 """
