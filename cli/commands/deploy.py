@@ -73,6 +73,12 @@ def deploy_cmd(
         "--no-auth", help="No endpoint key: anyone who reaches the port may call every API (on a cloud, only with "
                           "an --allow-from narrower than 0.0.0.0/0).")] = False,
     registry_login: RegistryLoginOpt = RegistryLogin.role,
+    allow_unsigned: Annotated[bool, typer.Option(
+        "--allow-unsigned", help="Deploy without checking the image's signature and provenance (by default an "
+                                 "unsigned, re-tagged or edited image is refused before anything starts).")] = False,
+    verify_key: Annotated[str | None, typer.Option(
+        "--verify-key", help="Public key the image's signature must verify with: a PEM file, awskms:///alias/NAME "
+                             "or aliyunkms://REGION/KEY (default: ngcx's own, which `ngcx push` signs with).")] = None,
     replicas: Annotated[int | None, typer.Option(
         "--replicas", min=1, max=64, help="A service: N replicas behind a load balancer (the cloud's own; locally "
                                           "haproxy); the URL printed is the balancer's.")] = None,
@@ -123,7 +129,8 @@ def deploy_cmd(
                           model=labels.get("ai.ngcx.project.name"), cmd=cmd, gpu=gpu, gpu_mode=mode,
                           workload=workload.value, region=region, zone=zone, max_price=max_price, spot=spot,
                           port=port, allow_from=_cidr(allow_from), ready_timeout=ready_timeout,
-                          auth=not no_auth, tls=cloud != Cloud.local, registry_login=registry_login.value)
+                          auth=not no_auth, tls=cloud != Cloud.local, registry_login=registry_login.value,
+                          trust_key=verify_key, allow_unsigned=allow_unsigned)
     if k8s is not None:
         return _kubernetes(config, k8s, as_json)
     if no_auth and cloud != Cloud.local:
@@ -143,7 +150,7 @@ def deploy_cmd(
         return deploy_group(config, registry, (min_replicas, max_replicas, target_requests),
                             (port, drain, health_interval, certificate), as_json)
     if cloud != Cloud.local:
-        config.pushes = pushes(image, registry)
+        config.pushes = pushes(image, registry, sign=not config.allow_unsigned)
         config.pull_ref, config.registry = config.pick_push(lambda _host: True) or (None, None)
     warn_interrupted()
     from ..deploy.common import format_phases

@@ -46,7 +46,7 @@ def deploy_service(config: Any, registry: str | None, replicas: int | None, serv
         raise _lib(svc).not_built(svc, "a rolling update")
     cloud = svc.cloud if svc is not None else config.cloud
     if cloud != "local":
-        config.pushes = pushes(config.image, registry)
+        config.pushes = pushes(config.image, registry, sign=not config.allow_unsigned)
         config.pull_ref, config.registry = config.pick_push(lambda _host: True) or (None, None)
     if svc is not None:
         svc = services.update(svc, config, say)
@@ -69,7 +69,7 @@ def deploy_group(config: Any, registry: str | None, scaling: tuple[int | None, i
     if config.cloud in ("local", "any"):
         raise UserError(f"--min/--max with --cloud {config.cloud}: a scaling group is a cloud's",
                         hint="--cloud aws or aliyun, or --cloud kubernetes --dry-run for an HPA")
-    config.pushes = pushes(config.image, registry)
+    config.pushes = pushes(config.image, registry, sign=not config.allow_unsigned)
     config.pull_ref, config.registry = config.pick_push(lambda _host: True) or (None, None)
     port, drain, interval, certificate = balancer
     options = services.Options(port=port, drain_s=drain, health_interval_s=interval, certificate_id=certificate)

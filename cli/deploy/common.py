@@ -76,15 +76,20 @@ class DeployConfig:
     service_id: int | None = None    # a service's replica (service.py): never swapped or reused as a lone deploy's
     replica: int = 0                 # the replica's index in its service: its zone and (locally) its GPU
     version: str | None = None       # what a service rolls between: the image's digest or local image id
+    trust_key: str | None = None     # the key the image's signature must verify with (None: ngcx's own; gate.py)
+    allow_unsigned: bool = False     # --allow-unsigned: skip the trust gate (gate.py), said on stderr
 
     def pick_push(self, owns: Any) -> tuple[str, str] | None:
         """(REPO@DIGEST, registry host) of the newest push to a registry `owns(host)` claims (the cloud's own,
-        pulled in-region), else of the newest push at all; None when the image was never pushed."""
+        pulled in-region), else of the newest push at all; None when the image was never pushed. The digest
+        has passed the trust gate (gate.py: signature and provenance, the tag still serving it)."""
         ranked = sorted(self.pushes, key=lambda p: not owns(p[0].split("/", 1)[0]))
         if not ranked:
             return (self.pull_ref, self.registry) if self.pull_ref and self.registry else None
         repository, digest = ranked[0]
-        return f"{repository}@{digest}", repository.split("/", 1)[0]
+        from .gate import checked_pull  # the trust gate: nothing pulls a digest that failed it (gate.py)
+
+        return checked_pull(self, repository, digest), repository.split("/", 1)[0]
 
     def spec(self) -> dict[str, Any]:
         """What makes two hosts interchangeable (stored as JSON; no secrets in it)."""

@@ -31,13 +31,21 @@ def resolve(ref: str | None, project_file: Path | None, variant: str | None,
     return tag, dict(engine_client().images.get(tag).labels or {})
 
 
-def pushes(image: str, registry: str | None) -> list[tuple[str, str]]:
+def pushes(image: str, registry: str | None, sign: bool = True) -> list[tuple[str, str]]:
     """(REGISTRY/REPO, digest) of the image's verified pushes, newest first (pushed now with --registry);
-    each cloud then pulls from its own registry when the image is there (DeployConfig.pick_push)."""
+    each cloud then pulls from its own registry when the image is there (DeployConfig.pick_push). A push made
+    here is signed with ngcx's key unless `sign` is off (--allow-unsigned)."""
     if registry:
         from ..registry.push import push_image
 
+        signer = None
+        if sign:    # signed as `ngcx push` signs, or the trust gate would refuse what this deploy just pushed
+            from ..trust.publish import prepare_signer, publish_after_push
+
+            signer = prepare_signer(None)
         done = [push_image(image, registry)]
+        if signer is not None:
+            publish_after_push(*done[0], local_ref=image, registry=registry, signer=signer)
     else:
         from ..state import db as state
 

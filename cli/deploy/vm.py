@@ -53,6 +53,17 @@ TAG_OWNER, TAG_DEPLOYMENT, TAG_HOST_IMAGE, TAG_ROLE = "ngcx:owner", "ngcx:deploy
 TAG_SERVICE = "ngcx:service"      # a service's balancer and scaling group, and the hosts its group launches
 
 
+class ChannelError(UserError):
+    """The host command channel (Cloud Assistant, SSM Run Command) refused for good: an unknown action, a
+    permission the caller lacks, an instance the channel does not know (issue 47 item 6). It ends any wait at
+    once with the cloud's own code: asking again cannot help, and a readiness wait that swallowed it ran out
+    its whole --ready-timeout (143 RunCommands in 5 minutes) and then blamed the image size."""
+
+    def __init__(self, cloud: str, code: str, action: str, instance_id: str, hint: str) -> None:
+        self.code = code
+        super().__init__(f"{cloud} refused {action} on {instance_id} for good: {code}", hint=hint)
+
+
 class Cloud(Protocol):
     """The primitives a VM cloud supplies (one region)."""
 
@@ -275,11 +286,11 @@ def wait_state(cloud: Any, instance_id: str, state: str, timeout: float) -> Host
 
 
 def host_script(config: DeployConfig, record: DeployRecord, plan: Plan, mode: str) -> str:
-    from . import hostscript
+    from . import gate, hostscript
 
     job = hostscript.HostJob(record.id, plan.pull_ref, plan.registry, config.labels.get("ai.ngcx.min-driver", "0"),
                              config.gpu_mode, plan.login(), tuple(config.cmd), tuple(sorted(config.env.items())),
-                             auth_hashes=config.key_hashes, tls=config.tls)
+                             auth_hashes=config.key_hashes, tls=config.tls, verify_key=gate.host_key(config))
     return hostscript.render(job, mode)
 
 
@@ -389,6 +400,8 @@ def container_failure_with(cloud: Any, record: DeployRecord) -> str | None:
         return None
     try:
         code, out = cloud.run_command(record.instance_id, FAILURE_PROBE, 60)
+    except ChannelError:
+        raise                      # permanent: the wait ends now, with the cloud's code
     except UserError:
         return None
     if code == 3:

@@ -63,7 +63,7 @@ class ServiceGroups:
                tags: dict[str, str], drain_s: int, label: int) -> dict[str, str]:
         """The group as the config says (made, or moved to a new template / configuration when it changed),
         and its target-tracking rule on `target_requests` requests per host per minute."""
-        from . import hostscript, vm
+        from . import gate, hostscript, vm
 
         config = self.config
         if config is None:
@@ -77,7 +77,7 @@ class ServiceGroups:
         networks = _networks(self.cloud)
         job = hostscript.HostJob(label, plan.pull_ref, plan.registry, config.labels.get("ai.ngcx.min-driver", "0"),
                                  config.gpu_mode, plan.login(), tuple(config.cmd), tuple(sorted(config.env.items())),
-                                 auth_hashes=config.key_hashes, tls=config.tls)
+                                 auth_hashes=config.key_hashes, tls=config.tls, verify_key=gate.host_key(config))
         low, high, desired = sizes
         spec = self.kit.spec(name=name, image_id=plan.host_image,
                              user_data=self.wrap(hostscript.render(job, "user-data")),

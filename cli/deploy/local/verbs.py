@@ -42,16 +42,20 @@ class Plan:
     client: Any
     gpu: bool
     why_no_gpu: str
+    image_id: str = ""      # the image the gate checked: the container starts from this id, not the tag
 
 
 def prepare(config: DeployConfig) -> Plan:
     """The engine answers, the image is here, and the GPU decision is made (driver checked)."""
     from ...core.engine import engine_client, image_or_none
     from ...workstation.host import check_driver, host_gpus, host_has_gpu
+    from .. import gate
 
     client = engine_client()
-    if image_or_none(client, config.image) is None:
+    image = image_or_none(client, config.image)
+    if image is None:
         raise UserError(f"image {config.image} is not on this host", hint="build it first (`ngcx build`)")
+    gate.check_local(config, image.id, list(image.attrs.get("RepoDigests") or []))
     has_gpu, why = host_has_gpu()
     if config.gpu_mode == "require" and not has_gpu:
         raise UserError(f"--gpu-mode require, but this host cannot give containers a GPU: {why}",
@@ -60,7 +64,7 @@ def prepare(config: DeployConfig) -> Plan:
     if use_gpu:
         driver, gpus = host_gpus()
         check_driver(config.labels, None, driver, gpus)
-    return Plan(client, use_gpu, why)
+    return Plan(client, use_gpu, why, image.id)
 
 
 def run(config: DeployConfig, record: DeployRecord, plan: Plan) -> DeployRecord:
@@ -82,7 +86,7 @@ def run(config: DeployConfig, record: DeployRecord, plan: Plan) -> DeployRecord:
     t0 = time.monotonic()
     try:
         container = plan.client.containers.run(
-            config.image, config.cmd or None, detach=True, name=container_name(record.id),
+            plan.image_id or config.image, config.cmd or None, detach=True, name=container_name(record.id),
             ports={f"{SERVE_PORT}/tcp": ("127.0.0.1", port)}, environment=environment, volumes=volumes,
             labels={LABEL_DEPLOYMENT: str(record.id), LABEL_OWNER: store.owner_id()}, **kwargs)
     except Exception as exc:
