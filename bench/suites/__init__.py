@@ -6,7 +6,8 @@ A suite is a function run(result: SuiteResult, work: Path, out: Path) that fills
 3-replica local service: made, rolled, repaired; `autoscale` (issue 22) an autoscaled service on the
 emulated AWS under a load step; `signals` (issue 22) which scaling signal (requests per target, or the runtime's
 in-flight / queue time as a custom metric) breaches its cloud alarm first after a load step on the real runtime;
-`dashboard` (issue 23) the overview's first paint, bytes and update latency with 200 deployments and 500 images.
+`dashboard` (issue 23) the overview's first paint, bytes and update latency with 200 deployments and 500 images;
+`sbom` (issue 48) `ngcx sbom` on the catalog images built here against the bare dpkg-query + pip list.
 The other modules here are helpers of the suite they are named after: peers.py (the hpccm recipes
 of cli and build), project_figures.py, push_figures.py / push_compress.py / push_registry.py /
 push_pull.py, and deploy_phases.py (the deploy measurement, also runnable alone).
@@ -14,7 +15,8 @@ push_pull.py, and deploy_phases.py (the deploy measurement, also runnable alone)
 
 from __future__ import annotations
 
-from . import autoscale, build, cli, dashboard, deploy, project, push, runtime, security, serve_peers, service, signals
+from . import (autoscale, build, cli, dashboard, deploy, project, push, runtime, sbom, security, serve_peers, service,
+               signals)
 
 SUITES = {
     "cli": cli.run,
@@ -29,4 +31,5 @@ SUITES = {
     "signals": signals.run,
     "dashboard": dashboard.run,
     "serve-peers": serve_peers.run,
+    "sbom": sbom.run,
 }
