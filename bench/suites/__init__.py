@@ -15,8 +15,21 @@ push_pull.py, and deploy_phases.py (the deploy measurement, also runnable alone)
 
 from __future__ import annotations
 
-from . import (autoscale, build, cli, dashboard, deploy, project, push, runtime, sbom, security, serve_peers, service,
-               signals)
+from . import (
+    autoscale,
+    build,
+    cli,
+    dashboard,
+    deploy,
+    project,
+    push,
+    runtime,
+    sbom,
+    security,
+    serve_peers,
+    service,
+    signals,
+)
 
 SUITES = {
     "cli": cli.run,
