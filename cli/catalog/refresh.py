@@ -152,7 +152,9 @@ def release_layers(release: Release, index: str) -> dict[str, list[str]]:
 
 
 def refresh(catalog: Catalog, out: Path | None = None) -> RefreshReport:
-    """Resolve every release, fetch every file's hash, write the lock (all or nothing) and say what was done."""
+    """Resolve every release, fetch every file's hash and write the lock whole (through a temp file). A release
+    that cannot be resolved or hashed here (tensorrt: its index unreachable) is left out and reported: it then
+    neither renders nor builds, as lockdata.release_lock says; none resolved at all is one line, nothing written."""
     index = index_url()
     path = out or lock_path(catalog.source)
     report = RefreshReport(path)
