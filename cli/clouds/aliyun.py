@@ -36,6 +36,8 @@ RETRY_CODES = {"Throttling", "Throttling.User", "Throttling.Api", "ServiceUnavai
 AUTH_CODES = {"InvalidAccessKeyId.NotFound", "InvalidAccessKeyId.Inactive", "InvalidAccessKeySecret",
               "SignatureDoesNotMatch", "IncompleteSignature"}
 BASE_BACKOFF_S, MAX_BACKOFF_S = 0.5, 20.0
+ECS_VERSION, ALB_VERSION, ESS_VERSION, RAM_VERSION = "2014-05-26", "2020-06-16", "2022-02-22", "2015-05-01"
+CR_VERSION, CR_PERSONAL_VERSION = "2018-12-01", "2016-06-07"
 DEPLOY_NEEDS = ("; deploys also need cr:GetAuthorizationToken, ram:CreateRole/CreatePolicy/AttachPolicyToRole/"
                 "ListPoliciesForRole and ram:PassRole")
 ALB_NEEDS = ("; services also need alb:Create*/Get*/List*/Delete*, alb:AddServersToServerGroup, "
@@ -131,6 +133,8 @@ class Api:
     def ecs(self, action: str, params: dict[str, Any] | None = None, *, token: str | None = None,
             write: bool = False) -> dict[str, Any]:
         """Call ECS `action` (a typed aliyunsdkecs request); retried per the module docstring."""
+        checked("ecs", ECS_VERSION, action, {**(params or {}), "ClientToken": token})
+
         def build() -> Any:
             request = _typed_request(action)
             for key, value in (params or {}).items():
@@ -142,31 +146,47 @@ class Api:
         return self._call(action, build, retry=not write or token is not None)
 
     def cr(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
-        """Container Registry (cr 2018-12-01) RPC, e.g. GetAuthorizationToken."""
-        return self._call(action, lambda: _rpc(f"cr.{self.region}.aliyuncs.com", "2018-12-01", "cr", action, params),
+        """Container Registry Enterprise Edition (cr 2018-12-01) RPC, e.g. GetAuthorizationToken."""
+        checked("cr", CR_VERSION, action, params)
+        return self._call(action, lambda: _rpc(f"cr.{self.region}.aliyuncs.com", CR_VERSION, "cr", action, params),
                           retry=True)
+
+    def cr_personal(self, action: str, path: str) -> dict[str, Any]:
+        """Container Registry Personal Edition (cr 2016-06-07, ROA: `GET /tokens` is GetAuthorizationToken)."""
+        checked("cr", CR_PERSONAL_VERSION, action, {})
+        return self._call(action, lambda: _roa(f"cr.{self.region}.aliyuncs.com", CR_PERSONAL_VERSION, "cr", action,
+                                               path), retry=True)
 
     def ram(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
         """RAM (2015-05-01, global) RPC: the hosts' pull roles. Retried: a repeated create answers
         EntityAlreadyExists, which the caller treats as done."""
-        return self._call(action, lambda: _rpc("ram.aliyuncs.com", "2015-05-01", "Ram", action, params), retry=True)
+        checked("ram", RAM_VERSION, action, params)
+        return self._call(action, lambda: _rpc("ram.aliyuncs.com", RAM_VERSION, "Ram", action, params), retry=True)
 
     def alb(self, action: str, params: dict[str, Any] | None = None, *, token: str | None = None,
             write: bool = False) -> dict[str, Any]:
         """ALB (2020-06-16) RPC: services' load balancers (deploy/aliyun_alb.py). Dotted parameters
         (`Tag.1.Key`, `ZoneMappings.1.ZoneId`) as the API names them; writes retried only with a token."""
+        checked("alb", ALB_VERSION, action, {**(params or {}), "ClientToken": token})
+
         def build() -> Any:
-            return _rpc(f"alb.{self.region}.aliyuncs.com", "2020-06-16", "Alb", action,
+            return _rpc(f"alb.{self.region}.aliyuncs.com", ALB_VERSION, "Alb", action,
                         {**(params or {}), "ClientToken": token})
         return self._call(action, build, retry=not write or token is not None, service="alb")
 
     def ess(self, action: str, params: dict[str, Any] | None = None, *, token: str | None = None,
             write: bool = False) -> dict[str, Any]:
-        """Auto Scaling (ESS 2014-08-28) RPC: services' scaling groups (deploy/aliyun_ess.py). Dotted parameters
-        as the API names them (`ServerGroups.1.Port`, `Tags.1.Key`); writes retried only with a token."""
+        """Auto Scaling (ESS 2022-02-22, the version whose SDK is maintained; its plural spellings
+        `ServerGroups.1.Port`, `Tags.1.Key`, ALIYUN_API_NOTES.md) RPC: services' scaling groups (deploy/aliyun/ess.py),
+        at the host the SDK's endpoint data name (ess.aliyuncs.com for the main regions); writes retried only
+        with a token (an action whose model has no ClientToken gets none: the check refuses it)."""
+        from .aliyun_models import endpoint
+
+        checked("ess", ESS_VERSION, action, {**(params or {}), "ClientToken": token})
+        host = endpoint("ess", ESS_VERSION, self.region)
+
         def build() -> Any:
-            return _rpc(f"ess.{self.region}.aliyuncs.com", "2014-08-28", "Ess", action,
-                        {**(params or {}), "ClientToken": token})
+            return _rpc(host, ESS_VERSION, "Ess", action, {**(params or {}), "ClientToken": token})
         return self._call(action, build, retry=not write or token is not None, service="ess")
 
     def _call(self, action: str, build: Any, retry: bool, service: str = "") -> dict[str, Any]:
@@ -211,8 +231,8 @@ class Api:
                              hint="check the key pair in the Alibaba Cloud console (RAM > AccessKey)")
         if code == "Forbidden.RAM" or code.startswith("NoPermission"):
             also = {"alb": ALB_NEEDS, "ess": ESS_NEEDS}.get(service, DEPLOY_NEEDS)
-            return UserError(f"Alibaba Cloud {action}: the RAM user of {self.creds.access_key_id} may not call it "
-                             f"({code})", hint=f"grant it {_permission(action, service)}{also}")
+            return AliyunError(code, status, f"Alibaba Cloud {action}: the RAM user of {self.creds.access_key_id} may "
+                               f"not call it ({code})", hint=f"grant it {_permission(action, service)}{also}")
         clean = _scrub(message or "", self.creds).split(" server string to sign is")[0]
         return AliyunError(code, status, f"Alibaba Cloud {action} failed: {code} (HTTP {status}): {clean[:240]}")
 
@@ -220,9 +240,20 @@ class Api:
 class AliyunError(UserError):
     """An API error that is neither capacity nor credentials; `code` lets callers react to it."""
 
-    def __init__(self, code: str, status: int, message: str) -> None:
+    def __init__(self, code: str, status: int, message: str, hint: str | None = None) -> None:
         self.code, self.status = code, status
-        super().__init__(message)
+        super().__init__(message, hint=hint)
+
+
+def checked(product: str, version: str, action: str, params: dict[str, Any]) -> None:
+    """Refuse, before it leaves, a request the official models say the API refuses (aliyun_models.py): a
+    misspelled parameter fails fast, in tests and for users, instead of being ignored by the cloud."""
+    from .aliyun_models import check
+
+    problem = check(product, version, action, {k: v for k, v in params.items() if v is not None})
+    if problem is not None:
+        raise AliyunError(problem.code, problem.status, f"ngcx built a request Alibaba Cloud refuses: {product} "
+                          f"{version} {action}: {problem.line()}", hint="this is a bug in ngcx: please report it")
 
 
 def _permission(action: str, service: str = "") -> str:
@@ -253,6 +284,16 @@ def _rpc(domain: str, version: str, product: str, action: str, params: dict[str,
     for key, value in params.items():
         if value is not None:
             request.add_query_param(key, _param(value))
+    return request
+
+
+def _roa(domain: str, version: str, product: str, action: str, path: str) -> Any:
+    """A GET ROA CommonRequest (cr 2016-06-07's /tokens); the core SDK signs it with ROA's HMAC-SHA1 scheme."""
+    from aliyunsdkcore.request import CommonRequest
+
+    request = CommonRequest(domain=domain, version=version, action_name=action, product=product, uri_pattern=path)
+    request.set_method("GET")
+    request.add_header("Content-Type", "application/json")
     return request
 
 

@@ -59,9 +59,9 @@ CREDENTIAL_SOURCES = {"env": "the AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY vari
 class AwsError(UserError):
     """An API error that is neither capacity nor credentials; `code` lets callers react to it."""
 
-    def __init__(self, code: str, status: int, message: str) -> None:
+    def __init__(self, code: str, status: int, message: str, hint: str | None = None) -> None:
         self.code, self.status = code, status
-        super().__init__(message)
+        super().__init__(message, hint=hint)
 
 
 def boto3_module() -> Any:
@@ -200,8 +200,8 @@ class Api:
         if code in AUTH_CODES:
             return UserError(f"AWS rejected the credentials ({code}) from {self.source()}", hint=_auth_hint(code))
         if code in DENIED_CODES:
-            return UserError(f"AWS {_pascal(operation)}: the credentials from {self.source()} may not call it "
-                             f"({code})", hint=f"grant {service}:{_pascal(operation)} to that identity")
+            return AwsError(code, status, f"AWS {_pascal(operation)}: the credentials from {self.source()} may not "
+                            f"call it ({code})", hint=f"grant {service}:{_pascal(operation)} to that identity")
         clean = self.scrub(message.split("Encoded authorization failure message:")[0].strip())
         return AwsError(code, status, f"AWS {_pascal(operation)} failed: {code} (HTTP {status}): {clean[:240]}")
 

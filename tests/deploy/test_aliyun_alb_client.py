@@ -236,6 +236,7 @@ def test_gc_finds_and_deletes_what_a_killed_ngcx_left(alb: Any, emu: EcsEmulator
     assert alb.tagged({"ngcx:owner": "owner-1"}) == [BalancerRef(lbs[0], groups[0], "", f"{lbs[0]}.cn-hangzhou"
                                                                                          ".alb.aliyuncs.com")]
     alone = alb.api.alb("CreateServerGroup", {"ServerGroupName": "ngcx-svc-9", "VpcId": alb._vpc(),
+                                              "HealthCheckConfig.HealthCheckEnabled": False,
                                               "Tag.1.Key": "ngcx:owner", "Tag.1.Value": "owner-1"})["ServerGroupId"]
     found = alb.tagged({"ngcx:owner": "owner-1"})
     assert BalancerRef("", alone, "", "") in found and len(found) == 2

@@ -18,7 +18,7 @@ ECS family is a module and a class EcsEmulator inherits (none imports this modul
 
 Instance RAM roles, RAM itself (2015-05-01, on the same port), the STS keys of roles and the
 metadata service live in aliyun_ram.py, ALB (2020-06-16) and its haproxy data plane in aliyun_alb.py,
-Auto Scaling (ESS 2014-08-28: groups of these instances behind ALB) in aliyun_ess.py; this module only wires
+Auto Scaling (ESS 2022-02-22: groups of these instances behind ALB) in aliyun_ess.py; this module only wires
 them in.
 """
 
@@ -77,7 +77,7 @@ class EcsEmulator(CloudAssistant, EcsImages, EcsNetwork, EcsInstances):
         self._metadata: MetadataServer | None = None
         self.alb = Alb(self._lock, self._spawn, self._sleep_until, self._vpc_id, self._vswitches, self._instances.get,
                        region)    # ALB 2020-06-16 (aliyun_alb.py), its data plane a haproxy per load balancer
-        self.ess = Ess(self)    # Auto Scaling 2014-08-28 (aliyun_ess.py): groups of these instances behind ALB
+        self.ess = Ess(self)    # Auto Scaling 2022-02-22 (aliyun_ess.py): groups of these instances behind ALB
         self.actions = {
             ECS_VERSION: {
                 "DescribeRegions": self._describe_regions, "DescribeZones": self._describe_zones,

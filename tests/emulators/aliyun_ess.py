@@ -1,11 +1,11 @@
-"""Alibaba Cloud Auto Scaling (ESS, 2014-08-28) for the ECS emulator: groups whose instances are real emulated
+"""Alibaba Cloud Auto Scaling (ESS, 2022-02-22) for the ECS emulator: groups whose instances are real emulated
 ECS instances, behind the emulated ALB's server groups, drained through a lifecycle hook, tracked on real load.
 
 Why: ngcx makes a service's replicas a scaling group on Alibaba Cloud (issue 22: a scaling configuration from
 the baked host image, the group attached to the service's ALB server group, a target-tracking rule). What a
 user notices is what the group *does*: instances that boot the user-data and take traffic, a scale-in that
 drains before the machine goes, a rule that follows real load. EcsEmulator serves these actions on its port
-(Version 2014-08-28, product "Ess"), so signatures, ClientToken replays (ESS_IDEMPOTENT) and the faults
+(Version 2022-02-22, product "Ess"), so signatures, ClientToken replays (ESS_IDEMPOTENT) and the faults
 `fail_next`/`hold` are the emulator's own; every action runs under its lock.
 
 Emulated (names as the ESS API reference and aliyun-python-sdk-ess's requests spell them):
@@ -77,7 +77,7 @@ from .aliyun_ess_alarms import Alarm, Alarms, simple_settings
 from .aliyun_ess_scaling import RECYCLE, Activity, Ecs, Group, LifecycleAction, Scaling, new_id
 from .aliyun_rpc import Action, ApiError, as_bool, as_int, indexed, invalid, iso_now, page, repeated, required
 
-ESS_VERSION = "2014-08-28"
+ESS_VERSION = "2022-02-22"   # the maintained version (alibabacloud-ess20220222); its plural spellings
 ESS_IDEMPOTENT = frozenset({"CreateScalingGroup", "CreateScalingConfiguration", "CreateScalingRule",
                             "CompleteLifecycleAction", "ExecuteScalingRule"})
 POLICIES = ("release", "forceRelease", *RECYCLE)                # ScalingPolicy (the instance reclaim mode)

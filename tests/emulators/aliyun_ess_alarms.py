@@ -1,4 +1,4 @@
-"""ESS alarm tasks (event-triggered tasks: CreateAlarm and friends, 2014-08-28) and simple scaling rules
+"""ESS alarm tasks (event-triggered tasks: CreateAlarm and friends, 2022-02-22) and simple scaling rules
 executed, for the ESS emulator (aliyun_ess.py).
 
 Why a module of its own: aliyun_ess.py is the group API and aliyun_ess_scaling.py what a group does over time;

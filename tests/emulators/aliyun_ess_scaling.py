@@ -23,7 +23,7 @@ from .aliyun_alb import Alb
 from .aliyun_ecs_machines import Instance, SecurityGroup
 from .aliyun_rpc import ApiError, iso_now
 
-QPS_METRIC = "AlbQpsPerBackendServer"        # "(ALB) QPS per Backend Server" (the API name is a guess)
+QPS_METRIC = "LoadBalancerRealServerAverageQps"   # ESS 2022-02-22 CreateScalingRule: with AlarmDimensions rulePool
 LIVE = ("Pending", "InService")
 RECYCLE = ("recycle", "forceRecycle")        # ScalingPolicy values that keep scaled-in instances Stopped
 

@@ -13,6 +13,7 @@ import binascii
 import hashlib
 import hmac
 import json
+import os
 import threading
 import time
 import uuid
@@ -295,6 +296,39 @@ def _recordable(params: Mapping[str, str]) -> dict[str, str]:
     return kept
 
 
+# --- the official models (issue 47) ------------------------------------------------------------
+
+REQUEST_LOG_ENV = "NGCX_ALIYUN_REQUEST_LOG"   # a file every gateway appends each request to (tests/conformance)
+MODEL_CHECK_ENV = "NGCX_ALIYUN_MODEL_CHECK"   # "off": answer without the model check (the conformance run
+                                              # judges the record itself, so one wrong name does not hide the next)
+
+
+def model_problem(product: str, version: str, action: str, params: Mapping[str, str]) -> ApiError | None:
+    """The error the real gateway answers for a request its API model refuses (an unknown action or
+    parameter, a missing required one, a JSON-style value that does not parse), from the same models the
+    CLI checks before sending (cli/clouds/aliyun_models.py)."""
+    from ngcx.clouds.aliyun_models import check
+
+    if os.environ.get(MODEL_CHECK_ENV) == "off":
+        return None
+    problem = check(product, version, action, dict(params))
+    return None if problem is None else ApiError(problem.status, problem.code, problem.message)
+
+
+def record_request(product: str, params: Mapping[str, str]) -> None:
+    """Append the request (no Signature, SecurityToken redacted) as one JSON line to $NGCX_ALIYUN_REQUEST_LOG."""
+    path = os.environ.get(REQUEST_LOG_ENV)
+    if not path:
+        return
+    line = json.dumps({"product": product, "version": params.get("Version", ""), "action": params.get("Action", ""),
+                       "params": _recordable(params)})
+    with _LOG_LOCK, open(path, "a", encoding="utf-8") as handle:
+        handle.write(line + "\n")
+
+
+_LOG_LOCK = threading.Lock()
+
+
 # --- HTTP ------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -469,6 +503,12 @@ class RpcService:
             self.calls.append((action, _recordable(params)))
         try:
             verify(method, params, self.access_keys, self._nonces, self._lock, temporary_keys=self.temporary_keys)
+            product = (self.products.get(version) or ("", ""))[0].lower()
+            if product:
+                record_request(product, params)
+                refused = model_problem(product, version, action, params)
+                if refused is not None:
+                    raise refused
             handler = self._lookup(version, action)
             region = params.get("RegionId", "")
             if region and region != self.region and action not in self.regionless:

@@ -245,11 +245,13 @@ def test_create_is_idempotent_by_client_token_and_the_balancer_becomes_active(em
     assert api(client, "GetLoadBalancerAttribute", LoadBalancerId=first)["LoadBalancerStatus"] == "Provisioning"
     assert create_lb(emu, ClientToken="svc-1-lb") == first and emu.performed("CreateLoadBalancer") == 1
     assert refused(client, "CreateLoadBalancer", VpcId=vpc(emu), AddressType="Intranet", ClientToken="svc-1-lb",
-                   **zones(emu)) == (400, "IdempotentParameterMismatch")
+                   LoadBalancerName="ngcx-svc", LoadBalancerEdition="Standard",
+                   LoadBalancerBillingConfig__PayType="PostPay", **zones(emu)) == (400, "IdempotentParameterMismatch")
     attribute = active(client, first)
     assert attribute["DNSName"] == f"{first}.cn-hangzhou.alb.aliyuncs.com" and attribute["AddressType"] == "Internet"
     assert len(attribute["ZoneMappings"]) == 2 and attribute["LoadBalancerBillingConfig"]["PayType"] == "PostPay"
-    assert refused(client, "CreateLoadBalancer", VpcId=vpc(emu), AddressType="Internet",
+    assert refused(client, "CreateLoadBalancer", VpcId=vpc(emu), AddressType="Internet", LoadBalancerName="one",
+                   LoadBalancerEdition="Standard", LoadBalancerBillingConfig__PayType="PostPay",
                    **zones(emu, 1)) == (400, "IllegalParam.ZoneMappings")
     assert refused(client, "GetLoadBalancerAttribute", LoadBalancerId="alb-nope") == (
         404, "ResourceNotFound.LoadBalancer")

@@ -1,4 +1,4 @@
-"""Auto Scaling (ESS 2014-08-28) in the Alibaba Cloud emulator (aliyun_ess.py), through the real
+"""Auto Scaling (ESS 2022-02-22) in the Alibaba Cloud emulator (aliyun_ess.py), through the real
 aliyun-python-sdk-core CommonRequest (product "Ess"), as ngcx sends it.
 
 What a user of ESS notices: an enabled group of 2 launches 2 ECS instances that run the scaling
@@ -35,7 +35,7 @@ from emulators.traffic import get, spread
 from support import missing
 
 AK, SECRET = "LTAI5tEssEmulatorTest", "ess-secret-never-printed-41"
-ESS, ALB, ECS = "2014-08-28", "2020-06-16", "2014-05-26"
+ESS, ALB, ECS = "2022-02-22", "2020-06-16", "2014-05-26"
 IMAGE = "ubuntu_22_04_x64_20G_alibase_20240926.vhd"
 A10 = "ecs.gn7i-c8g1.2xlarge"
 TIME_SCALE = 0.05               # an ESS minute is 3 s here; a 20 s drain is 1 s

@@ -71,8 +71,8 @@ def test_a_recycle_group_stops_scaled_in_instances_and_an_alarm_on_the_albs_503s
     emu.fail_next("CreateAlarm", "Throttling", 400)
     alarm_params = {"ScalingGroupId": group, "Name": "wake", "MetricType": "system", "MetricName": WAKE_METRIC,
                     "Statistics": "Average", "ComparisonOperator": ">", "Threshold": 0, "EvaluationCount": 1,
-                    "Period": 60, "AlarmAction__1": rule["ScalingRuleAri"],
-                    "Dimension__1__DimensionKey": "loadBalancerId", "Dimension__1__DimensionValue": net["lb"]}
+                    "Period": 60, "AlarmActions__1": rule["ScalingRuleAri"],
+                    "Dimensions__1__DimensionKey": "loadBalancerId", "Dimensions__1__DimensionValue": net["lb"]}
     assert refused(emu, "CreateAlarm", **alarm_params) == "Throttling"
     alarm = call(emu, "CreateAlarm", **alarm_params)["AlarmTaskId"]
     started = time.monotonic()

@@ -176,14 +176,15 @@ class Ecs:
         return answer["InstanceIdSets"]["InstanceIdSet"][0]
 
     def run_command(self, instance_id: str, script: str, timeout: float) -> tuple[int, str]:
-        """Cloud Assistant: run `script` on the host; (exit code, output)."""
-        answer = self.api.ecs("RunCommand", {"Type": "RunShellScript", "InstanceId.1": instance_id,
-                                             "CommandContent": base64.b64encode(script.encode()).decode(),
-                                             "ContentEncoding": "Base64", "Timeout": int(timeout)}, write=True)
+        """Cloud Assistant: run `script` on the host; (exit code, output). A permanent refusal is vm.ChannelError."""
+        answer = self._assistant("RunCommand", instance_id, {
+            "Type": "RunShellScript", "InstanceId.1": instance_id,
+            "CommandContent": base64.b64encode(script.encode()).decode(), "ContentEncoding": "Base64",
+            "Timeout": int(timeout)}, write=True)
         started = time.monotonic()
         deadline = started + timeout + 30
         while time.monotonic() < deadline:
-            results = self.api.ecs("DescribeInvocationResults", {"InvokeId": answer["InvokeId"]}).get(
+            results = self._assistant("DescribeInvocationResults", instance_id, {"InvokeId": answer["InvokeId"]}).get(
                 "Invocation", {}).get("InvocationResults", {}).get("InvocationResult", [])
             for result in results:
                 if result.get("InvocationStatus") in ("Success", "Failed", "Timeout", "Error", "Finished"):
@@ -191,6 +192,19 @@ class Ecs:
                     return int(result.get("ExitCode") or 0), output
             time.sleep(vm.poll_pause(started))
         raise UserError(f"Cloud Assistant command on {instance_id} did not finish in {timeout:.0f} s")
+
+    def _assistant(self, action: str, instance_id: str, params: dict[str, Any], write: bool = False) -> dict[str, Any]:
+        """A Cloud Assistant call; the codes asking again cannot cure become vm.ChannelError (the Api already
+        retried the transient ones: Throttling, 5xx)."""
+        from ...clouds.aliyun import AliyunError
+
+        try:
+            return self.api.ecs(action, params, write=write)
+        except AliyunError as exc:
+            hint = _channel_hint(exc.code)
+            if hint is None:
+                raise
+            raise vm.ChannelError("Alibaba Cloud", exc.code, action, instance_id, hint) from None
 
     def create_image(self, instance_id: str, name: str, tags: dict[str, str], token: str) -> str:
         from ...clouds.aliyun import tag_params
@@ -248,3 +262,16 @@ def cloud_for(region: str) -> Ecs:
     from ...clouds.aliyun import Api
 
     return Ecs(Api(region))
+
+
+def _channel_hint(code: str) -> str | None:
+    """What to do about a permanent Cloud Assistant refusal; None for any other code (retried or raised as is)."""
+    if code in ("InvalidAction.NotFound", "InvalidApi.NotFound"):
+        return ("this ECS endpoint has no Cloud Assistant API: check NGCX_ALIYUN_ECS_ENDPOINT and the region "
+                "(Cloud Assistant is ECS 2014-05-26 RunCommand)")
+    if code == "Forbidden.RAM" or code.startswith("NoPermission") or code.startswith("Forbidden"):
+        return ("grant the RAM user ecs:RunCommand and ecs:DescribeInvocationResults (the policy "
+                "AliyunECSAssistantFullAccess has both)")
+    if code in ("InvalidInstance.NotFound", "InvalidInstanceId.NotFound", "InvalidInstance.NotMatch"):
+        return "the instance is gone or in another region: see it with `ngcx deployments show ID`, then redeploy"
+    return None

@@ -1,4 +1,4 @@
-"""A service's replicas as an Alibaba Cloud Auto Scaling (ESS 2014-08-28) group: configuration, group, drain hook,
+"""A service's replicas as an Alibaba Cloud Auto Scaling (ESS 2022-02-22) group: configuration, group, drain hook,
 target tracking (CommonRequest through clouds/aliyun.py's Api; no ESS SDK needed).
 
 Why the cloud's own scaling engine (issue 22): a group keeps its size and follows its rule while the user's
@@ -22,10 +22,12 @@ the group's ngcx:owner tag, is refused), so a retry after a lost answer or a kil
 - the group is enabled with that configuration (a new ESS group is Inactive and launches nothing).
 Creates carry ClientTokens that are digests of their parameters; a token whose first answer names something
 deleted since (a service deleted, then made again) makes way for the next of a fixed sequence, as in
-alb.py. Target tracking (put_target_tracking) is one TargetTrackingScalingRule per group on a
-Metric: QPS per backend server of the ALB server group, or a custom CloudMonitor metric the hosts publish.
-ESS_QPS, the rule's MetricName for the ALB metric, is a guess (the console calls it "(ALB) QPS per Backend
-Server"; the API name was not found in the reference); the emulator uses the same name.
+alb.py. CreateScalingRule has no ClientToken in either ESS version's model (issue 47), so a rule is found by
+name first and created once, not retried blind. Target tracking (put_target_tracking) is one
+TargetTrackingScalingRule per group on a Metric: ESS_QPS, the documented LoadBalancerRealServerAverageQps
+(QPS per backend server) with the AlarmDimensions `rulePool` = the ALB server group (ESS 2022-02-22
+CreateScalingRule, AlarmDimensions: "if you use LoadBalancerRealServerAverageQps as your predefined metric,
+you must use this parameter to specify the rulePool dimension"), or a custom CloudMonitor metric.
 
 Scale to zero (issue 22 item 2): set_idle_stop puts the group in recycle mode (ESS "economical mode",
 ModifyScalingGroup ScalingPolicy recycle; release is the default): a scale-in stops its instances
@@ -33,9 +35,10 @@ ModifyScalingGroup ScalingPolicy recycle; release is the default): a scale-in st
 wake is a boot, not a new machine. put_wake makes the wake path: a SimpleScalingRule `<group>-wake`
 (QuantityChangeInCapacity +1) and an alarm task `<group>-wake` (CreateAlarm) that runs it while the service's
 ALB answers 503s of its own (no replica up): WAKE_METRIC, CloudMonitor's acs_alb LoadBalancerHTTPCode503
-(Count/s, Dimension loadBalancerId), Average > 0 over one 60 s period. Guessed: that an ESS system alarm task
-takes that ALB metric (CloudMonitor has it; ESS's list of system metrics for alarm tasks was not found), and
-the request spellings AlarmAction.N / Dimension.N.* (aliyun-python-sdk-ess's CreateAlarmRequest). Alarm tasks
+(Count/s, Dimensions loadBalancerId), Average > 0 over one 60 s period; spellings AlarmActions.N / Dimensions.N.*
+(ESS 2022-02-22 CreateAlarm). Not documented: ESS's CreateAlarm lists its system metrics and that ALB metric is
+not among them (none of them sees requests while no replica runs); cli/clouds/ALIYUN_API_NOTES.md keeps it as
+an open case. Alarm tasks
 outlive DeleteScalingGroup (the reference says so), so delete removes the group's alarm tasks first.
 
 Calls go through cli/clouds/aliyun.py's Api (ngcx's own retries: reads and settings that are safe to repeat
@@ -62,10 +65,12 @@ if TYPE_CHECKING:
 
 HOOK = "ngcx-drain"
 OWNER_TAG = "ngcx:owner"
-ESS_QPS = "AlbQpsPerBackendServer"     # a guess, see the module docstring
+ESS_QPS = "LoadBalancerRealServerAverageQps"   # documented; needs AlarmDimensions rulePool (module docstring)
+QPS_DIMENSION = "rulePool"                     # its dimension: the ALB server group id
 PAGE_SIZE = 50                         # ESS's largest page
 TOKEN_TRIES = 8                        # generations of one spec.name (made, deleted, made again)
 GONE = "InvalidScalingGroupId.NotFound"
+UNTOKENED = frozenset({"CreateScalingRule"})   # no ClientToken in ESS 2014-08-28's nor 2022-02-22's model
 ALARM_GONE = "InvalidAlarmTaskId.NotFound"
 RULE_GONE = "InvalidScalingRuleId.NotFound"
 WAKE_METRIC = "LoadBalancerHTTPCode503"   # the ALB's own 503s (a guess as an alarm task's metric, see above)
@@ -103,9 +108,10 @@ class GroupRef:
 
 @dataclass(frozen=True)
 class Metric:
-    """A target-tracking metric: ESS_QPS (the attached ALB server group's) or a custom metric's name."""
+    """A target-tracking metric: ESS_QPS of an ALB server group (its rulePool dimension) or a custom metric's name."""
 
     name: str = ESS_QPS
+    server_group_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -223,7 +229,11 @@ class ScalingGroups:
                             f"{tags.get(OWNER_TAG)!r})", hint="choose another service name or delete that group")
 
     def _create(self, action: str, params: dict[str, Any], id_key: str, exists: Any) -> str:
-        """Create with the ClientTokens of a fixed sequence: one whose first answer is gone makes way for the next."""
+        """Create with the ClientTokens of a fixed sequence: one whose first answer is gone makes way for the next.
+        An action whose model has no ClientToken (CreateScalingRule) is sent once, unretried: the caller found
+        nothing by name just before."""
+        if action in UNTOKENED:
+            return str(self.api.ess(action, params, write=True)[id_key])
         digest = _digest(action, params)
         for n in range(TOKEN_TRIES):
             new_id = str(self.api.ess(action, params, token=f"ngcx-{digest}-{n}", write=True)[id_key])
@@ -245,7 +255,11 @@ class ScalingGroups:
         if not metric.name or target_value <= 0:
             raise UserError("a target-tracking rule needs a metric name and a positive target value")
         name = f"{ref.name}-track"
-        settings = {"MetricName": metric.name, "TargetValue": float(target_value), "DisableScaleIn": disable_scale_in}
+        settings: dict[str, Any] = {"MetricName": metric.name, "TargetValue": float(target_value),
+                                    "DisableScaleIn": disable_scale_in}
+        if metric.name == ESS_QPS and metric.server_group_id:
+            settings |= {"AlarmDimensions.1.DimensionKey": QPS_DIMENSION,
+                         "AlarmDimensions.1.DimensionValue": metric.server_group_id}
         found = self._all("DescribeScalingRules", "ScalingRules", "ScalingRule", ScalingGroupId=ref.group_id,
                           **{"ScalingRuleNames.1": name})
         if found:
@@ -429,7 +443,7 @@ def kit(api: Api) -> Any:
                          **common)
 
     def metric(balancer: BalancerRef, per_minute: float) -> tuple[float, Metric]:
-        return per_minute / 60.0, Metric(ESS_QPS)
+        return per_minute / 60.0, Metric(ESS_QPS, balancer.group_id)
 
     return GroupKit(ScalingGroups(api), GroupRef, spec, metric, STATES)
 
@@ -442,8 +456,8 @@ def _server_group(spec: GroupSpec) -> dict[str, Any]:
 def _wake_alarm(rule_ari: str, balancer: BalancerRef) -> dict[str, Any]:
     """CreateAlarm's settings for the wake: any 503 of the balancer's own in a minute runs the rule."""
     return {"MetricType": "system", "MetricName": WAKE_METRIC, "Statistics": "Average", "ComparisonOperator": ">",
-            "Threshold": 0, "EvaluationCount": 1, "Period": 60, "AlarmAction.1": rule_ari,
-            "Dimension.1.DimensionKey": "loadBalancerId", "Dimension.1.DimensionValue": balancer.balancer_id}
+            "Threshold": 0, "EvaluationCount": 1, "Period": 60, "AlarmActions.1": rule_ari,
+            "Dimensions.1.DimensionKey": "loadBalancerId", "Dimensions.1.DimensionValue": balancer.balancer_id}
 
 
 def _same_alarm(found: dict[str, Any], wanted: dict[str, Any]) -> bool:
@@ -453,8 +467,8 @@ def _same_alarm(found: dict[str, Any], wanted: dict[str, Any]) -> bool:
             float(found.get("Threshold") or 0), int(found.get("EvaluationCount") or 0), int(found.get("Period") or 0),
             (found.get("AlarmActions") or {}).get("AlarmAction"), dimensions) == (
         wanted["MetricName"], wanted["Statistics"], wanted["ComparisonOperator"], float(wanted["Threshold"]),
-        wanted["EvaluationCount"], wanted["Period"], [wanted["AlarmAction.1"]],
-        {"loadBalancerId": wanted["Dimension.1.DimensionValue"]})
+        wanted["EvaluationCount"], wanted["Period"], [wanted["AlarmActions.1"]],
+        {"loadBalancerId": wanted["Dimensions.1.DimensionValue"]})
 
 
 def _config_data(spec: GroupSpec) -> dict[str, Any]:

@@ -6,8 +6,10 @@ host class without importing the verbs that import them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -277,10 +279,12 @@ class Ec2:
     def run_command(self, instance_id: str, script: str, timeout: float) -> tuple[int, str]:
         """AWS-RunShellScript on the host; (exit code, stdout + stderr). Not retried after a 5xx (it may have run)."""
         deadline = time.monotonic() + timeout + 60
-        command_id = self._send_command(instance_id, script, timeout)
+        with _channel("SendCommand", instance_id):
+            command_id = self._send_command(instance_id, script, timeout)
         started = time.monotonic()
         while time.monotonic() < deadline:
-            invocation = self._invocation(command_id, instance_id)
+            with _channel("GetCommandInvocation", instance_id):
+                invocation = self._invocation(command_id, instance_id)
             if invocation and invocation.get("Status") in SSM_DONE:
                 output = "".join(invocation.get(k) or "" for k in ("StandardOutputContent", "StandardErrorContent"))
                 code = int(invocation.get("ResponseCode", -1))
@@ -306,10 +310,10 @@ class Ec2:
             except AwsError as exc:
                 if exc.code != "InvalidInstanceId":
                     raise
-                if time.monotonic() > deadline:
-                    raise UserError(f"SSM Run Command cannot reach {instance_id}: {exc.message}",
-                                    hint="the host needs a running SSM agent and an instance profile with "
-                                         f"{SSM_POLICY} (NGCX_AWS_INSTANCE_PROFILE)") from None
+                if time.monotonic() > deadline:   # past the agent's registration grace: permanent
+                    raise vm.ChannelError("AWS", exc.code, "SendCommand", instance_id,
+                                          "the host needs a running SSM agent and an instance profile with "
+                                          f"{SSM_POLICY} (NGCX_AWS_INSTANCE_PROFILE)") from None
                 time.sleep(pause)
                 pause = min(5.0, pause * 1.5)
 
@@ -436,3 +440,18 @@ def cloud_for(region: str) -> Ec2:
     from ...clouds.aws import Api
 
     return Ec2(Api(region))
+
+
+@contextlib.contextmanager
+def _channel(action: str, instance_id: str) -> Iterator[None]:
+    """SSM's permanent refusals (a denied permission) become vm.ChannelError: asking again cannot help, and a
+    readiness wait must end at once with AWS's code (issue 47 item 6). Transient ones were retried by the Api."""
+    from ...clouds.aws import DENIED_CODES, AwsError
+
+    try:
+        yield
+    except AwsError as exc:
+        if exc.code not in DENIED_CODES:
+            raise
+        raise vm.ChannelError("AWS", exc.code, action, instance_id,
+                              f"grant the caller ssm:SendCommand and ssm:GetCommandInvocation ({exc.line()})") from None
