@@ -6,7 +6,9 @@ schemas of the three newest Kubernetes minors that kubernetes-validate ships, in
 fails, as `kubectl apply --validate=strict` refuses it), and the InferenceService against KServe's CRD schema
 (tests/deploy/data/, pruned to what the manifests use), with unknown fields rejected wherever the CRD does.
 The rest is what a user would notice: the key is in no file, the Secret holds its hash, the probes, the GPU limit,
-the node selection, and the one-line mistakes.
+the node selection, and the one-line mistakes. The image is a real signed push in the loopback registry
+(kubernetes_signed.py): the deploy's trust gate verifies it before a manifest is written. The admission policy
+written beside the manifests has its own tests (test_kubernetes_policy.py).
 """
 
 from __future__ import annotations
@@ -20,14 +22,14 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes_signed import SignedPush, loopback_registry, signed_push
 
 from ngcx.deploy import keys, offers
 from ngcx.deploy.common import DeployConfig
 from ngcx.deploy.kubernetes import manifests as kubernetes
 
 DATA = Path(__file__).parent / "data"
-DIGEST = "sha256:" + "5" * 64
-REPO = "registry.example.com/team/resnet"
+PUSHED: list[tuple[str, str]] = []   # (REGISTRY/REPO, digest) of the session's signed push (fixture `signed`)
 LABELS = {"ai.ngcx.compute-capabilities": "6.0+PTX", "ai.ngcx.min-driver": "535", "ai.ngcx.project.name": "resnet"}
 CMD = ["ngcx-runtime", "serve", "/opt/ngcx/model/resnet.onnx", "--host", "0.0.0.0", "--name", "resnet"]
 
@@ -42,16 +44,24 @@ def _minors() -> list[str]:
 MINORS = _minors()
 
 
+@pytest.fixture(scope="session")
+def signed(tmp_path_factory) -> SignedPush:
+    push = signed_push(loopback_registry(), tmp_path_factory.mktemp("signer"))
+    PUSHED[:] = [(push.repository, push.digest)]
+    return push
+
+
 @pytest.fixture(autouse=True)
-def state(monkeypatch, tmp_path) -> Path:
+def state(monkeypatch, tmp_path, signed) -> Path:
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("NGCX_STATE_DIR", str(tmp_path / "state"))
+    signed.share_key(tmp_path / "state")     # this machine's key: the one the push was signed with
     return tmp_path / "state"
 
 
-def _config(gpu: str | None = None, auth: bool = True) -> DeployConfig:
+def _config(gpu: str | None = None, auth: bool = True, **trust: Any) -> DeployConfig:
     return DeployConfig(cloud="kubernetes", image="resnet:latest", pull_ref=None, registry=None, labels=dict(LABELS),
-                        model="resnet", cmd=list(CMD), gpu=gpu, auth=auth, pushes=[(REPO, DIGEST)])
+                        model="resnet", cmd=list(CMD), gpu=gpu, auth=auth, pushes=list(PUSHED), **trust)
 
 
 def _write(out: Path, gpu: str | None = None, provider: str | None = None, auth: bool = True,
@@ -80,10 +90,11 @@ def test_every_gpu_kind_of_both_offers_tables_has_node_label_values():
 
 
 @pytest.fixture(scope="module")
-def every_manifest(tmp_path_factory) -> dict[str, dict[str, Any]]:
+def every_manifest(tmp_path_factory, signed) -> dict[str, dict[str, Any]]:
     """Every distinct manifest of the matrix: provider x GPU kind x (--kserve) x (--replicas 2 | --min 1 --max 4),
     and --kserve --min 0 --max 4 (Serverless)."""
     state = tmp_path_factory.mktemp("state")
+    signed.share_key(state)
     old = os.environ.get("NGCX_STATE_DIR")
     os.environ["NGCX_STATE_DIR"] = str(state)
     try:
@@ -95,6 +106,8 @@ def every_manifest(tmp_path_factory) -> dict[str, dict[str, Any]]:
                     out = tmp_path_factory.mktemp("out") / "k8s"
                     _, docs = _write(out, gpu, provider, kserve=kserve, **scale)
                     for rel, doc in docs.items():
+                        if rel.startswith("policy/"):     # not Kubernetes' own kinds: test_kubernetes_policy.py
+                            continue
                         unique.setdefault(json.dumps(doc, sort_keys=True), dict(doc, _file=rel))
     finally:
         if old is None:
@@ -205,11 +218,11 @@ def test_no_auth_writes_no_secret(tmp_path):
     assert "NGCX_RUNTIME_AUTH_KEYS" not in env
 
 
-def test_the_pod_runs_the_pushed_digest_with_the_deploys_command_probes_gpu_and_cache(tmp_path):
+def test_the_pod_runs_the_pushed_digest_with_the_deploys_command_probes_gpu_and_cache(tmp_path, signed):
     _, docs = _write(tmp_path / "k8s", "L4")
     pod = docs["01-deployment.yaml"]["spec"]["template"]["spec"]
     container = pod["containers"][0]
-    assert container["image"] == f"{REPO}@{DIGEST}" and container["args"] == CMD
+    assert container["image"] == f"{signed.repository}@{signed.digest}" and container["args"] == CMD
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
@@ -249,7 +262,8 @@ def test_node_selection_per_provider(tmp_path):
 
 def test_scaling_manifests(tmp_path):
     _, fixed = _write(tmp_path / "one", "T4", "eks")
-    assert set(fixed) == {"00-secret.yaml", "01-deployment.yaml", "02-service.yaml"}
+    assert set(fixed) == {"00-secret.yaml", "01-deployment.yaml", "02-service.yaml",
+                          "policy/kyverno-clusterpolicy.yaml"}
     assert fixed["01-deployment.yaml"]["spec"]["replicas"] == 1 and fixed["02-service.yaml"]["spec"]["type"] == \
         "ClusterIP"
     _, two = _write(tmp_path / "two", "T4", "eks", replicas=2)
@@ -313,7 +327,7 @@ def _ngcx(monkeypatch, capsys, *args: str, pushes: list | None = None) -> tuple[
 
     monkeypatch.setattr(image, "resolve", lambda *a: ("resnet:latest", dict(LABELS)))
     if pushes is None:
-        monkeypatch.setattr(image, "pushes", lambda *a: [(REPO, DIGEST)])
+        monkeypatch.setattr(image, "pushes", lambda *a, **k: list(PUSHED))
     monkeypatch.setattr(sys, "argv", ["ngcx", *args])
     with pytest.raises(SystemExit) as exit_:
         ngcx.main.main(list(args))

@@ -32,6 +32,8 @@ Decisions (the README's "Kubernetes" section is the short version):
   was ready in 21 s, took the key and refused a keyless call (on a CPU: no GPU was there to try the device nodes).
 - HTTP inside the cluster: TLS ends at the user's Ingress or Gateway (in-cluster Services are plain HTTP); the
   probes are httpGet on the keyless health routes.
+- Admission: policy.py writes a Kyverno (default) or policy-controller policy under DIR/policy/ with the public key
+  that verifies the push's signature; it says why Kyverno and why a folder apart.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from typing import Any
 
 from ...core.errors import UserError
 from ..common import SERVE_PORT, DeployConfig
+from . import policy as admission_policy
 
 PROVIDERS = ("ack", "eks")
 NODES_FILE = Path(__file__).resolve().parent / "nodes.yaml"
@@ -69,6 +72,7 @@ class Options:
     min_replicas: int | None = None
     max_replicas: int | None = None
     kserve: bool = False
+    policy: str = admission_policy.DEFAULT_POLICY   # kyverno | sigstore | none (policy.py says why kyverno)
 
 
 @dataclass(frozen=True)
@@ -81,15 +85,22 @@ class Written:
     provider: str
     gpus: tuple[str, ...]
     kserve: bool = False
+    admission: admission_policy.Admission | None = None
+    no_policy_because: str = ""
 
     def as_json(self) -> dict[str, Any]:
-        """`--json`: no key in it (a pipe or a CI log keeps what it is given)."""
+        """`--json`: no endpoint key in it (a pipe or a CI log keeps what it is given); the signing key's public
+        fingerprint is no secret."""
+        policy = self.admission
         return {"output": str(self.out), "files": list(self.files), "name": self.name, "key_name": self.key_name,
-                "node_labels": self.provider, "gpus": list(self.gpus)}
+                "node_labels": self.provider, "gpus": list(self.gpus),
+                "admission_policy": None if policy is None else {"controller": policy.kind, "name": policy.name,
+                                                                 "file": policy.file, "key": policy.fingerprint}}
 
 
 def options_from_flags(dry_run: bool, out: Path | None, replicas: int | None, service: str | None,
-                       scale: tuple[int | None, int | None], provider: str | None, kserve: bool) -> Options:
+                       scale: tuple[int | None, int | None], provider: str | None, kserve: bool,
+                       policy: str = admission_policy.DEFAULT_POLICY) -> Options:
     """`deploy --cloud kubernetes`'s flags as Options, or the one line that says what is wrong."""
     if not dry_run:   # ngcx never talks to a cluster: applying is kubectl's (or the user's GitOps') job
         raise UserError("--cloud kubernetes only writes manifests",
@@ -100,7 +111,7 @@ def options_from_flags(dry_run: bool, out: Path | None, replicas: int | None, se
         raise UserError("--service rolls an ngcx service; on Kubernetes the Deployment rolls itself",
                         hint="write the manifests again for the new image and kubectl apply them")
     options = Options(out=out, provider=provider, replicas=replicas, min_replicas=scale[0], max_replicas=scale[1],
-                      kserve=kserve)
+                      kserve=kserve, policy=policy)
     check_options(options)
     return options
 
@@ -115,6 +126,7 @@ def summary(done: Written, show_key: bool) -> list[str]:
         lines.append(f"the endpoint key is ngcx's {done.key_name} (`ngcx deployments key {done.key_name}` prints it; "
                      f"delete keys/{done.key_name}.key in ngcx's state folder and write the manifests again for a new "
                      "key); the manifests hold only its SHA-256")
+    lines.append(admission_policy.summary(done.admission, str(done.out), done.no_policy_because))
     lines.append(f"apply: kubectl apply -f {done.out}")
     if done.kserve:
         lines.append(f"or with KServe: kubectl apply -f {done.out}/00-secret.yaml -f {done.out}/kserve")
@@ -139,6 +151,7 @@ def service_name(config: DeployConfig) -> str:
 
 def check_options(options: Options) -> None:
     """Bad combinations are one line before anything is read or written."""
+    admission_policy.check_choice(options.policy)
     if options.provider is not None and options.provider not in PROVIDERS:
         raise UserError(f"unknown --node-labels {options.provider!r}", hint=f"use one of: {', '.join(PROVIDERS)}")
     low, high = options.min_replicas, options.max_replicas
@@ -283,13 +296,16 @@ def write(config: DeployConfig, options: Options) -> Written:
     provider = provider_for(config.gpu, options.provider)
     kinds, terms = placement(config, provider)
     image_ref = pull_ref(config)
+    admission = admission_policy.decide(config, options.policy, image_ref)   # before the endpoint key is made
     name = service_name(config)
     key_name, digest, key = endpoint_key(name, config.auth)
     out = options.out.resolve()
     tmp: Path | None = None
     try:
-        files = render(values(config, options, name, provider, kinds, terms, image_ref, key_name, digest),
-                       options.kserve)
+        data = values(config, options, name, provider, kinds, terms, image_ref, key_name, digest)
+        files = render(data, options.kserve)
+        if admission is not None:
+            files.update(admission_policy.render(admission, data["labels"], _env()))
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         for rel, text in files.items():
@@ -308,4 +324,5 @@ def write(config: DeployConfig, options: Options) -> Written:
             keys.forget(key_name or "")
         raise
     return Written(out=out, files=tuple(files), name=name, key_name=key_name, key=key, provider=provider,
-                   gpus=tuple(kinds), kserve=options.kserve)
+                   gpus=tuple(kinds), kserve=options.kserve, admission=admission,
+                   no_policy_because="--policy none" if options.policy == "none" else "--allow-unsigned")
