@@ -106,6 +106,11 @@ def test_the_policy_is_valid_against_its_projects_crd(tmp_path, signed, validato
     assert (doc["kind"], doc["apiVersion"]) == (kind, api)
     assert not _errors(validators[controller], doc)
     assert done.admission is not None and doc["metadata"]["name"] == done.admission.name
+    assert len(doc["metadata"]["name"]) <= 63          # Kyverno's webhook: api/kyverno/v1/utils.go ValidatePolicyName
+    if controller == "kyverno":     # its webhook refuses mutateDigest under Audit (pkg/validation/policy/validate.go)
+        rule = doc["spec"]["rules"][0]["verifyImages"][0]
+        assert rule["mutateDigest"] and rule["verifyDigest"] and rule["required"]
+        assert rule["failureAction"] == "Enforce"
 
 
 @pytest.mark.parametrize("controller, edit", [
@@ -265,21 +270,37 @@ def test_a_missing_signing_key_writes_nothing(tmp_path, signed, state):
         policy.decide(_config(signed), "kyverno", f"{signed.repository}@{signed.digest}")
 
 
-def test_cli_a_missing_signing_key_is_one_line_exit_2(monkeypatch, capsys, tmp_path, signed, state):
+def _ngcx(monkeypatch, capsys, signed: SignedPush, out: Path) -> tuple[int, str, str]:
+    """`ngcx deploy resnet --cloud kubernetes --dry-run -o OUT` in this process, the image's labels and pushes from
+    the test instead of Docker and the state."""
     import ngcx.deploy.image as image
     import ngcx.main
 
-    for name in ("cosign.key", "cosign.pub"):
-        (state / "signing" / name).unlink()
     monkeypatch.setattr(image, "resolve", lambda *a: ("resnet:latest", dict(LABELS)))
     monkeypatch.setattr(image, "pushes", lambda *a, **k: [(signed.repository, signed.digest)])
-    args = ["deploy", "resnet", "--cloud", "kubernetes", "--dry-run", "-o", str(tmp_path / "k8s"), "--gpu", "A10",
-            "--", *CMD]
+    args = ["deploy", "resnet", "--cloud", "kubernetes", "--dry-run", "-o", str(out), "--gpu", "A10", "--", *CMD]
     monkeypatch.setattr(sys, "argv", ["ngcx", *args])
     with pytest.raises(SystemExit) as exit_:
         ngcx.main.main(args)
-    _, err = capsys.readouterr()
-    assert exit_.value.code == 2 and "no signing key" in err and len(err.strip().splitlines()) == 1, err
+    stdout, stderr = capsys.readouterr()
+    return exit_.value.code or 0, stdout, stderr
+
+
+def test_cli_writes_the_policy_and_says_who_applies_it(monkeypatch, capsys, tmp_path, signed):
+    code, stdout, stderr = _ngcx(monkeypatch, capsys, signed, tmp_path / "k8s")
+    assert code == 0, stderr
+    out = tmp_path / "k8s"
+    assert stdout.strip() == str(out) and (out / "policy" / "kyverno-clusterpolicy.yaml").is_file()
+    line = next(line for line in stderr.splitlines() if "admission policy" in line)
+    assert "Kyverno ClusterPolicy" in line and signed.repository in line
+    assert f"kubectl apply -f {out}/policy" in line
+
+
+def test_cli_a_missing_signing_key_is_one_line_exit_2(monkeypatch, capsys, tmp_path, signed, state):
+    for name in ("cosign.key", "cosign.pub"):
+        (state / "signing" / name).unlink()
+    code, _, err = _ngcx(monkeypatch, capsys, signed, tmp_path / "k8s")
+    assert code == 2 and "no signing key" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "k8s").exists() and not list(tmp_path.glob(".k8s*"))
 
 

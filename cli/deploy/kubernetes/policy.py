@@ -47,7 +47,7 @@ FILES = {"kyverno": "kyverno-clusterpolicy.yaml", "sigstore": "sigstore-clusteri
 KINDS = {"kyverno": "Kyverno ClusterPolicy", "sigstore": "policy-controller ClusterImagePolicy"}
 KEY_HINT = ("push the image first (ngcx push signs it with ngcx's key, made on first use), pass the signer's "
             "--verify-key, or add --policy none")
-NAME_MAX = 63       # a label value: Kyverno puts the policy's name in labels of its reports
+NAME_MAX = 63       # Kyverno refuses a longer policy name (api/kyverno/v1/utils.go ValidatePolicyName)
 
 
 @dataclass(frozen=True)
