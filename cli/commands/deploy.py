@@ -106,6 +106,9 @@ def deploy_cmd(
                               "one whose offers table has --gpu).")] = None,
     kserve: Annotated[bool, typer.Option("--kserve", help="--cloud kubernetes: also a KServe InferenceService.")]
     = False,
+    policy: Annotated[str | None, typer.Option(
+        "--policy", help="--cloud kubernetes: the admission policy that verifies the image's signature in the "
+                         "cluster: kyverno (default), sigstore (policy-controller) or none.")] = None,
     project_file: ProjectFileOpt = None,
     variant: VariantOpt = None,
     catalog_file: CatalogOpt = None,
@@ -118,7 +121,7 @@ def deploy_cmd(
 
     check_flags(cloud.value, replicas, service)
     k8s = _kubernetes_options(cloud, dry_run, output, replicas, service, (min_replicas, max_replicas), node_labels,
-                              kserve)
+                              kserve, policy)
     ref, cmd = _split_command(ref, list(ctx.args))
     image, labels = resolve(ref, project_file, variant, catalog_file)
     if not cmd and "ai.ngcx.project.name" not in labels and labels.get("ai.ngcx.image"):
@@ -173,7 +176,8 @@ def deploy_cmd(
 
 
 def _kubernetes_options(cloud: Cloud, dry_run: bool, output: Path | None, replicas: int | None, service: str | None,
-                        scale: tuple[int | None, int | None], node_labels: str | None, kserve: bool) -> Any:
+                        scale: tuple[int | None, int | None], node_labels: str | None, kserve: bool,
+                        policy: str | None = None) -> Any:
     """--cloud kubernetes's flags, checked before anything is read (None for the other clouds)."""
     if cloud != Cloud.kubernetes:
         if scale != (None, None) and (replicas is not None or service is not None):
@@ -181,12 +185,14 @@ def _kubernetes_options(cloud: Cloud, dry_run: bool, output: Path | None, replic
                                                                              "service; --replicas N a fixed one")
         if scale != (None, None) and None in scale:
             raise UserError("--min and --max go together", hint="e.g. --min 1 --max 4")
-        if output is not None or node_labels is not None or kserve:
-            raise UserError("-o, --node-labels and --kserve are for --cloud kubernetes")
+        if output is not None or node_labels is not None or kserve or policy is not None:
+            raise UserError("-o, --node-labels, --kserve and --policy are for --cloud kubernetes",
+                            hint="every other target verifies the image itself before it starts")
         return None
     from ..deploy.kubernetes.manifests import options_from_flags
+    from ..deploy.kubernetes.policy import DEFAULT_POLICY
 
-    return options_from_flags(dry_run, output, replicas, service, scale, node_labels, kserve)
+    return options_from_flags(dry_run, output, replicas, service, scale, node_labels, kserve, policy or DEFAULT_POLICY)
 
 
 def _kubernetes(config: Any, options: Any, as_json: bool) -> None:

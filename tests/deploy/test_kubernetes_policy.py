@@ -270,7 +270,7 @@ def test_a_missing_signing_key_writes_nothing(tmp_path, signed, state):
         policy.decide(_config(signed), "kyverno", f"{signed.repository}@{signed.digest}")
 
 
-def _ngcx(monkeypatch, capsys, signed: SignedPush, out: Path) -> tuple[int, str, str]:
+def _ngcx(monkeypatch, capsys, signed: SignedPush, out: Path, *flags: str) -> tuple[int, str, str]:
     """`ngcx deploy resnet --cloud kubernetes --dry-run -o OUT` in this process, the image's labels and pushes from
     the test instead of Docker and the state."""
     import ngcx.deploy.image as image
@@ -278,7 +278,8 @@ def _ngcx(monkeypatch, capsys, signed: SignedPush, out: Path) -> tuple[int, str,
 
     monkeypatch.setattr(image, "resolve", lambda *a: ("resnet:latest", dict(LABELS)))
     monkeypatch.setattr(image, "pushes", lambda *a, **k: [(signed.repository, signed.digest)])
-    args = ["deploy", "resnet", "--cloud", "kubernetes", "--dry-run", "-o", str(out), "--gpu", "A10", "--", *CMD]
+    args = ["deploy", "resnet", "--cloud", "kubernetes", "--dry-run", "-o", str(out), "--gpu", "A10", *flags, "--",
+            *CMD]
     monkeypatch.setattr(sys, "argv", ["ngcx", *args])
     with pytest.raises(SystemExit) as exit_:
         ngcx.main.main(args)
@@ -294,6 +295,16 @@ def test_cli_writes_the_policy_and_says_who_applies_it(monkeypatch, capsys, tmp_
     line = next(line for line in stderr.splitlines() if "admission policy" in line)
     assert "Kyverno ClusterPolicy" in line and signed.repository in line
     assert f"kubectl apply -f {out}/policy" in line
+
+
+def test_cli_policy_flag_picks_the_controller_or_none(monkeypatch, capsys, tmp_path, signed):
+    code, _, stderr = _ngcx(monkeypatch, capsys, signed, tmp_path / "k8s", "--policy", "sigstore")
+    assert code == 0, stderr
+    assert [p.name for p in (tmp_path / "k8s" / "policy").iterdir()] == ["sigstore-clusterimagepolicy.yaml"]
+    code, _, stderr = _ngcx(monkeypatch, capsys, signed, tmp_path / "none", "--policy", "none")
+    assert code == 0 and not (tmp_path / "none" / "policy").exists(), stderr
+    code, _, stderr = _ngcx(monkeypatch, capsys, signed, tmp_path / "bad", "--policy", "opa")
+    assert code == 2 and "unknown --policy 'opa'" in stderr and len(stderr.strip().splitlines()) == 1
 
 
 def test_cli_a_missing_signing_key_is_one_line_exit_2(monkeypatch, capsys, tmp_path, signed, state):
