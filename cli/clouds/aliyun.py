@@ -127,8 +127,10 @@ class Api:
             raise UserError("the Alibaba Cloud SDK (aliyun-python-sdk-core) is not installed",
                             hint=EXTRA_HINT) from None
         port = self.override[1] if self.override else 443
-        return AcsClient(self.creds.access_key_id, self.creds.access_key_secret, self.region, auto_retry=False,
-                         max_retry_time=0, port=port, connect_timeout=5, timeout=30)
+        client = AcsClient(self.creds.access_key_id, self.creds.access_key_secret, self.region, auto_retry=False,
+                           max_retry_time=0, port=port, connect_timeout=5, timeout=30)
+        client.append_user_agent("ngcx", "cli")   # names the caller in the cloud's logs (and the emulators' record)
+        return client
 
     def ecs(self, action: str, params: dict[str, Any] | None = None, *, token: str | None = None,
             write: bool = False) -> dict[str, Any]:
@@ -250,6 +252,8 @@ def checked(product: str, version: str, action: str, params: dict[str, Any]) -> 
     misspelled parameter fails fast, in tests and for users, instead of being ignored by the cloud."""
     from .aliyun_models import check
 
+    if os.environ.get("NGCX_ALIYUN_MODEL_CHECK") == "off":    # the models lag a new API parameter: see the notes
+        return
     problem = check(product, version, action, {k: v for k, v in params.items() if v is not None})
     if problem is not None:
         raise AliyunError(problem.code, problem.status, f"ngcx built a request Alibaba Cloud refuses: {product} "

@@ -59,9 +59,9 @@ class ChannelError(UserError):
     once with the cloud's own code: asking again cannot help, and a readiness wait that swallowed it ran out
     its whole --ready-timeout (143 RunCommands in 5 minutes) and then blamed the image size."""
 
-    def __init__(self, cloud: str, code: str, action: str, instance_id: str, hint: str) -> None:
+    def __init__(self, cloud: str, code: str, action: str, instance_id: str, hint: str, what: str = "") -> None:
         self.code = code
-        super().__init__(f"{cloud} refused {action} on {instance_id} for good: {code}", hint=hint)
+        super().__init__(what or f"{cloud} refused {action} on {instance_id} for good: {code}", hint=hint)
 
 
 class Cloud(Protocol):

@@ -315,13 +315,15 @@ def model_problem(product: str, version: str, action: str, params: Mapping[str, 
     return None if problem is None else ApiError(problem.status, problem.code, problem.message)
 
 
-def record_request(product: str, params: Mapping[str, str]) -> None:
-    """Append the request (no Signature, SecurityToken redacted) as one JSON line to $NGCX_ALIYUN_REQUEST_LOG."""
+def record_request(product: str, params: Mapping[str, str], agent: str = "") -> None:
+    """Append the request (no Signature, SecurityToken redacted) as one JSON line to $NGCX_ALIYUN_REQUEST_LOG;
+    `sender` is "ngcx" for ngcx's own requests (the CLI's SDK client and the host's role login name
+    themselves in their User-Agent), else "test" (a test's hand-made request, possibly wrong on purpose)."""
     path = os.environ.get(REQUEST_LOG_ENV)
     if not path:
         return
     line = json.dumps({"product": product, "version": params.get("Version", ""), "action": params.get("Action", ""),
-                       "params": _recordable(params)})
+                       "sender": "ngcx" if "ngcx" in agent else "test", "params": _recordable(params)})
     with _LOG_LOCK, open(path, "a", encoding="utf-8") as handle:
         handle.write(line + "\n")
 
@@ -339,7 +341,7 @@ class Reply:
     request_id: str
 
 
-Handler = Callable[[str, dict[str, str]], Reply]
+Handler = Callable[[str, dict[str, str], str], Reply]     # (method, params, User-Agent) -> reply
 
 
 def parse_request(query: str, body: bytes, content_type: str) -> dict[str, str]:
@@ -361,7 +363,7 @@ class _RpcHandler(BaseHTTPRequestHandler):
             reply = self.server.not_found()
         else:
             params = parse_request(url.query, body, self.headers.get("Content-Type", ""))
-            reply = self.server.handler(self.command, params)
+            reply = self.server.handler(self.command, params, self.headers.get("User-Agent", ""))
         try:
             self.send_response(reply.status)
             self.send_header("Content-Type", reply.content_type)
@@ -475,6 +477,12 @@ class RpcService:
         with self._lock:
             self._faults.setdefault(action, []).append(Fault(code, http_status, times, after_effect))
 
+    def refuse(self, action: str, code: str | None, http_status: int = 403) -> None:
+        """Every call of `action` answers this error from now on (a permanent refusal: a RAM user without the
+        permission, an endpoint without the API); code None lifts it (issue 47 item 6)."""
+        with self._lock:
+            self._faults[action] = [] if code is None else [Fault(code, http_status, 1 << 62, False)]
+
     def hold(self, action: str, event: threading.Event) -> None:
         """After carrying out `action`, answer only once `event` is set (a client can die meanwhile)."""
         with self._lock:
@@ -495,7 +503,7 @@ class RpcService:
         body, content_type = render(error_payload(error, request_id, host, product), fmt, "Error")
         return Reply(error.http_status, body, content_type, request_id)
 
-    def _handle(self, method: str, params: dict[str, str]) -> Reply:
+    def _handle(self, method: str, params: dict[str, str], agent: str = "") -> Reply:
         request_id = new_request_id()
         action, version = params.get("Action", ""), params.get("Version", "")
         fmt = params.get("Format") or "XML"
@@ -505,7 +513,7 @@ class RpcService:
             verify(method, params, self.access_keys, self._nonces, self._lock, temporary_keys=self.temporary_keys)
             product = (self.products.get(version) or ("", ""))[0].lower()
             if product:
-                record_request(product, params)
+                record_request(product, params, agent)
                 refused = model_problem(product, version, action, params)
                 if refused is not None:
                     raise refused

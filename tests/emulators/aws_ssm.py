@@ -59,6 +59,14 @@ class SsmRunCommand(Ec2Machines):
         super().__init__(*args, **kwargs)
         self._invocations: dict[tuple[str, str], Invocation] = {}
 
+    def refuse(self, action: str, code: str | None, http_status: int = 400) -> None:
+        """Every call of `action` (SendCommand, GetCommandInvocation) answers this error from now on: a permanent
+        refusal such as AccessDeniedException; code None lifts it (issue 47 item 6)."""
+        with self._lock:
+            self._faults[action] = []     # Ec2Emulator's fault queue (aws_ec2.py), which this class is a part of
+        if code is not None:
+            self.fail_next(action, code, http_status, times=1 << 62)  # type: ignore[attr-defined]
+
     def commands_sent(self, instance_id: str) -> list[str]:
         """The scripts of the Run Commands this instance has been sent, in order (each a round trip of a deploy)."""
         with self._lock:

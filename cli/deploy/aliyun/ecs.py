@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,7 +181,7 @@ class Ecs:
         answer = self._assistant("RunCommand", instance_id, {
             "Type": "RunShellScript", "InstanceId.1": instance_id,
             "CommandContent": base64.b64encode(script.encode()).decode(), "ContentEncoding": "Base64",
-            "Timeout": int(timeout)}, write=True)
+            "Timeout": int(timeout)}, token=uuid.uuid4().hex)      # a token: a retry after a 5xx never runs it twice
         started = time.monotonic()
         deadline = started + timeout + 30
         while time.monotonic() < deadline:
@@ -193,13 +194,14 @@ class Ecs:
             time.sleep(vm.poll_pause(started))
         raise UserError(f"Cloud Assistant command on {instance_id} did not finish in {timeout:.0f} s")
 
-    def _assistant(self, action: str, instance_id: str, params: dict[str, Any], write: bool = False) -> dict[str, Any]:
+    def _assistant(self, action: str, instance_id: str, params: dict[str, Any], token: str | None = None
+                   ) -> dict[str, Any]:
         """A Cloud Assistant call; the codes asking again cannot cure become vm.ChannelError (the Api already
         retried the transient ones: Throttling, 5xx)."""
         from ...clouds.aliyun import AliyunError
 
         try:
-            return self.api.ecs(action, params, write=write)
+            return self.api.ecs(action, params, token=token, write=token is not None)
         except AliyunError as exc:
             hint = _channel_hint(exc.code)
             if hint is None:

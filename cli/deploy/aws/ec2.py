@@ -313,7 +313,9 @@ class Ec2:
                 if time.monotonic() > deadline:   # past the agent's registration grace: permanent
                     raise vm.ChannelError("AWS", exc.code, "SendCommand", instance_id,
                                           "the host needs a running SSM agent and an instance profile with "
-                                          f"{SSM_POLICY} (NGCX_AWS_INSTANCE_PROFILE)") from None
+                                          f"{SSM_POLICY} (NGCX_AWS_INSTANCE_PROFILE)",
+                                          f"SSM Run Command cannot reach {instance_id}: {exc.code}: {exc.message}"
+                                          ) from None
                 time.sleep(pause)
                 pause = min(5.0, pause * 1.5)
 
