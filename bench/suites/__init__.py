@@ -7,7 +7,9 @@ A suite is a function run(result: SuiteResult, work: Path, out: Path) that fills
 emulated AWS under a load step; `signals` (issue 22) which scaling signal (requests per target, or the runtime's
 in-flight / queue time as a custom metric) breaches its cloud alarm first after a load step on the real runtime;
 `dashboard` (issue 23) the overview's first paint, bytes and update latency with 200 deployments and 500 images;
-`sbom` (issue 48) `ngcx sbom` on the catalog images built here against the bare dpkg-query + pip list.
+`sbom` (issue 48) `ngcx sbom` on the catalog images built here against the bare dpkg-query + pip list;
+`trust` (issue 48) sign + attest against the push, verify at deploy, and the build with hash-checked wheels
+against the commit before them.
 The other modules here are helpers of the suite they are named after: peers.py (the hpccm recipes
 of cli and build), project_figures.py, push_figures.py / push_compress.py / push_registry.py /
 push_pull.py, and deploy_phases.py (the deploy measurement, also runnable alone).
@@ -29,6 +31,7 @@ from . import (
     serve_peers,
     service,
     signals,
+    trust,
 )
 
 SUITES = {
@@ -45,4 +48,5 @@ SUITES = {
     "dashboard": dashboard.run,
     "serve-peers": serve_peers.run,
     "sbom": sbom.run,
+    "trust": trust.run,
 }
