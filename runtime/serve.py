@@ -132,6 +132,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="batch sizes to optimize MODEL for (the largest is the max batch); implies optimizing")
     p.add_argument("--calibration-data", default=None, metavar="FILE.npz",
                    help="int8 calibration inputs, one array per model input keyed by its name")
+    p.add_argument("--model-key", default=None, metavar="PEM",
+                   help="verify MODEL's OpenSSF Model Signing signature (MODEL.sig) with this public key before "
+                        "loading; the signature must then be there (default: MODEL.pub, when MODEL.sig exists)")
 
 
 def _env_int(name: str) -> int | None:
@@ -223,6 +226,7 @@ def _check_args(args: argparse.Namespace) -> list[int] | None:
         raise ServeError("nothing to serve: give a MODEL (or PLAN_DIR), a --handler module:Class, or both")
     if args.model is not None and not Path(args.model).exists():
         raise RuntimeUserError(f"{args.model}: no such model or plan directory")
+    _check_signature(args)
     if args.handler is not None:
         from .handler import parse_spec
 
@@ -248,6 +252,21 @@ def _check_args(args: argparse.Namespace) -> list[int] | None:
     except RuntimeUserError:
         raise ServeError(f"--batch-profile {args.batch_profile!r}: give positive batch sizes separated by "
                          "commas, e.g. 1,8,32") from None
+
+
+def _check_signature(args: argparse.Namespace) -> None:
+    """A signed model (MODEL.sig, or --model-key given) is verified before the server listens: a byte changed
+    after `ngcx build` signed it is one line and exit 2, nothing started (issue 48; modelsig.py)."""
+    from .modelsig import check_model
+
+    if args.model is None:
+        if args.model_key is not None:
+            raise ServeError("--model-key verifies a MODEL's signature; give the MODEL too")
+        return
+    done = check_model(Path(args.model), Path(args.model_key) if args.model_key is not None else None)
+    if done is not None:
+        print(f"model: signature verified ({len(done.files)} file(s), OpenSSF Model Signing, key sha256 "
+              f"{done.key_sha256[:16]}…)", flush=True)
 
 
 def _parse_gpus(text: str | None) -> list[int] | None:
@@ -279,7 +298,8 @@ def _check_repository_args(args: argparse.Namespace) -> None:
     root = Path(args.model)
     per_model = [flag for flag, value in (("--handler", args.handler), ("--name", args.name),
                                           ("--precision", args.precision), ("--batch-profile", args.batch_profile),
-                                          ("--calibration-data", args.calibration_data)) if value is not None]
+                                          ("--calibration-data", args.calibration_data),
+                                          ("--model-key", args.model_key)) if value is not None]
     if per_model:
         raise ServeError(f"{', '.join(per_model)} apply to one model; {root} is a model repository (it has no "
                          "manifest.json): put batching settings in DIR/<model>/config.json, or serve one model")

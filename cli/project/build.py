@@ -110,7 +110,7 @@ def build_project(project: Project, opts: BuildOptions, catalog: Catalog | None 
     from ..build import image as cb
     from ..core.engine import docker_cli, engine_client
     from ..state import db as state
-    from . import render
+    from . import modelsign, render
 
     cb._check_url(opts.pip_index_url, "--pip-index-url")
     for url in opts.pip_extra_index_urls:
@@ -135,6 +135,7 @@ def build_project(project: Project, opts: BuildOptions, catalog: Catalog | None 
         lock.check_lock(project, base)
     code = code_files(project)
     msha = model_sha(project.model, previous) if project.model is not None else None
+    signed = modelsign.sign_model(project, folder, msha)
     inputs = layer_inputs(project, base, reqs, msha, {k: sha256_file(v) for k, v in code.items()})
     first, why = changed_layer(previous.get("layers"), inputs, locked)
     ctx = folder / "context"
@@ -147,6 +148,7 @@ def build_project(project: Project, opts: BuildOptions, catalog: Catalog | None 
     lock_sha = hashlib.sha256(reqs.encode()).hexdigest()
     plan = render.make_plan(project, base_tag=base.tag, base_id=base.id, has_requirements=bool(reqs),
                             locked=locked, code_files=list(code), lock_sha=lock_sha, model_sha=msha)
+    plan = modelsign.annotate(plan, signed)
     dockerfile = render.render(plan)
     present = present_layers(project, bool(reqs), bool(code))
     line = report_line(first, why, present)
@@ -154,7 +156,7 @@ def build_project(project: Project, opts: BuildOptions, catalog: Catalog | None 
           + (", wheels from ngcx.lock" if locked else ""))
     print(line)
     try:
-        sync_context(ctx, context_files(project, reqs, code, dockerfile),
+        sync_context(ctx, {**context_files(project, reqs, code, dockerfile), **modelsign.context_files(signed)},
                      link={f"model/{project.model.name}"} if project.model is not None else set())
         parser = _docker_build(cli, project, base, ctx, opts, ca, dockerfile)
     except BaseException:

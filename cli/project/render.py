@@ -49,6 +49,7 @@ class Plan:
     labels: tuple[tuple[str, str], ...]
     ports: tuple[int, ...]
     command: tuple[str, ...]
+    model_signature: bool = False       # MODEL.sig + MODEL.pub beside the model (modelsign.annotate sets it)
     app_dir: str = APP_DIR
     model_dir: str = MODEL_DIR
     cache_dir: str = CACHE_DIR
