@@ -60,13 +60,21 @@ def region_of(registry_host: str) -> str | None:
 
 
 def temporary_login(region: str) -> Credentials:
-    """A 1-hour registry login from GetAuthorizationToken (cr 2018-12-01), through the SDK."""
+    """A 1-hour registry login from GetAuthorizationToken, through the SDK: an Enterprise Edition instance's
+    from cr 2018-12-01 (RPC, InstanceId required), the Personal Edition's (no instance, the default) from
+    cr 2016-06-07 (ROA `GET /tokens`, answer `data.{tempUserName, authorizationToken}`). Before issue 47 the
+    Personal Edition case called 2018-12-01 without its required InstanceId (cli/clouds/ALIYUN_API_NOTES.md)."""
     from ..clouds.aliyun import Api
 
-    params = {"InstanceId": instance_id()} if instance_id() else {}
-    answer = Api(region).cr("GetAuthorizationToken", params)
-    user, token = answer.get("TempUsername"), answer.get("AuthorizationToken")
-    if not answer.get("IsSuccess", True) or not user or not token:
+    if instance_id():
+        answer = Api(region).cr("GetAuthorizationToken", {"InstanceId": instance_id()})
+        user, token = answer.get("TempUsername"), answer.get("AuthorizationToken")
+        ok = answer.get("IsSuccess", True)
+    else:
+        answer = Api(region).cr_personal("GetAuthorizationToken", "/tokens")
+        data = answer.get("data") or {}
+        user, token, ok = data.get("tempUserName"), data.get("authorizationToken"), True
+    if not ok or not user or not token:
         raise UserError(f"ACR in {region} gave no temporary login (answer keys: {sorted(answer)})",
                         hint="check that the RAM user may call cr:GetAuthorizationToken")
     return Credentials(user, token)

@@ -33,7 +33,8 @@ class LoginError(Exception):
 def call(url, method="GET", headers=None, data=None, proxy=True):
     """Body of the answer; an HTTP error becomes one line with the status and the API's error code."""
     handlers = [] if proxy else [urllib.request.ProxyHandler({})]   # the metadata service: never a proxy
-    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers=dict(headers or {}, **{"User-Agent": "ngcx-role-login"}))
     try:
         with urllib.request.build_opener(*handlers).open(request, timeout=TIMEOUT_S) as answer:
             return answer.read().decode()
@@ -75,18 +76,37 @@ def utc():
 
 
 def acr_login(region, api, instance, creds):
-    """cr 2018-12-01 GetAuthorizationToken, signed as Alibaba Cloud RPC v1 (HMAC-SHA1) with the STS token."""
+    """cr 2018-12-01 GetAuthorizationToken (Enterprise Edition), signed as Alibaba Cloud RPC v1 (HMAC-SHA1) with
+    the STS token; without an instance, the Personal Edition's API (acr_personal_login)."""
+    if not instance:
+        return acr_personal_login(region, api, creds)
     params = {"Format": "JSON", "Version": "2018-12-01", "Action": "GetAuthorizationToken", "RegionId": region,
               "AccessKeyId": creds["AccessKeyId"], "SecurityToken": creds["SecurityToken"],
               "SignatureMethod": "HMAC-SHA1", "SignatureVersion": "1.0", "SignatureNonce": uuid.uuid4().hex,
               "Timestamp": utc().strftime("%Y-%m-%dT%H:%M:%SZ")}
-    if instance:
-        params["InstanceId"] = instance
+    params["InstanceId"] = instance
     query = "&".join(quote(k) + "=" + quote(v) for k, v in sorted(params.items()))
     digest = hmac.new((creds["AccessKeySecret"] + "&").encode(), ("GET&%2F&" + quote(query)).encode(), hashlib.sha1)
     signature = base64.b64encode(digest.digest()).decode()
     answer = json.loads(call(api.rstrip("/") + "/?" + query + "&Signature=" + quote(signature)))
     return answer["TempUsername"], answer["AuthorizationToken"]
+
+
+def acr_personal_login(region, api, creds):
+    """cr 2016-06-07 GetAuthorizationToken: ROA `GET /tokens`, signed in headers (aliyun-python-sdk-core's ROA
+    scheme: method, Accept, Content-MD5, Content-Type, Date, the x-acs-* headers, the path; key = the secret)."""
+    headers = {"Accept": "application/json", "Date": utc().strftime("%a, %d %b %Y %H:%M:%S GMT"),
+               "x-acs-signature-method": "HMAC-SHA1", "x-acs-signature-nonce": uuid.uuid4().hex,
+               "x-acs-signature-version": "1.0", "x-acs-version": "2016-06-07", "x-acs-region-id": region,
+               "x-acs-security-token": creds["SecurityToken"]}
+    signed = "".join(k + ":" + headers[k] + "\n" for k in sorted(headers) if k.startswith("x-acs-"))
+    to_sign = "GET\n" + headers["Accept"] + "\n\n\n" + headers["Date"] + "\n" + signed + "/tokens"
+    digest = hmac.new(creds["AccessKeySecret"].encode(), to_sign.encode(), hashlib.sha1).digest()
+    headers["Authorization"] = "acs %s:%s" % (creds["AccessKeyId"], base64.b64encode(digest).decode())
+    data = json.loads(call(api.rstrip("/") + "/tokens", headers=headers)).get("data") or {}
+    if not data.get("tempUserName") or not data.get("authorizationToken"):
+        raise LoginError("the answer holds no token")
+    return data["tempUserName"], data["authorizationToken"]
 
 
 def ecr_login(region, api, creds):

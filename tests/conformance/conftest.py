@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from emulators.aliyun_rpc import REQUEST_LOG_ENV
+from emulators.aliyun_models_check import REQUEST_LOG_ENV
 
 if not os.environ.get(REQUEST_LOG_ENV):
     _folder = tempfile.mkdtemp(prefix="ngcx-aliyun-requests-")

@@ -27,7 +27,7 @@ from aliyunsdkcore.acs_exception.exceptions import ServerException
 from aliyunsdkcore.client import AcsClient
 from aliyunsdkcore.request import CommonRequest
 from emulators.aliyun_ecs import EcsEmulator
-from emulators.aliyun_rpc import REQUEST_LOG_ENV
+from emulators.aliyun_models_check import REQUEST_LOG_ENV
 from emulators.hosts_api import PaperHosts
 from judge import findings, requests_in
 

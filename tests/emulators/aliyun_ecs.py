@@ -37,16 +37,18 @@ from .aliyun_ess import ESS_IDEMPOTENT, ESS_VERSION, Ess
 from .aliyun_instance_roles import InstanceRoles
 from .aliyun_metadata import MetadataServer, MetadataService
 from .aliyun_ram import ACCOUNT_UID, RAM_ACTIONS, RAM_VERSION, Ram
+from .aliyun_roa import RoaGateway
 from .aliyun_rpc import required
 from .hosts_api import HostBackend
 
 ECS_VERSION = "2014-05-26"
 CR_VERSION = "2018-12-01"
+CR_PERSONAL_VERSION = "2016-06-07"   # ACR Personal Edition's API: ROA GET /tokens (aliyun_roa.py)
 # Actions whose ClientToken makes a retry safe (same token + same params -> the first answer).
 IDEMPOTENT = frozenset({"RunInstances", "CreateImage", "CreateSecurityGroup", "DeleteInstances", "RunCommand"})
 
 
-class EcsEmulator(CloudAssistant, EcsImages, EcsNetwork, EcsInstances):
+class EcsEmulator(CloudAssistant, EcsImages, EcsNetwork, EcsInstances, RoaGateway):
     """ECS (2014-05-26) + ACR GetAuthorizationToken (2018-12-01) + RAM (2015-05-01) on 127.0.0.1, state
     behind one lock, and the instances' metadata service on its own port (metadata_address)."""
 
@@ -103,6 +105,7 @@ class EcsEmulator(CloudAssistant, EcsImages, EcsNetwork, EcsInstances):
             ESS_VERSION: self.ess.actions,
         }
         self.actions[ECS_VERSION].update(self.instance_roles.actions)
+        self.roa[("GET", "/tokens")] = ("cr", CR_PERSONAL_VERSION, "GetAuthorizationToken", self._get_personal_token)
 
     def start(self) -> Self:
         """The API on a free loopback port, the metadata service on a free port of metadata_host."""
@@ -151,11 +154,21 @@ class EcsEmulator(CloudAssistant, EcsImages, EcsNetwork, EcsInstances):
         key; for a role's STS keys only if its policies allow cr:GetAuthorizationToken on the instance
         (else 403 Forbidden.RAM), valid as long as the keys. Each is recorded with its scope."""
         instance = required(params, "InstanceId")
-        resource = f"acs:cr:{self.region}:{ACCOUNT_UID}:instance/{instance}"
-        grant = self.ram.registry_grant(params["AccessKeyId"], resource)
+        token, expires = self._registry_token(params["AccessKeyId"], f"instance/{instance}")
+        return {"IsSuccess": True, "TempUsername": "cr_temp_user", "AuthorizationToken": token, "ExpireTime": expires}
+
+    def _get_personal_token(self, params: dict[str, str]) -> dict[str, Any]:
+        """cr 2016-06-07 (Personal Edition, no instance): ROA GET /tokens, the same grant rules on the account's
+        personal registry; the answer's shape as cloud-apis.md §8 gives it (`data`, camelCase)."""
+        token, expires = self._registry_token(params["AccessKeyId"], "personal")
+        return {"data": {"authorizationToken": token, "tempUserName": "cr_temp_user", "expireDate": expires}}
+
+    def _registry_token(self, access_key_id: str, what: str) -> tuple[str, int]:
+        """A fresh temporary registry password (one hour for a permanent key, the STS keys' lifetime for a
+        role allowed cr:GetAuthorizationToken, else 403 Forbidden.RAM), recorded with its scope."""
+        grant = self.ram.registry_grant(access_key_id, f"acs:cr:{self.region}:{ACCOUNT_UID}:{what}")
         token = secrets.token_urlsafe(48)
         self.issued_tokens.append(token)
         self.token_grants.append({"token": token, "caller": grant.caller, "instance": grant.instance,
                                   "pull": grant.pull})
-        return {"IsSuccess": True, "TempUsername": "cr_temp_user", "AuthorizationToken": token,
-                "ExpireTime": int(grant.expires * 1000)}
+        return token, int(grant.expires * 1000)

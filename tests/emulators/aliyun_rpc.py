@@ -13,7 +13,6 @@ import binascii
 import hashlib
 import hmac
 import json
-import os
 import threading
 import time
 import uuid
@@ -25,6 +24,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 from urllib.parse import parse_qsl, quote, urlsplit
 from xml.sax.saxutils import escape
+
+from .aliyun_models_check import model_problem, record_request, recordable
 
 TIMESTAMP_SKEW_S = 15 * 60
 COMMON_REQUIRED = ("AccessKeyId", "Signature", "SignatureMethod", "SignatureVersion", "SignatureNonce",
@@ -287,50 +288,6 @@ def error_payload(error: ApiError, request_id: str, host_id: str, product: str) 
             "Recommend": f"https://api.aliyun.com/troubleshoot?q={error.code}&product={product}&requestId={request_id}"}
 
 
-def _recordable(params: Mapping[str, str]) -> dict[str, str]:
-    """A request as `calls` keeps it: no Signature, and a SecurityToken only as a marker (it is a secret:
-    tests search everything for leaked tokens, the emulator's own record must not be a false hit)."""
-    kept = {k: v for k, v in params.items() if k != "Signature"}
-    if "SecurityToken" in kept:
-        kept["SecurityToken"] = "(redacted)"
-    return kept
-
-
-# --- the official models (issue 47) ------------------------------------------------------------
-
-REQUEST_LOG_ENV = "NGCX_ALIYUN_REQUEST_LOG"   # a file every gateway appends each request to (tests/conformance)
-MODEL_CHECK_ENV = "NGCX_ALIYUN_MODEL_CHECK"   # "off": answer without the model check (the conformance run
-                                              # judges the record itself, so one wrong name does not hide the next)
-
-
-def model_problem(product: str, version: str, action: str, params: Mapping[str, str]) -> ApiError | None:
-    """The error the real gateway answers for a request its API model refuses (an unknown action or
-    parameter, a missing required one, a JSON-style value that does not parse), from the same models the
-    CLI checks before sending (cli/clouds/aliyun_models.py)."""
-    from ngcx.clouds.aliyun_models import check
-
-    if os.environ.get(MODEL_CHECK_ENV) == "off":
-        return None
-    problem = check(product, version, action, dict(params))
-    return None if problem is None else ApiError(problem.status, problem.code, problem.message)
-
-
-def record_request(product: str, params: Mapping[str, str], agent: str = "") -> None:
-    """Append the request (no Signature, SecurityToken redacted) as one JSON line to $NGCX_ALIYUN_REQUEST_LOG;
-    `sender` is "ngcx" for ngcx's own requests (the CLI's SDK client and the host's role login name
-    themselves in their User-Agent), else "test" (a test's hand-made request, possibly wrong on purpose)."""
-    path = os.environ.get(REQUEST_LOG_ENV)
-    if not path:
-        return
-    line = json.dumps({"product": product, "version": params.get("Version", ""), "action": params.get("Action", ""),
-                       "sender": "ngcx" if "ngcx" in agent else "test", "params": _recordable(params)})
-    with _LOG_LOCK, open(path, "a", encoding="utf-8") as handle:
-        handle.write(line + "\n")
-
-
-_LOG_LOCK = threading.Lock()
-
-
 # --- HTTP ------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -359,8 +316,9 @@ class _RpcHandler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
-        if url.path not in ("", "/"):
-            reply = self.server.not_found()
+        if url.path not in ("", "/"):      # a ROA path (aliyun_roa.py), else 404
+            reply = self.server.other_path(self.command, url.path, url.query, {k.lower(): v for k, v in
+                                                                                self.headers.items()})
         else:
             params = parse_request(url.query, body, self.headers.get("Content-Type", ""))
             reply = self.server.handler(self.command, params, self.headers.get("User-Agent", ""))
@@ -385,10 +343,10 @@ class RpcServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, handler: Handler, not_found: Callable[[], Reply]) -> None:
+    def __init__(self, handler: Handler, other_path: Callable[[str, str, str, dict[str, str]], Reply]) -> None:
         super().__init__(("127.0.0.1", 0), _RpcHandler)
         self.handler = handler
-        self.not_found = not_found
+        self.other_path = other_path     # (method, path, query, lower-cased headers) -> reply
 
 
 # --- the gateway: dispatch, ClientToken, faults, holds ----------------------------------------
@@ -438,7 +396,7 @@ class RpcService:
     def start(self) -> Self:
         """Bind a free loopback port and serve in a daemon thread."""
         if self._server is None:
-            self._server = RpcServer(self._handle, self._not_found)
+            self._server = RpcServer(self._handle, self._other_path)
             threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
                              name=type(self).__name__, daemon=True).start()
         return self
@@ -498,6 +456,10 @@ class RpcService:
     def _not_found(self) -> Reply:
         return self._error_reply(ApiError(404, "InvalidAction.NotFound"), new_request_id(), "XML", "")
 
+    def _other_path(self, method: str, path: str, query: str, headers: dict[str, str]) -> Reply:
+        """A request to a path other than / (ROA style): none here; aliyun_roa.RoaGateway serves some."""
+        return self._not_found()
+
     def _error_reply(self, error: ApiError, request_id: str, fmt: str, version: str) -> Reply:
         product, host = self.products.get(version) or next(iter(self.products.values()), ("", ""))
         body, content_type = render(error_payload(error, request_id, host, product), fmt, "Error")
@@ -508,7 +470,7 @@ class RpcService:
         action, version = params.get("Action", ""), params.get("Version", "")
         fmt = params.get("Format") or "XML"
         with self._lock:
-            self.calls.append((action, _recordable(params)))
+            self.calls.append((action, recordable(params)))
         try:
             verify(method, params, self.access_keys, self._nonces, self._lock, temporary_keys=self.temporary_keys)
             product = (self.products.get(version) or ("", ""))[0].lower()
@@ -516,7 +478,7 @@ class RpcService:
                 record_request(product, params, agent)
                 refused = model_problem(product, version, action, params)
                 if refused is not None:
-                    raise refused
+                    raise ApiError(refused.status, refused.code, refused.message)
             handler = self._lookup(version, action)
             region = params.get("RegionId", "")
             if region and region != self.region and action not in self.regionless:
