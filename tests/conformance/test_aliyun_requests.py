@@ -37,8 +37,9 @@ TESTS = Path(__file__).resolve().parents[1]
 ALIYUN_TESTS = ["emulators/test_aliyun_alb.py", "emulators/test_aliyun_ess.py", "emulators/test_aliyun_ess_alarms.py",
                 "emulators/test_aliyun_ram.py", "emulators/test_ecs_emulator.py",
                 "emulators/test_ecs_images_commands.py", "deploy/test_aliyun_alb_client.py",
-                "deploy/test_aliyun_ess_client.py", "deploy/test_aliyun_command_channel.py"]
-PRODUCTS_EXERCISED = {"ecs", "alb", "ess", "ram"}
+                "deploy/test_aliyun_ess_client.py", "deploy/test_aliyun_command_channel.py",
+                "deploy/test_aliyun_acr_personal.py", "deploy/test_role_login.py", "deploy/test_vm_paths.py"]
+PRODUCTS_EXERCISED = {"ecs", "alb", "ess", "ram", "cr"}
 
 
 @pytest.fixture(autouse=True)
@@ -57,8 +58,11 @@ def _session_record() -> list[dict[str, Any]]:
     child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header",
                             *[str(TESTS / t) for t in ALIYUN_TESTS]], cwd=TESTS.parent, env=env,
                            capture_output=True, text=True, timeout=1200)
-    assert child.returncode == 0, f"the Alibaba Cloud tests failed: {child.stdout[-3000:]}"
-    return [r for r in requests_in(log) if r.get("sender") == "ngcx"]
+    record = [r for r in requests_in(log) if r.get("sender") == "ngcx"]
+    # A failing test there still leaves its requests to judge (its own failure is reported where it runs);
+    # a record without every product means those tests did not run at all.
+    assert {r["product"] for r in record} >= PRODUCTS_EXERCISED, f"the Alibaba Cloud tests: {child.stdout[-2000:]}"
+    return record
 
 
 def test_every_request_ngcx_sent_to_alibaba_cloud_conforms_to_the_official_models() -> None:
