@@ -12,6 +12,10 @@ the `aliyun` CLI's ~/.aliyun/config.json (profile $ALIBABA_CLOUD_PROFILE or its 
 NGCX_ALIYUN_ECS_ENDPOINT=HOST:PORT points ECS, ACR, RAM, ALB and ESS calls at another server (tests: the
 emulator in tests/emulators); plain http is used only for loopback, every other endpoint is https.
 The SDKs are an extra (`pip install 'ngcx[aliyun]'`), imported on first use.
+Issue 47: every request is checked against Alibaba's own API models before it leaves (checked(),
+aliyun_models.py) and goes to the host the product's SDK endpoint data name (aliyun_models.endpoint:
+ESS's main regions use the central ess.aliyuncs.com, RAM is global); what changed and why:
+ALIYUN_API_NOTES.md beside this file.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import CapacityError, UserError
+from .aliyun_models import endpoint
 
 EXTRA_HINT = "install the Alibaba Cloud SDKs: pip install 'ngcx[aliyun]'"
 CAPACITY_CODES = {"OperationDenied.NoStock", "Zone.NotOnSale", "InvalidInstanceType.ZoneNotSupported",
@@ -150,20 +155,21 @@ class Api:
     def cr(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
         """Container Registry Enterprise Edition (cr 2018-12-01) RPC, e.g. GetAuthorizationToken."""
         checked("cr", CR_VERSION, action, params)
-        return self._call(action, lambda: _rpc(f"cr.{self.region}.aliyuncs.com", CR_VERSION, "cr", action, params),
-                          retry=True)
+        host = endpoint("cr", CR_VERSION, self.region)
+        return self._call(action, lambda: _rpc(host, CR_VERSION, "cr", action, params), retry=True)
 
     def cr_personal(self, action: str, path: str) -> dict[str, Any]:
         """Container Registry Personal Edition (cr 2016-06-07, ROA: `GET /tokens` is GetAuthorizationToken)."""
         checked("cr", CR_PERSONAL_VERSION, action, {})
-        return self._call(action, lambda: _roa(f"cr.{self.region}.aliyuncs.com", CR_PERSONAL_VERSION, "cr", action,
-                                               path), retry=True)
+        host = endpoint("cr", CR_PERSONAL_VERSION, self.region)
+        return self._call(action, lambda: _roa(host, CR_PERSONAL_VERSION, "cr", action, path), retry=True)
 
     def ram(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
         """RAM (2015-05-01, global) RPC: the hosts' pull roles. Retried: a repeated create answers
         EntityAlreadyExists, which the caller treats as done."""
         checked("ram", RAM_VERSION, action, params)
-        return self._call(action, lambda: _rpc("ram.aliyuncs.com", RAM_VERSION, "Ram", action, params), retry=True)
+        host = endpoint("ram", RAM_VERSION, self.region)     # global: ram.aliyuncs.com in every region
+        return self._call(action, lambda: _rpc(host, RAM_VERSION, "Ram", action, params), retry=True)
 
     def alb(self, action: str, params: dict[str, Any] | None = None, *, token: str | None = None,
             write: bool = False) -> dict[str, Any]:
@@ -171,8 +177,10 @@ class Api:
         (`Tag.1.Key`, `ZoneMappings.1.ZoneId`) as the API names them; writes retried only with a token."""
         checked("alb", ALB_VERSION, action, {**(params or {}), "ClientToken": token})
 
+        host = endpoint("alb", ALB_VERSION, self.region)
+
         def build() -> Any:
-            return _rpc(f"alb.{self.region}.aliyuncs.com", ALB_VERSION, "Alb", action,
+            return _rpc(host, ALB_VERSION, "Alb", action,
                         {**(params or {}), "ClientToken": token})
         return self._call(action, build, retry=not write or token is not None, service="alb")
 
@@ -182,8 +190,6 @@ class Api:
         `ServerGroups.1.Port`, `Tags.1.Key`, ALIYUN_API_NOTES.md) RPC: services' scaling groups (deploy/aliyun/ess.py),
         at the host the SDK's endpoint data name (ess.aliyuncs.com for the main regions); writes retried only
         with a token (an action whose model has no ClientToken gets none: the check refuses it)."""
-        from .aliyun_models import endpoint
-
         checked("ess", ESS_VERSION, action, {**(params or {}), "ClientToken": token})
         host = endpoint("ess", ESS_VERSION, self.region)
 
