@@ -8,7 +8,7 @@ drains before the machine goes, a rule that follows real load. EcsEmulator serve
 (Version 2022-02-22, product "Ess"), so signatures, ClientToken replays (ESS_IDEMPOTENT) and the faults
 `fail_next`/`hold` are the emulator's own; every action runs under its lock.
 
-Emulated (names as the ESS API reference and aliyun-python-sdk-ess's requests spell them):
+Emulated (names as ESS 2022-02-22's models spell them; the gateway refuses others, aliyun_models_check.py):
 - Create/Describe/Modify/Enable/Disable/DeleteScalingGroup, AttachServerGroups: MinSize/MaxSize/
   DesiredCapacity, VSwitchIds.N, ServerGroups.N.{ServerGroupId,Port,Weight,Type=ALB} (the emulated ALB's;
   AttachServerGroups adds more, ForceAttach puts the InService instances in), Tags.N.{Key,Value},
@@ -41,7 +41,8 @@ Emulated (names as the ESS API reference and aliyun-python-sdk-ess's requests sp
 - Create/Describe/Modify/DeleteLifecycleHook; Create/Describe/Modify/DeleteScalingRule; ListTagResources
   (ResourceType scalinggroup).
 - Target tracking (ScalingRuleType TargetTrackingScalingRule), evaluated every `period_s` = 60 x time_scale
-  (CloudMonitor's one-minute metric): MetricName QPS_METRIC (aliyun_ess_scaling.py) is the requests per
+  (CloudMonitor's one-minute metric): MetricName QPS_METRIC (LoadBalancerRealServerAverageQps, documented; its
+  AlarmDimensions rulePool names the server group, aliyun_ess_scaling.py) is the requests per
   emulated second that the ALB planes (real haproxy) sent to the group's server groups in the period / the
   group's InService instances; any other MetricName reads what a test `put_metric`s (the hosts' own metric).
   desired = ceil(in-service x metric / target), clamped to min/max; scale-out at once, scale-in after
@@ -53,7 +54,7 @@ health checks replacing instances (HealthStatus says Healthy while the ECS insta
 Standby/Protected, cooldowns, instance weights, spot, multi-AZ policies, StopInstanceTimeout, the force*
 policies' forced stop/release (they behave as release/recycle); a failed launch (the activity says why) is
 not tried again until the group's next change or decision.
-Guessed (the reference does not say, or the name is not known for certain): QPS_METRIC's name; the error
+Guessed (the reference does not say, or the name is not known for certain): the error
 codes NotFound-style `InvalidScalingGroupId.NotFound`, `InvalidScalingConfigurationId.NotFound`,
 `InvalidLifecycleHookId.NotFound`, `InvalidScalingRuleId.NotFound`, `LifecycleActionToken.NotFound` (no
 Pending action with that token), `IncorrectScalingGroupStatus` (delete with instances, enable without a

@@ -13,8 +13,8 @@ starts the group's Stopped instance again.
 
 Emulated: CreateAlarm (ScalingGroupId, Name, Description, MetricType system/custom, MetricName, Statistics
 Average/Minimum/Maximum/Sum, ComparisonOperator >= <= > <, Threshold, EvaluationCount (default 3), Period
-60/120/300/900 (default 300), AlarmAction.N = ScalingRuleAri of a rule of the group (1..5),
-Dimension.N.{DimensionKey,DimensionValue}), DescribeAlarms (AlarmTaskId, ScalingGroupId, MetricType, State,
+60/120/300/900 (default 300), AlarmActions.N = ScalingRuleAri of a rule of the group (1..5),
+Dimensions.N.{DimensionKey,DimensionValue}), DescribeAlarms (AlarmTaskId, ScalingGroupId, MetricType, State,
 IsEnable; AlarmList.Alarm with State ALARM/OK/INSUFFICIENT_DATA and Enable), Enable/Disable/DeleteAlarm
 (AlarmTaskId), ExecuteScalingRule (ScalingRuleAri, ClientToken) of a SimpleScalingRule. The evaluation runs in
 the target-tracking controller's period (period_s = 60 x time_scale), each alarm every Period/60 of them: the
@@ -33,8 +33,9 @@ Not emulated: OK/INSUFFICIENT_DATA actions, ModifyAlarm, expressions (Expression
 EffectiveTime, GroupId (CloudMonitor application groups), step rules' BreachThreshold/MetricValue, cooldowns,
 MinAdjustmentMagnitude.
 Guessed: WAKE_METRIC's name as an ESS alarm task's MetricName (CloudMonitor's acs_alb LoadBalancerHTTPCode503
-is real; that an ESS system alarm task takes it is not confirmed); the parameter spellings AlarmAction.N and
-Dimension.N.* (aliyun-python-sdk-ess's CreateAlarmRequest; AlarmActions.N and Dimensions.N are accepted too);
+is real; that an ESS system alarm task takes it is not confirmed: ESS CreateAlarm's documented system metrics do not
+list it, cli/clouds/ALIYUN_API_NOTES.md); the spellings are ESS 2022-02-22's (AlarmActions.N, Dimensions.N.*; the
+gateway's model check refuses 2014-08-28's AlarmAction.N / Dimension.N.*);
 Sum as a Statistics value; the error codes InvalidAlarmTaskId.NotFound, InvalidParameter for an AlarmAction
 that names no rule of the group; repeated actions every period while ALARM.
 """
@@ -126,14 +127,13 @@ class Alarms:
 
     def _create_alarm(self, params: dict[str, str]) -> dict[str, Any]:
         group = self._group(params)
-        actions = repeated(params, "AlarmAction") or repeated(params, "AlarmActions")
+        actions = repeated(params, "AlarmActions")
         if not 1 <= len(actions) <= 5:
-            raise invalid("AlarmAction", "1 to 5 alarm actions (scaling rule ARIs).")
+            raise invalid("AlarmActions", "1 to 5 alarm actions (scaling rule ARIs).")
         for ari in actions:
             if getattr(self._rules.get(rule_id(ari)), "group_id", "") != group.id:
-                raise invalid("AlarmAction", f"{ari} is no scaling rule of the group.")
-        dimensions = {d.get("DimensionKey", ""): d.get("DimensionValue", "")
-                      for d in indexed(params, "Dimension") + indexed(params, "Dimensions")}
+                raise invalid("AlarmActions", f"{ari} is no scaling rule of the group.")
+        dimensions = {d.get("DimensionKey", ""): d.get("DimensionValue", "") for d in indexed(params, "Dimensions")}
         alarm = Alarm(new_id("asg-"), group.id, params.get("Name") or "", params.get("Description") or "",
                       params.get("MetricType") or "system", required(params, "MetricName"),
                       *self._condition(params), actions, dimensions)
