@@ -33,6 +33,7 @@ from ..core.errors import UserError
 from . import actions, events, views
 from .guard import Guard, csrf_of
 from .scrape import Scrapers
+from .trust import TrustChecks
 
 HERE = Path(__file__).parent
 LOGS_TIMEOUT_S = 20.0       # a cloud's command channel (Cloud Assistant, SSM) may take this long for a log tail
@@ -48,6 +49,7 @@ class Context:
     jobs: actions.Jobs = field(default_factory=actions.Jobs)
     orphans: dict[str, Any] = field(default_factory=dict)
     watcher: events.Watcher | None = None
+    trust: TrustChecks = field(default_factory=TrustChecks)
 
     def health(self, record_id: int) -> dict[str, Any]:
         return self.scrapers.health(record_id)
@@ -68,6 +70,7 @@ def create(ctx: Context, port: int, hosts: set[str] | None) -> Any:
         Route("/api/deployments/{ref}/logs", pages.logs),
         Route("/api/deployments/{ref}/{verb}", pages.act, methods=["POST"]),
         Route("/api/jobs/{job:int}", pages.job),
+        Route("/api/pushes/{push:int}/sbom.cdx.json", pages.sbom),
         Route("/events", pages.events),
         Route("/events/deployments/{ref}", pages.deployment_events),
         Route("/favicon.ico", _favicon),
@@ -98,6 +101,7 @@ class Pages:
             for task in tasks:
                 task.cancel()
             await asyncio.to_thread(self.ctx.scrapers.close)
+            self.ctx.trust.close()
 
     def _warm(self) -> None:
         """Build the overview once while nobody waits: the first build loads the offers tables and the templates'
@@ -107,8 +111,8 @@ class Pages:
             self._overview_data()
 
     def _moving_parts(self) -> tuple:
-        """What changes besides the store: the actions' output and the endpoints' health."""
-        return self.ctx.jobs.version, self.ctx.scrapers.states()
+        """What changes besides the store: the actions' output, the endpoints' health, the pushes' checks."""
+        return self.ctx.jobs.version, self.ctx.scrapers.states(), self.ctx.trust.version()
 
     # ------------------------------------------------------------------ pages
 
@@ -130,7 +134,27 @@ class Pages:
     async def image(self, request: Request) -> Response:
         from .images import image_detail
 
-        return await self._page(request, "image.html.j2", lambda: {"image": image_detail(request.path_params["ref"])})
+        def data() -> dict[str, Any]:
+            detail = image_detail(request.path_params["ref"])
+            self.ctx.trust.annotate(detail["pushes"])      # verified off this thread; waits PAGE_WAIT_S at most
+            return {"image": detail}
+
+        return await self._page(request, "image.html.j2", data)
+
+    async def sbom(self, request: Request) -> Response:
+        """The CycloneDX JSON of a recorded push, from its verified attestation only (409 with the reason if the
+        push does not verify; 404 for a push id the store does not hold)."""
+        from .images import push_by_id
+
+        push = await asyncio.to_thread(push_by_id, request.path_params["push"])
+        if push is None:
+            raise NotFound(f"no push {request.path_params['push']} in the state store")
+        body, why = await asyncio.to_thread(self.ctx.trust.sbom, push.remote_ref, push.digest)
+        if body is None:
+            return PlainTextResponse(f"no verified SBOM: {why}\n", status_code=409)
+        name = push.remote_ref.rsplit("/", 1)[-1].replace(":", "-")
+        return Response(body, media_type="application/vnd.cyclonedx+json", headers={
+            "Content-Disposition": f'attachment; filename="{name}-{push.digest[7:19]}.cdx.json"'})
 
     async def catalog(self, request: Request) -> Response:
         from .images import catalog_matrix

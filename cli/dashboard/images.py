@@ -138,9 +138,18 @@ def _with_state(detail: dict) -> dict:
         detail["tests"] = asdict(run) if run else None
     tags = dict.fromkeys([*detail["tags"], *([detail["tag"]] if detail["tag"] else [])])
     pushes = [p for tag in tags for p in state.list_pushes(tag)]
-    detail["pushes"] = [{"tag": p.tag, "remote_ref": p.remote_ref, "digest": p.digest, "pushed_at": p.pushed_at}
+    detail["pushes"] = [{"id": p.id, "tag": p.tag, "remote_ref": p.remote_ref, "digest": p.digest,
+                         "pushed_at": p.pushed_at}
                         for p in sorted(pushes, key=lambda p: (p.pushed_at, p.id), reverse=True)]
     return detail
+
+
+def push_by_id(push_id: int) -> Any:
+    """The push row `push_id` (state.Push), or None: the SBOM download names a push, never a free reference,
+    so the dashboard fetches only from registries ngcx itself pushed to."""
+    from ..state import db as state
+
+    return next((p for p in state.list_pushes() if p.id == push_id), None)
 
 
 def split_labels(labels: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
