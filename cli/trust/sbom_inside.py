@@ -125,7 +125,13 @@ def models(folder: str) -> list[dict[str, object]]:
         return []
     return [{"name": p.name, "path": str(p), "folder": p.is_dir(), "sha256": _sha256_tree(p),
              "size": p.stat().st_size if p.is_file() else sum(f.stat().st_size for f in p.rglob("*") if f.is_file())}
-            for p in sorted(root.iterdir())]
+            for p in sorted(root.iterdir()) if not _signature_file(p)]
+
+
+def _signature_file(path: Path) -> bool:
+    """MODEL.sig / MODEL.pub beside a model: its OpenSSF Model Signing signature and public key (ngcx build puts
+    them there: cli/project/modelsign.py), not a model of their own."""
+    return path.suffix in (".sig", ".pub") and path.with_suffix("").exists()
 
 
 def os_release() -> dict[str, str]:
