@@ -263,6 +263,8 @@ def _check_signature(args: argparse.Namespace) -> None:
         if args.model_key is not None:
             raise ServeError("--model-key verifies a MODEL's signature; give the MODEL too")
         return
+    if args.reuse_port:                 # one of --mps/--processes' servers: their supervisor verified it already
+        return
     done = check_model(Path(args.model), Path(args.model_key) if args.model_key is not None else None)
     if done is not None:
         print(f"model: signature verified ({len(done.files)} file(s), OpenSSF Model Signing, key sha256 "
