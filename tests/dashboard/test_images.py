@@ -115,16 +115,17 @@ def test_engine_down_gives_what_the_state_knows_with_one_line(monkeypatch):
     _build("ngcx/cuda:24.05-runtime", 10.0, "sha256:" + "a" * 64)
     state.record_test(tag="ngcx/cuda:24.05-runtime", image_id="sha256:" + "a" * 64,
                       results=[{"name": "cudnn", "status": "passed", "expected": "9", "found": "9", "note": ""}])
-    state.record_push(tag="ngcx/cuda:24.05-runtime", remote_ref="127.0.0.1:5000/cuda:24.05-runtime",
-                      digest="sha256:d", pushed_at=5.0)
+    push_id = state.record_push(tag="ngcx/cuda:24.05-runtime", remote_ref="127.0.0.1:5000/cuda:24.05-runtime",
+                                digest="sha256:d", pushed_at=5.0)
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
 
     detail = images.image_detail("ngcx/cuda:24.05-runtime")
     assert detail["engine_error"].startswith("Docker Engine not reachable") and "\n" not in detail["engine_error"]
     assert detail["present"] is False and detail["layers"] == [] and detail["image_id"] == "sha256:" + "a" * 64
     assert detail["build"]["tag"] == "ngcx/cuda:24.05-runtime" and detail["tests"]["passed"] == 1
-    assert detail["pushes"] == [{"tag": "ngcx/cuda:24.05-runtime", "remote_ref": "127.0.0.1:5000/cuda:24.05-runtime",
-                                 "digest": "sha256:d", "pushed_at": 5.0}]
+    assert detail["pushes"] == [{"id": push_id, "tag": "ngcx/cuda:24.05-runtime",
+                                 "remote_ref": "127.0.0.1:5000/cuda:24.05-runtime", "digest": "sha256:d",
+                                 "pushed_at": 5.0}]
     with pytest.raises(UserError, match="'ngcx/never:1'.*not reachable"):
         images.image_detail("ngcx/never:1")
 
