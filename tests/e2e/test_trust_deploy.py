@@ -33,8 +33,10 @@ from trust.trust_images import (
     get_manifest_raw,
     push_other_image,
     put_manifest_raw,
+    remove_images,
     replace_signature,
     split,
+    tiny_image,
 )
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -54,6 +56,7 @@ class Target:
     deploy_args: tuple[str, ...]
     started: Callable[[], Any]                    # what runs there now (compared before/after a refused deploy)
     calls: Callable[[], list[str]]                # the cloud API calls so far (none for local)
+    registry_ns: str = ""                         # --registry of this test's pushes
     remote: str = ""
     digest: str = ""
 
@@ -69,7 +72,7 @@ def _local(project: Path, docker_client, registry: str, state: Path) -> Target:
         return {c.id for c in docker_client.containers.list(all=True, filters={"ancestor": image_id})}
 
     return Target("local", lambda *a: ngcx(project, *a, env=env), ("--cloud", "local"), started, list,
-                  remote=f"{registry}/trust-tamper-{secrets.token_hex(4)}")
+                  registry_ns=f"{registry}/trust-tamper-{secrets.token_hex(4)}")
 
 
 def _cloud(cloud: Any, state: Path, registry_ns: str) -> Target:
@@ -80,7 +83,7 @@ def _cloud(cloud: Any, state: Path, registry_ns: str) -> Target:
 
     return Target(cloud.name, lambda *a: cloud.ngcx(*a, env=env),
                   ("--cloud", cloud.name, "--gpu", cloud.gpu, "--gpu-mode", "auto"), started,
-                  lambda: [name for name, _ in cloud.emulator.calls], remote=registry_ns)
+                  lambda: [name for name, _ in cloud.emulator.calls], registry_ns=registry_ns)
 
 
 @pytest.fixture(params=["local", "aliyun", "aws"])
@@ -94,7 +97,7 @@ def target(request, project, docker_client, registry, tmp_path) -> Iterator[Targ
         cloud = request.getfixturevalue(request.param)
         where = "acr://cn-hangzhou" if cloud.name == "aliyun" else "ecr://us-east-1"
         made = _cloud(cloud, state, f"{where}/{ns}")
-    pushed = made.cli("push", IMAGE, "--registry", made.remote)
+    pushed = made.cli("push", IMAGE, "--registry", made.registry_ns)
     assert pushed.returncode == 0, pushed.stderr[-2000:]
     made.remote, _, made.digest = pushed.stdout.strip().splitlines()[-1].partition("@")
     assert made.digest.startswith("sha256:"), pushed.stdout
@@ -120,12 +123,27 @@ def _refused(target: Target, *words: str) -> str:
     return lines[0]
 
 
-def _tampers(host: str, repo: str, tag: str, digest: str) -> list[tuple[str, str, Callable[[], list[str]]]]:
+def _tampers(target: Target, docker_client) -> list[tuple[str, str, Callable[[], list[str]]]]:
     """(what, the tag it rewrites, do it -> the words the refusal must name)."""
+    host, repo, tag = split(target.remote)
+    digest = target.digest
     sig, att = digest.replace(":", "-") + ".sig", digest.replace(":", "-") + ".att"
 
     def retag() -> list[str]:
         return ["no signature for", push_other_image(host, repo, tag)]
+
+    def retag_signed() -> list[str]:
+        """Another image that this very key signed (an older build, say) pushed under the tag by `ngcx push`:
+        its signature verifies, but it is not the digest this state pushed as IMAGE (gate.py's tag check)."""
+        other = tiny_image(docker_client, f"ngcx-trust-old{secrets.token_hex(3)}/{repo.rsplit('/', 1)[-1]}", tag)
+        try:
+            done = target.cli("push", other, "--registry", target.registry_ns)
+        finally:
+            remove_images(docker_client, other)
+        assert done.returncode == 0, done.stderr[-2000:]
+        remote, _, other_digest = done.stdout.strip().splitlines()[-1].partition("@")
+        assert remote == target.remote, (remote, target.remote)
+        return ["now serves", other_digest, digest, "another image was pushed under the tag"]
 
     def resign() -> list[str]:
         replace_signature(host, repo, digest)
@@ -137,13 +155,15 @@ def _tampers(host: str, repo: str, tag: str, digest: str) -> list[tuple[str, str
             return ["attestation edited", kind]
         return apply
 
-    return [("another image under the signed tag", tag, retag), ("signature replaced", sig, resign),
+    return [("another image under the signed tag", tag, retag),
+            ("another image signed by the same key under the tag", tag, retag_signed),
+            ("signature replaced", sig, resign),
             ("provenance edited", att, edit(SLSA)), ("SBOM edited", att, edit(CYCLONEDX))]
 
 
-def test_each_tamper_is_refused_in_one_line_with_nothing_started(target):
-    host, repo, tag = split(target.remote)
-    for what, touched, tamper in _tampers(host, repo, tag, target.digest):
+def test_each_tamper_is_refused_in_one_line_with_nothing_started(target, docker_client):
+    host, repo, _tag = split(target.remote)
+    for what, touched, tamper in _tampers(target, docker_client):
         original = get_manifest_raw(host, repo, touched)
         try:
             line = _refused(target, *tamper())
