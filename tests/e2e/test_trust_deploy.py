@@ -4,8 +4,9 @@ Each target (local, the emulated Alibaba Cloud, the emulated AWS) gets the proje
 `ngcx push` into a repository made for this test, with a state folder of its own (its own signing key, its own
 push rows), so the session clouds' repository and state, which the other e2e tests deploy from, stay untouched.
 That copy is then tampered with as anyone with push access to the repository could, through the registry's
-own HTTP API (tests/trust/trust_images.py): another image pushed under the signed tag, the signature replaced
-by one of another key, the provenance edited, the SBOM edited. After each, `ngcx deploy` must exit 1 with one
+own HTTP API (tests/trust/trust_images.py): another image pushed under the signed tag (unsigned; or signed by
+the same key, as an older build would be: gate.py's tag check), the signature replaced by one of another key,
+the provenance edited, the SBOM edited. After each, `ngcx deploy` must exit 1 with one
 line on stderr saying why, and start nothing: no instance in the emulator (not even a cloud call past the
 registry token), no container on the engine, no deployment record. The registry is put back between tampers
 (the exact manifest bytes), and a last `ngcx verify` shows it verifies again: the refusals were the tampers'.
