@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,8 @@ from ngcx.core.errors import UserError
 from ngcx.deploy import TARGETS, VERBS, store, target
 from ngcx.deploy.common import CREATING, INTENT, DeployConfig, format_phases
 from ngcx.deploy.hostscript import HostJob, render
+
+REPO = Path(__file__).resolve().parents[2]
 
 SECRET = "s3cr3t-do-not-print"
 
@@ -292,3 +296,23 @@ def test_replicas_deploying_side_by_side_never_take_the_same_warm_host(no_env):
     assert (store.get(warm.id).status, store.get(warm.id).detail) == (STOPPED, "restart failed for capacity")
     assert store.get(winner.id).instance_id is None
     assert store.claim_host(warm, replicas[0].id)
+
+
+@pytest.mark.parametrize("program", ["host_verify_program", "role_login_program"])
+def test_a_packed_host_program_runs_as_its_source_does(program):
+    """The host script carries its Python programs packed (hostscript.packed_program); unpacked by the host's own
+    python3 they must behave as the files the other tests run: here, what each says and exits with given no args."""
+    import shutil
+
+    from ngcx.deploy import hostscript
+
+    python = shutil.which("python3") or sys.executable
+    packed = getattr(hostscript, program)()
+    assert len(packed.splitlines()) == 2 and len(packed) < 6000
+    source = {"host_verify_program": REPO / "cli" / "trust" / "host_verify.py",
+              "role_login_program": REPO / "recipes" / "deploy" / "role_login.py"}[program].read_text()
+    ran = [subprocess.run([python, "-"], input=text, capture_output=True, text=True, timeout=30)
+           for text in (packed, source)]
+    last = [r.stderr.strip().splitlines()[-1] for r in ran]       # (a traceback's line numbers differ, packed)
+    assert (ran[0].returncode, ran[0].stdout, last[0]) == (ran[1].returncode, ran[1].stdout, last[1])
+    assert ran[0].returncode != 0

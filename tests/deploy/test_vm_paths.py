@@ -71,7 +71,7 @@ def new_plan(grant: roles.PullGrant | None = None, image: HostImage | None = Non
 CONFIG = DeployConfig(cloud="aliyun", image="ngcx-app/x:latest", pull_ref=None, registry=None,
                       labels={"ai.ngcx.compute-capabilities": "8.6", "ai.ngcx.min-driver": "535"},
                       model=None, gpu="A10", region="cn-hangzhou", zone="cn-hangzhou-h",
-                      allow_unsigned=True)   # the paths alone: the host's signature check is tests/e2e/test_trust_deploy
+                      allow_unsigned=True)   # the paths alone: the host checks signatures in test_trust_deploy
 
 
 def live(ecs: Any, record_id: int) -> list[str]:

@@ -1,5 +1,5 @@
-"""The deploy host's own check (cli/trust/host_verify.py, standard library only): it accepts what `ngcx push` signed
-and refuses the same tampering as `ngcx verify`, run the way a host script runs it (`python3 - REF KEY`, the
+"""The deploy host's own check (cli/trust/host_verify.py: standard library and openssl): it accepts what `ngcx push`
+signed and refuses the same tampering as `ngcx verify`, run the way a host script runs it (`python3 - REF KEY`, the
 program on standard input, by the machine's own python3, not ngcx's environment)."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _refused(proc: subprocess.CompletedProcess[str], words: str) -> None:
     assert len(lines) == 1 and "ngcx: image refused:" in lines[0] and words in lines[0], proc.stderr
 
 
-def test_pure_python_ecdsa_agrees_with_cryptography():
+def test_the_hosts_openssl_ecdsa_check_agrees_with_cryptography():
     for _ in range(25):
         key = ec.generate_private_key(ec.SECP256R1())
         message = secrets.token_bytes(secrets.randbelow(300) + 1)
