@@ -26,7 +26,8 @@ from ..core.errors import UserError
 
 PAGE_WAIT_S = 2.0          # a page waits this long for its checks, then shows "checking" (loopback: ~50 ms)
 CHECK_TIMEOUT_S = 25.0     # a check still running after this reads "unreachable" (the registry did not answer)
-FRESH_S = 300.0            # a finished check is reused this long; after that the next page view checks again
+FRESH_S = 60.0             # a finished check is reused this long; then the next page view (or live refresh) checks
+                           # again, showing the last result meanwhile: an attestation edited later is marked within it
 MAX_COMPONENTS = 2000      # rows of the components table (the download has them all)
 SLSA = "https://slsa.dev/provenance/v1"
 CYCLONEDX = "https://cyclonedx.org/bom"
@@ -43,6 +44,7 @@ class Check:
     result: dict[str, Any] | None = None
     done_at: float = 0.0
     sbom_json: bytes | None = field(default=None, repr=False)
+    previous: dict[str, Any] | None = None     # the last check's result, shown while a stale one is redone
 
 
 class TrustChecks:
@@ -88,7 +90,9 @@ class TrustChecks:
             check = self._checks.get(key)
             stale = check is not None and check.future.done() and time.monotonic() - check.done_at > FRESH_S
             if check is None or stale:
-                check = Check(future=Future(), started=time.monotonic())
+                before = check
+                check = Check(future=Future(), started=time.monotonic(), previous=before.result if before else None,
+                              sbom_json=before.sbom_json if before else None)
                 check.future = self._pool.submit(self._run, check, *key)
                 self._checks[key] = check
             return check
@@ -104,6 +108,8 @@ class TrustChecks:
     def _view(check: Check) -> dict[str, Any]:
         if check.result is not None:
             return check.result
+        if check.previous is not None and time.monotonic() - check.started <= CHECK_TIMEOUT_S:
+            return check.previous
         if time.monotonic() - check.started > CHECK_TIMEOUT_S:
             return {"state": "unreachable",
                     "line": f"the registry did not answer within {CHECK_TIMEOUT_S:.0f} s (still trying)"}

@@ -117,3 +117,44 @@ def test_a_refusing_registry_is_unreachable_and_a_hanging_one_never_holds_the_pa
         assert status == 200
         until(lambda: _verdict_of(_page(dash, hung.tag), hung.push_id) in ("unreachable", "error"), 60,
               every=2, what="the hung registry's check turning unreachable")
+
+
+def test_a_check_is_reused_while_fresh_and_redone_after_so_a_later_edit_is_marked(registry, isolated_state,
+                                                                                monkeypatch):
+    from ngcx.dashboard import trust
+
+    signed = signed_push(registry, "later")
+    checks = trust.TrustChecks()
+    try:
+        first = [{"remote_ref": signed.remote_ref, "digest": signed.digest}]
+        checks.annotate(first)
+        assert first[0]["trust"]["state"] == "valid"
+        assert first[0]["trust"]["provenance"]["dependencies"] == []
+        edit_attestation(signed, SLSA)
+
+        cached = [dict(first[0])]
+        checks.annotate(cached)                         # within FRESH_S: no registry call, the same verdict
+        assert cached[0]["trust"]["state"] == "valid"
+
+        monkeypatch.setattr(trust, "FRESH_S", 0.0)
+        again = [dict(first[0])]
+        checks.annotate(again)
+        assert again[0]["trust"]["state"] == "failed" and "attestation edited" in again[0]["trust"]["line"]
+        body, why = checks.sbom(signed.remote_ref, signed.digest)
+        assert body is None and "attestation edited" in why
+    finally:
+        checks.close()
+
+
+def test_components_are_counted_by_kind_from_purl_and_ngcx_package_type():
+    from ngcx.dashboard.trust import sbom_summary
+
+    bom = {"bomFormat": "CycloneDX", "specVersion": "1.6", "components": [
+        *BOM["components"],
+        {"type": "library", "name": "libcudnn.so.9", "version": "9.1.0", "purl": "pkg:generic/nvidia/cudnn@9.1.0"},
+        {"type": "machine-learning-model", "name": "model.onnx"},
+        {"type": "container", "name": "base", "purl": "pkg:oci/base@sha256%3Aab"}]}
+    summary = sbom_summary(bom)
+    assert summary["total"] == 7 and summary["format"] == "CycloneDX 1.6"
+    assert {c["kind"]: c["count"] for c in summary["counts"]} == {"deb": 2, "pypi": 1, "cuda": 2, "model": 1,
+                                                                  "other": 1}
