@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -73,6 +74,7 @@ def test_a_signed_push_shows_key_sbom_and_provenance_and_an_edited_one_is_marked
         for component in BOM["components"]:
             assert component["purl"] in page
         assert "https://ngcx.dev/builder/ngcx" in page and "https://ngcx.dev/buildtypes/image/v1" in page
+        assert re.search(r"<th>started</th><td>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ</td>", page), "no build start"
         assert f"/api/pushes/{good.push_id}/sbom.cdx.json" in page
 
         page = _page(dash, bad.tag)
