@@ -31,6 +31,8 @@ def installed(tmp_path_factory) -> Path:
     assert "ngcx/_data/recipes/deploy/kubernetes/deployment.yaml.j2" in names  # --cloud kubernetes manifests
     assert "ngcx/deploy/kubernetes/nodes.yaml" in names                       # their node labels per GPU kind
     assert {"ngcx/deploy/aliyun/offers.yaml", "ngcx/deploy/aws/offers.yaml"} <= set(names)  # instance types
+    assert "ngcx/dashboard/static/favicon.svg" in names                       # no page logs a 404 for its icon
+    assert "ngcx/clouds/aliyun_models.yaml" in names                          # every Alibaba request is checked
     assert "ngcx/_data/images/pytorch/image.yaml" in names
     assert any(n.startswith("ngcx/_data/images/cuda/tests/") for n in names)
     assert "ngcx_runtime/cli.py" in names
