@@ -88,11 +88,11 @@ def in_image(client, tag: str, *cmd: str) -> str:
 
 def project_layer(client, tag: str, which: str) -> str:
     """The diff ID of a project layer: the image's layers after the base's are
-    [folders (RUN), wheels (RUN), model (COPY), code (COPY), ngcx.yaml (COPY)]."""
+    [folders (RUN), wheels (RUN), model (COPY), its signature (COPY), code (COPY), ngcx.yaml (COPY)]."""
     img = client.images.get(tag)
     base_layers = client.images.get(img.labels["ai.ngcx.project.base-id"]).attrs["RootFS"]["Layers"]
     ours = img.attrs["RootFS"]["Layers"][len(base_layers):]
-    return ours[["folders", "wheels", "model", "code", "config"].index(which)]
+    return ours[["folders", "wheels", "model", "signature", "code", "config"].index(which)]
 
 
 def test_the_image_builds_on_the_base_with_traceable_labels(project, docker_client, env):
@@ -114,7 +114,8 @@ def test_the_image_builds_on_the_base_with_traceable_labels(project, docker_clie
                              "--batch-profile", "1,8", "--max-queue-delay-ms", "1"]
     assert "NGCX_RUNTIME_CACHE=/var/cache/ngcx/plans" in config["Env"] and "/var/cache/ngcx/plans" in config["Volumes"]
     listing = in_image(docker_client, project["tag"], "sh", "-c", "ls /opt/ngcx/model; ls /opt/ngcx/app")
-    assert listing.split() == ["model.onnx", "handler.py", "labels.txt", "ngcx.yaml"]
+    assert listing.split() == ["model.onnx", "model.onnx.pub", "model.onnx.sig", "handler.py", "labels.txt",
+                               "ngcx.yaml"]
     frozen = in_image(docker_client, project["tag"], "pip", "freeze").split()
     base_frozen = in_image(docker_client, labels["ai.ngcx.project.base-id"], "pip", "freeze").split()
     assert set(base_frozen) <= set(frozen)                      # nothing the base ships was replaced
@@ -125,27 +126,29 @@ def test_the_image_builds_on_the_base_with_traceable_labels(project, docker_clie
 
 def test_a_code_edit_rebuilds_only_from_code_and_keeps_the_model_layer(project, docker_client, env):
     tag, root = project["tag"], project["root"]
-    before = {k: project_layer(docker_client, tag, k) for k in ("wheels", "model", "code")}
+    before = {k: project_layer(docker_client, tag, k) for k in ("wheels", "model", "signature", "code")}
     with open(root / "handler.py", "a") as f:
         f.write("# edited: code-only change\n")
     result = ngcx("build", "-f", str(root / "ngcx.yaml"), cwd=root.parent, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rebuilding from layer 'code' (handler.py changed); wheels, model: cached" in result.stdout
-    after = {k: project_layer(docker_client, tag, k) for k in ("wheels", "model", "code")}
-    assert (after["wheels"], after["model"]) == (before["wheels"], before["model"])
+    after = {k: project_layer(docker_client, tag, k) for k in ("wheels", "model", "signature", "code")}
+    assert (after["wheels"], after["model"], after["signature"]) == (before["wheels"], before["model"],
+                                                                     before["signature"])
     assert after["code"] != before["code"]
     assert "edited: code-only change" in in_image(docker_client, tag, "cat", "/opt/ngcx/app/handler.py")
 
 
 def test_a_model_change_rebuilds_from_the_model_and_keeps_the_wheels(project, docker_client, env):
     tag, root = project["tag"], project["root"]
-    before = {k: project_layer(docker_client, tag, k) for k in ("wheels", "model")}
+    before = {k: project_layer(docker_client, tag, k) for k in ("wheels", "model", "signature")}
     models.mlp(root / "model.onnx", hidden=48)
     result = ngcx("build", cwd=root, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rebuilding from layer 'model' (the model changed); wheels: cached" in result.stdout
     assert project_layer(docker_client, tag, "wheels") == before["wheels"]
     assert project_layer(docker_client, tag, "model") != before["model"]
+    assert project_layer(docker_client, tag, "signature") != before["signature"]     # signed again
     assert docker_client.images.get(tag).labels["ai.ngcx.project.model-sha256"] == \
         hashlib.sha256((root / "model.onnx").read_bytes()).hexdigest()
 
