@@ -86,7 +86,12 @@ def test_a_container_that_dies_before_ready_is_one_line_and_is_removed(project, 
     assert "exited with code 3" in line and "model-file-is-broken" in line
     [rec] = records(project, state)
     assert rec["status"] == "failed" and "exited with code 3" in rec["detail"]
-    assert not containers(docker_client, {"label": f"ai.ngcx.deployment={rec['id']}"})
+    from ngcx.deploy import store
+    from ngcx.deploy.common import LABEL_OWNER
+
+    # this store's deployment only: ids restart at 1 in every state folder, so another run's leftover can share one
+    mine = [f"ai.ngcx.deployment={rec['id']}", f"{LABEL_OWNER}={store.owner_id()}"]
+    assert not containers(docker_client, {"label": mine})
 
 
 def test_a_deploy_killed_with_sigkill_is_announced_and_gc_cleans_it(project, docker_client, state):
