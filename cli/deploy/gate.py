@@ -50,6 +50,13 @@ def check_local(config: Any, image_id: str, repo_digests: list[str]) -> None:
     held = [(repo, digest) for repo, digest, _tag in pushed if f"{repo}@{digest}" in repo_digests]
     if held:
         repository, digest = held[0]
+        newest = next(d for r, d, _tag in pushed if r == repository)      # pushed is newest first
+        if digest != newest:   # the local tag went back to an older push: the registry is not the one that moved
+            from ..trust.verify import Refused
+
+            raise Refused(f"image refused: {config.image} is now {image_id[:19]}…, an older image ngcx pushed "
+                          f"({digest[:19]}…), not its newest push to {repository} ({newest[:19]}…)",
+                          hint="rebuild or pull the newest, or push this one again (ngcx push signs it)")
         key = config.trust_key or ""
         if (repository, digest, key) not in _VERIFIED:
             _VERIFIED[(repository, digest, key)] = _verify_push(config.image, repository, digest, config.trust_key)

@@ -109,3 +109,22 @@ def test_an_image_never_built_nor_pushed_here_passes_with_a_not_signed_note(imag
     gate.check_local(_config(ref), *_local(docker_client, ref))
     line = _one_line(capsys.readouterr().err)
     assert line.startswith("ngcx: note: ") and ref in line and "not signed" in line
+
+
+def test_a_tag_put_back_on_an_older_push_is_refused_as_the_local_tag_moving(images, docker_client, registry,
+                                                                             isolated_state):
+    """Both images were pushed and signed from here; the local tag named the newest, then went back to the older
+    one (`docker tag OLD REF`): refused, and the line blames the local tag, not the registry."""
+    ref = _name()
+    repository = f"{registry}/ngcx-gate-{secrets.token_hex(4)}"
+    old_id, _ = images(ref)
+    _remote, old_digest = push(ref, repository)
+    images(ref)
+    _remote, new_digest = push(ref, repository)
+    gate.check_local(_config(ref), *_local(docker_client, ref))        # the newest: passes
+    docker_client.images.get(old_id).tag(ref)
+    with pytest.raises(Refused) as refused:
+        gate.check_local(_config(ref), *_local(docker_client, ref))
+    line = _one_line(refused.value.line())
+    assert "an older image ngcx pushed" in line and old_digest[:19] in line and new_digest[:19] in line
+    assert "pushed under the tag" not in line
