@@ -217,7 +217,8 @@ def _push_sign_verify(work: Path, env: dict[str, str], total: Figures, facts: di
                      "trust/publish.py prepare_signer + sign_and_attest(REMOTE, DIGEST, sbom=...)",
                      "fresh process: its imports and key read included; 3 manifests + blobs uploaded")
             figs.add("sign + attest, SBOM included", done["sbom"] + done["sign"], "ngcx",
-                     "what `ngcx push` adds after the upload", "the two rows above, summed per round")
+                     "make_sbom + prepare_signer + sign_and_attest",
+                     "the two rows above, summed per round: what ngcx push adds after the upload")
             facts.setdefault("attested", done["attestations"])
             facts.setdefault("sbom_components", done["components"])
             seen = _probe(VERIFY, [repository, digest, PINNED, str(CALLS)], env)
@@ -361,10 +362,11 @@ def _notes(figs: Figures, builds: bool) -> list[str]:
     if builds:
         head = m["build --no-cache at HEAD (wheels hash-checked)"]
         before = m[f"build --no-cache at {BEFORE} (before hashes)"]
+        noise = ": the ranges overlap, so the difference is within this run's noise" if head.overlaps(before) else ""
         notes.append(
             f"Builds: HEAD {head.median:.0f} s ({head.min:.0f}-{head.max:.0f}) against {BEFORE} {before.median:.0f} s "
-            f"({before.min:.0f}-{before.max:.0f}), alternated per round. --no-cache ignores the layer cache, not "
-            "BuildKit's cache mounts (pip's cache, apt's lists and archives, the wheel pool) that both commits use "
+            f"({before.min:.0f}-{before.max:.0f}), alternated per round{noise}. --no-cache ignores the layer cache, "
+            "not BuildKit's cache mounts (pip's cache, apt's lists and archives, the wheel pool) that both commits use "
             "alike; the index pages and any wheel not cached come through this machine's HTTP proxy, so the figure "
             "varies with the proxy, the load (other sessions' builds) and the disk. Each --no-cache build leaves ~2 "
             "GB of build cache behind (`docker builder prune` reclaims it).")
