@@ -33,9 +33,7 @@ def checked_pull(config: Any, repository: str, digest: str) -> str:
     if config.allow_unsigned:
         _skipped(ref)
         return ref
-    key = config.trust_key or ""
-    if (repository, digest, key) not in _VERIFIED:
-        _VERIFIED[(repository, digest, key)] = _verify_push(config.image, repository, digest, config.trust_key)
+    _verify_once(config, repository, digest)
     return ref
 
 
@@ -57,9 +55,7 @@ def check_local(config: Any, image_id: str, repo_digests: list[str]) -> None:
             raise Refused(f"image refused: {config.image} is now {image_id[:19]}…, an older image ngcx pushed "
                           f"({digest[:19]}…), not its newest push to {repository} ({newest[:19]}…)",
                           hint="rebuild or pull the newest, or push this one again (ngcx push signs it)")
-        key = config.trust_key or ""
-        if (repository, digest, key) not in _VERIFIED:
-            _VERIFIED[(repository, digest, key)] = _verify_push(config.image, repository, digest, config.trust_key)
+        _verify_once(config, repository, digest)
         return
     build = state.build_of(config.image)
     if build is not None and build.tag == config.image and build.image_id == image_id:
@@ -84,6 +80,13 @@ def host_key(config: Any) -> str:
     from ..trust.keys import public_key_for
 
     return public_key_for(config.trust_key).decode().strip()
+
+
+def _verify_once(config: Any, repository: str, digest: str) -> None:
+    """_verify_push, once per (repository, digest, key) in this process: a service's replicas share one check."""
+    key = config.trust_key or ""
+    if (repository, digest, key) not in _VERIFIED:
+        _VERIFIED[(repository, digest, key)] = _verify_push(config.image, repository, digest, config.trust_key)
 
 
 def _verify_push(image: str, repository: str, digest: str, key: str | None) -> str:
