@@ -248,3 +248,32 @@ def test_sign_and_verify_on_a_registry_that_needs_a_login(images, auth_registry,
     assert f"ngcx login {host}" in anonymous.stderr
     for proc in (login, verified, anonymous):
         assert password not in proc.stdout + proc.stderr
+
+
+def test_the_private_key_is_in_no_output_artifact_label_or_state_row(images, namespace, isolated_state, docker_client):
+    """What a push signs with never leaves its 0600 file: not in push's or verify's output, not in the signature or
+    attestation manifests and blobs in the registry, not in the image's labels, not in the state database."""
+    from cryptography.hazmat.primitives import serialization
+
+    local = images()
+    proc = run_ngcx("push", local, "--registry", namespace)
+    assert proc.returncode == 0, proc.stderr
+    remote, _, digest = proc.stdout.strip().splitlines()[-1].partition("@")
+    key_file = isolated_state["state"] / "signing" / "cosign.key"
+    private = serialization.load_pem_private_key(key_file.read_bytes(), password=None)
+    scalar = private.private_numbers().private_value.to_bytes(32, "big")
+    der = private.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    forms = [scalar.hex().encode(), base64.b64encode(scalar), base64.b64encode(der)[:40], b"PRIVATE KEY"]
+
+    host, repo, _tag = split(remote)
+    seen = [proc.stdout.encode(), proc.stderr.encode(), run_ngcx("verify", remote).stderr.encode(),
+            json.dumps(docker_client.images.get(local).labels or {}).encode()]
+    for suffix in (".sig", ".att"):
+        manifest = get_manifest(host, repo, digest.replace(":", "-") + suffix)
+        seen.append(json.dumps(manifest).encode())
+        seen += [get_blob(host, repo, layer["digest"]) for layer in manifest["layers"]]
+    seen += [p.read_bytes() for p in isolated_state["state"].rglob("*") if p.is_file() and p != key_file]
+    assert len(seen) > 6
+    leaked = [form for form in forms for blob in seen if form in blob]
+    assert leaked == []
