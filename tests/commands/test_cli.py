@@ -68,7 +68,7 @@ def test_group_help_lists_subcommands(group: str) -> None:
     proc = ngcx(group, "--help")
     assert proc.returncode == 0
     listed = {line.split()[0] for line in proc.stdout.split("Commands:")[1].splitlines() if line.strip()}
-    assert listed == {"ls", "show", "check"}
+    assert listed == {"ls", "show", "check", "lock"}     # lock: the wheel hashes (registry.lock.yaml)
 
 
 def test_usage_errors_exit_2_without_traceback() -> None:
