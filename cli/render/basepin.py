@@ -45,5 +45,15 @@ def record(tag: str, image_id: str) -> None:
     data[tag] = {"id": image_id, "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     path = _file()
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        tmp.replace(path)
+    except OSError as exc:      # a full or read-only state folder: one line, and no half-written pin left
+        import shutil
+
+        from ..core.errors import UserError
+
+        tmp.unlink(missing_ok=True)
+        free = shutil.disk_usage(path.parent).free // 1024 if path.parent.is_dir() else 0
+        raise UserError(f"cannot record the base pin in {path}: {exc.strerror.lower()}, {free} KB free there",
+                        hint="free some space there, or set NGCX_STATE_DIR to a folder on a disk with room") from None
