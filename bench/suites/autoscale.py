@@ -42,7 +42,7 @@ RATE = 4.0            # requests/s per client
 TARGET = 60           # requests per host per (emulated) minute: 1 client fits one host, 8 need three
 STEP_MAX_S = 300.0
 CLOUDS = {   # gpu, registry, region, the metadata service's address as hosts call it, the registry API's variable
-    "aws": ("A10G", "ecr://us-east-1/bench", "us-east-1", "169.254.169.254:80", "NGCX_ECR_API_HOST_ENDPOINT"),
+    "aws": ("A10G", "ecr://us-east-1/bench-aws", "us-east-1", "169.254.169.254:80", "NGCX_ECR_API_HOST_ENDPOINT"),
     "aliyun": ("A10", "acr://cn-hangzhou/bench", "cn-hangzhou", "100.100.100.200:80", "NGCX_ACR_API_HOST_ENDPOINT"),
 }
 NOTES = [

@@ -156,7 +156,7 @@ def _env(cloud: str, emu, relay: str, api: str, home: Path) -> dict[str, str]:
 def _deploy_args(root: Path, env: dict[str, str], cloud: str) -> tuple[list[str], str, str]:
     """(the deploy's arguments, the registry, the region) for `cloud`, the app pushed there."""
     gpu, registry, region = {"aliyun": ("A10", "acr://cn-hangzhou/bench", "cn-hangzhou"),
-                             "aws": ("A10G", "ecr://us-east-1/bench", "us-east-1")}[cloud]
+                             "aws": ("A10G", "ecr://us-east-1/bench-aws", "us-east-1")}[cloud]  # own repo: own key
     Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
     ngcx(root, env, "push", "ngcx-app/onnx-zero-code:latest", "--registry", registry)
     return ["--cloud", cloud, "--gpu", gpu, "--gpu-mode", "auto"], registry, region

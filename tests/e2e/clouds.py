@@ -184,10 +184,12 @@ def aws(docker_client, registry, relay, project, tmp_path_factory) -> Iterator[C
         cloud = Cloud("aws", emulator, hosts, project, env, "A10G", "g5.xlarge", ("InsufficientInstanceCapacity", 500),
                       ("RequestLimitExceeded", 503), ("InternalError", 500), "AWS_SECRET_ACCESS_KEY", AWS_SECRET,
                       emulator.set_capacity)
-        pushed = cloud.ngcx("push", "ngcx-app/onnx-zero-code:latest", "--registry", f"ecr://{AWS_REGION}/e2e")
+        # a repository of its own: "ECR" and "ACR" are the same loopback registry, where the two clouds' states
+        # would sign one digest with two keys, and a signature tag holds the last signer's (cli/trust/sign.py)
+        pushed = cloud.ngcx("push", "ngcx-app/onnx-zero-code:latest", "--registry", f"ecr://{AWS_REGION}/aws-e2e")
         assert pushed.returncode == 0, pushed.stderr[-2000:]
         created = [c for name, c in emulator.calls if name == "CreateRepository"]
-        assert [c["repositoryName"] for c in created] == ["e2e/onnx-zero-code"]
+        assert [c["repositoryName"] for c in created] == ["aws-e2e/onnx-zero-code"]
         assert [name for name, _ in emulator.calls].count("GetAuthorizationToken") >= 1, "push logs in with a token"
         cloud.baked = _bake(cloud, "--region", AWS_REGION)
         assert [m["state"] for m in emulator.images() if m["id"] == cloud.baked] == ["available"]
