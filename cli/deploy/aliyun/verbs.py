@@ -101,8 +101,6 @@ def delete_orphan(item: dict[str, str]) -> None:
 
 # ---------------------------------------------------------------- services (issue 21): service.py's verbs
 
-
-
 CERTIFICATE = ("a Certificate Management Service (CAS) certificate id", "CERT_ID-REGION")
 
 

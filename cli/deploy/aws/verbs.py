@@ -124,8 +124,6 @@ def delete_orphan(item: dict[str, str]) -> None:
 
 # ---------------------------------------------------------------- services (issue 21): service.py's verbs
 
-
-
 CERTIFICATE = ("an ACM certificate ARN", "arn:aws:acm:REGION:ACCOUNT:certificate/ID")
 
 
