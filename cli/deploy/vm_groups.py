@@ -8,6 +8,22 @@ expired), the group behind the balancer's target / server group, its target-trac
 host — and lives here once. A cloud hands over a GroupKit: its client and the few things that differ
 (how its spec, ref and metric are spelled, and its instances' lifecycle states). Refs travel as plain dicts
 (the service's row keeps them).
+
+The contract each cloud's client (aws/asg.py AutoScalingGroups, aliyun/ess.py) implements for issue 49, beyond
+ensure_group / sizes / set_size / put_target_tracking / instances / complete_lifecycle / delete / tagged:
+- `start_refresh(ref, spec) -> str`: move the group to the launch template version / scaling configuration
+  made from `spec` and replace every host in batches, new hosts up (healthy behind the balancer) before old
+  ones drain; returns the refresh's id. AWS: StartInstanceRefresh, MinHealthyPercentage=100 and
+  MaxHealthyPercentage=200 (above 100: launch before terminate), DesiredConfiguration's template version, the
+  group's ELB health check. ESS: its instance refresh (or a new configuration replaced in batches).
+- `refresh_state(ref, refresh_id) -> RefreshState` (below: status pending / running / done / failed /
+  cancelled, percent, reason).
+- `cancel_refresh(ref, refresh_id) -> None`.
+- the cloud's GroupSpec gains `spot: bool = False`, `on_demand_base: int = 0`, `instance_types: tuple[str, ...]
+  = ()` (several types; AWS: MixedInstancesPolicy, OnDemandBaseCapacity, OnDemandPercentageAboveBaseCapacity=0,
+  SpotAllocationStrategy capacity-optimized, one Override per type, CapacityRebalance on; ESS: spot with
+  on-demand compensation); its Member and the Member here gain `market: str = "on-demand"` ("spot" or
+  "on-demand").
 """
 
 from __future__ import annotations
@@ -23,6 +39,17 @@ if TYPE_CHECKING:
     from .common import DeployConfig
 
 LEAVING, PENDING, IN_SERVICE = "leaving", "pending", "in-service"
+REFRESH_STATUSES = ("pending", "running", "done", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class RefreshState:
+    """Where a group's instance refresh stands, in words both clouds map to (AWS InstanceRefresh.Status,
+    ESS's refresh task status)."""
+
+    status: str                 # one of REFRESH_STATUSES
+    percent: int                # 0..100: hosts replaced so far
+    reason: str = ""            # the cloud's own words (why it failed / was cancelled), empty when none
 
 
 @dataclass(frozen=True)
@@ -31,6 +58,7 @@ class Member:
     zone: str
     state: str                  # pending / in-service / leaving / stopped / warming (service_group's words)
     health: str                 # the group's own health verdict
+    market: str = "on-demand"   # "spot" or "on-demand": what the host was bought as
 
 
 @dataclass(frozen=True)
