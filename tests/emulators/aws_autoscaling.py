@@ -62,8 +62,9 @@ What this module adds:
   CloudWatch; metric alarms whose actions name a scaling policy are evaluated (StateValue set in moto) and,
   while in ALARM, run their StepScaling policy through `_set` (warm pool first); PutScalingPolicy answers
   PolicyARN.
+- Instance refresh, mixed instances (spot markets) and spot reclaims: aws_refresh.py (its docstring).
 Not emulated: zone balancing (moto's first subnet), replacing unhealthy instances (HealthCheckType ELB is
-stored, not acted on), launching lifecycle hooks, instance refresh, mixed instance policies, simple scaling
+stored, not acted on), launching lifecycle hooks, simple scaling
 policies and ExecutePolicy (moto's own, without machines), DescribeScalingActivities for launches and
 terminations.
 """
@@ -78,6 +79,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .aws_alarms import AlarmActions
+from .aws_refresh import Refreshes
 from .aws_scaling_owner import NS, Victim, scaling_answer
 from .aws_warm_pool import WarmPools
 from .aws_wire import (
@@ -131,8 +133,10 @@ class AutoScaling:
             "DescribeAutoScalingGroups": self._describe,
         }
         self.pool = WarmPools(self)                              # aws_warm_pool.py
+        self.refresh = Refreshes(self)                           # aws_refresh.py: refreshes, spot, reclaims
         self.alarms = AlarmActions(self)                         # aws_alarms.py
         self._handlers.update(self.pool.handlers())
+        self._handlers.update(self.refresh.handlers())
         self._handlers["PutScalingPolicy"] = self.alarms.put_policy
         emulator.routes.append(self.route)
         emulator.closers.append(self.close)
@@ -210,12 +214,16 @@ class AutoScaling:
             new = [child_text(m, "InstanceId") for m in members(group, "Instances")
                    if child_text(m, "InstanceId") not in self._versions]
         if new:
-            version, user_data, profile = self._template_version(region, child(group, "LaunchTemplate"))
+            template = child(group, "LaunchTemplate")
+            if template is None:                  # a MixedInstancesPolicy's template (aws_refresh.py: markets)
+                template = xpath(group, "MixedInstancesPolicy", "LaunchTemplate", "LaunchTemplateSpecification")
+            version, user_data, profile = self._template_version(region, template)
             with self._lock:
                 self._versions.update({i: version for i in new})
             for instance_id in new if profile else []:    # moto launches them without the template's profile
                 self.ec2._need_upstream().ec2(region, "AssociateIamInstanceProfile",
                                               {"InstanceId": instance_id, **profile})
+            self.refresh.mark_markets(region, group, new)
             self.ec2.adopt(region, {i: user_data for i in new})
         self.ec2.elbv2.refresh(region)
 
@@ -254,7 +262,6 @@ class AutoScaling:
         return answer
 
     def _shrink(self, region: str, group: ET.Element, target: int) -> None:
-        name = child_text(group, "AutoScalingGroupName")
         instances = members(group, "Instances")
         excess = len(instances) - target
         if excess <= 0:
@@ -268,20 +275,32 @@ class AutoScaling:
                        key=lambda m: (-zones[child_text(m, "AvailabilityZone")],
                                       int(versions.get(child_text(m, "InstanceId")) or 0),
                                       -list(instances).index(m)))
-        chosen = order[:excess]
-        if not chosen:
+        self.retire(region, group, [child_text(m, "InstanceId") for m in order[:excess]])
+
+    def retire(self, region: str, group: ET.Element, ids: list[str], decrement: bool = True,
+               deadline: float | None = None) -> None:
+        """Take `ids` out of the group as a scale-in does: detached in moto, deregistered (draining), waiting for
+        the terminating hook, then terminated (or parked in the warm pool). Also an instance refresh's and a
+        spot interruption's way out (aws_refresh.py); `deadline` (monotonic) caps the hook's wait (EC2 reclaims
+        a spot host at its interruption time whatever the hook says)."""
+        if not ids:
             return
-        ids = [child_text(m, "InstanceId") for m in chosen]
+        name = child_text(group, "AutoScalingGroupName")
+        chosen = [m for m in members(group, "Instances") if child_text(m, "InstanceId") in ids]
+        with self._lock:
+            versions = dict(self._versions)
         params = {f"InstanceIds.member.{n}": i for n, i in enumerate(ids, start=1)}
-        self._moto(region, "DetachInstances", {"AutoScalingGroupName": name, "ShouldDecrementDesiredCapacity": "true",
-                                               **params})
+        self._moto(region, "DetachInstances", {"AutoScalingGroupName": name,
+                                               "ShouldDecrementDesiredCapacity": str(decrement).lower(), **params})
         hooks = self._moto(region, "DescribeLifecycleHooks", {"AutoScalingGroupName": name})
         hook = next((h for h in members(xpath(hooks, "DescribeLifecycleHooksResult") if hooks is not None else None,
                                         "LifecycleHooks") if child_text(h, "LifecycleTransition") == TERMINATING),
                     None)
         heartbeat = float(child_text(hook, "HeartbeatTimeout") or DEFAULT_HEARTBEAT_S) * self.time_scale
-        drained = time.monotonic() + self._delay(region, group)
         now = time.monotonic()
+        drained = now + self._delay(region, group)
+        if deadline is not None:
+            heartbeat, drained = min(heartbeat, max(0.0, deadline - now)), min(drained, deadline)
         with self._lock:
             for m in chosen:
                 i = child_text(m, "InstanceId")

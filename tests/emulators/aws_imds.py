@@ -23,9 +23,10 @@ The service (MetadataService, on `Ec2Emulator.metadata_address`), as AWS's on 16
 - Paths: /latest/meta-data/{ami-id, instance-id, instance-type, local-ipv4, local-hostname, hostname,
   placement/availability-zone, placement/region, iam/info, iam/security-credentials/ (the role's name),
   iam/security-credentials/ROLE (the credentials JSON)}, /latest/dynamic/instance-identity/document,
-  /latest/user-data; a directory lists its entries. No profile (or a profile without a role): no
-  iam/ at all (404). The profile and its role are read from moto at every request, so Associate /
-  Replace / Disassociate through the API show at once.
+  /latest/user-data, and meta-data/events/recommendations/rebalance and spot/instance-action once EC2 reclaims a
+  spot instance (aws_refresh.py; 404 before, as AWS); a directory lists its entries. No profile (or a
+  profile without a role): no iam/ at all (404). The profile and its role are read from moto at every
+  request, so Associate / Replace / Disassociate through the API show at once.
 - Credentials: {"Code": "Success", "LastUpdated", "Type": "AWS-HMAC", "AccessKeyId": "ASIA...",
   "SecretAccessKey", "Token", "Expiration"}, valid 6 hours; the same ones are served until 15 minutes
   before they expire (AWS: at least five), then new ones. Old ones stay valid until they expire, also
@@ -421,6 +422,7 @@ class MetadataService:
         self.resolve = resolve
         self.credentials = credentials
         self.errors: list[str] = []     # harness bugs (answered 500); a test asserts there are none
+        self.notices: dict[str, dict[str, Any]] = {}   # instance id -> spot/, events/ trees (aws_refresh.py)
         self._tokens: dict[str, tuple[str, float]] = {}   # token -> (instance id, monotonic expiry)
         self._lock = threading.Lock()
         self._server = _MetadataServer((host, 0), _MetadataHandler)
@@ -506,6 +508,7 @@ class MetadataService:
                       "instance-type": machine.instance_type, "local-hostname": host, "local-ipv4": machine.private_ip,
                       "placement": {"availability-zone": machine.zone, "region": machine.region},
                       "services": {"domain": "amazonaws.com", "partition": "aws"}}
+        meta.update(self.notices.get(machine.id, {}))   # a reclaim's rebalance recommendation / interruption
         if caller.role:
             meta["iam"] = {"info": lambda: self._info(caller),
                            "security-credentials": {caller.role: lambda: self._credentials(caller)}}

@@ -1,9 +1,9 @@
 """What Auto Scaling's two helpers share with it: its answer shape, a scale-in's victims, the AutoScaling they serve.
 
-Why a module of its own: aws_autoscaling.py builds its WarmPools (aws_warm_pool.py) and AlarmActions
-(aws_alarms.py), so it imports them; they need its answer builder, its Victim records and a typed handle on
-the AutoScaling that owns them (ScalingOwner: the members they use), and take them from here instead of
-importing aws_autoscaling.py back (no two modules import each other).
+Why a module of its own: aws_autoscaling.py builds its WarmPools (aws_warm_pool.py), AlarmActions
+(aws_alarms.py) and Refreshes (aws_refresh.py), so it imports them; they need its answer builder, its Victim
+records and a typed handle on the AutoScaling that owns them (ScalingOwner: the members they use), and take
+them from here instead of importing aws_autoscaling.py back (no two modules import each other).
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ class ScalingOwner(Protocol):
     _scale_lock: threading.Lock
     _closing: threading.Event
     _versions: dict[str, str]
+    _victims: dict[str, Victim]
 
     def victims(self) -> list[Victim]: ...
     def _moto(self, region: str, action: str, params: dict[str, str]) -> ET.Element | None: ...
@@ -66,3 +67,6 @@ class ScalingOwner(Protocol):
     def _groups(self, region: str) -> list[ET.Element]: ...
     def _template_version(self, region: str, template: ET.Element | None) -> tuple[str, bytes, dict[str, str]]: ...
     def _set(self, region: str, name: str, before: int, after: int, metric: float) -> None: ...
+    def _sync(self, region: str, name: str) -> None: ...
+    def retire(self, region: str, group: ET.Element, ids: list[str], decrement: bool = True,
+               deadline: float | None = None) -> None: ...

@@ -72,6 +72,18 @@ class GroupSpec:
     security_group: str | None = None
     grace_s: int = 300                 # HealthCheckGracePeriod: a booting host is not judged before that
     drain_wait_s: int = 300            # the terminating hook's heartbeat timeout
+    spot: bool = False                 # hosts above on_demand_base bought as spot (MixedInstancesPolicy)
+    on_demand_base: int = 0            # OnDemandBaseCapacity: this many hosts always on demand
+    instance_types: tuple[str, ...] = ()   # the types the group may launch (Overrides); () = instance_type only
+
+    @property
+    def mixed(self) -> bool:
+        """A MixedInstancesPolicy instead of the plain template: spot, or more than one instance type."""
+        return self.spot or len(self.types) > 1
+
+    @property
+    def types(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((self.instance_type, *self.instance_types)))
 
 
 @dataclass(frozen=True)
@@ -100,6 +112,7 @@ class Member:
     zone: str
     state: str                         # Pending, InService, Terminating:Wait, ...
     health: str                        # Healthy / Unhealthy
+    market: str = "on-demand"          # "spot" when EC2 says InstanceLifecycle spot
 
 
 def requests_per_target(balancer_arn: str, target_group_arn: str) -> Metric:
@@ -125,10 +138,10 @@ class AutoScalingGroups:
                             f"max ({spec.max_size})")
         template_id, version = self._template(spec)
         group = self._group(spec.name)
-        launch = {"LaunchTemplateId": template_id, "Version": version}
+        launch = _launch(spec, template_id, version)
         if group is None:
             try:
-                self._call("create_auto_scaling_group", AutoScalingGroupName=spec.name, LaunchTemplate=launch,
+                self._call("create_auto_scaling_group", AutoScalingGroupName=spec.name, **launch,
                            MinSize=spec.min_size, MaxSize=spec.max_size, DesiredCapacity=spec.desired,
                            VPCZoneIdentifier=",".join(spec.subnets), TargetGroupARNs=[spec.target_group_arn],
                            HealthCheckType="ELB", HealthCheckGracePeriod=spec.grace_s,
@@ -140,10 +153,9 @@ class AutoScalingGroups:
                 group = self._group(spec.name)
         if group is not None:
             self._check_owner(spec, {t["Key"]: t["Value"] for t in group.get("Tags") or []}, "Auto Scaling group")
-            current = group.get("LaunchTemplate") or {}
-            if (current.get("LaunchTemplateId"), current.get("Version"), group.get("MinSize"),
-                    group.get("MaxSize")) != (template_id, version, spec.min_size, spec.max_size):
-                self._call("update_auto_scaling_group", AutoScalingGroupName=spec.name, LaunchTemplate=launch,
+            if (_launched(group), group.get("MinSize"), group.get("MaxSize")) != (
+                    _launched(launch), spec.min_size, spec.max_size):
+                self._call("update_auto_scaling_group", AutoScalingGroupName=spec.name, **launch,
                            MinSize=spec.min_size, MaxSize=spec.max_size)
             if spec.target_group_arn not in (group.get("TargetGroupARNs") or []):
                 self._call("attach_load_balancer_target_groups", AutoScalingGroupName=spec.name,
@@ -199,6 +211,66 @@ class AutoScalingGroups:
         if owner and tags.get(OWNER_TAG) != owner:
             raise UserError(f"{what} {spec.name} exists but is not this owner's (tag {OWNER_TAG}="
                             f"{tags.get(OWNER_TAG)!r})", hint="choose another service name or remove it")
+
+    # --- instance refresh (a rolling update) ---------------------------------------------------------
+
+    def start_refresh(self, ref: GroupRef, spec: GroupSpec) -> str:
+        """Replace every host with one launched from `spec` (a new template version when it changed), new
+        hosts healthy behind the balancer before old ones drain; the refresh's id.
+
+        Why these preferences: MinHealthyPercentage 100 keeps every serving host until its replacement is
+        healthy, MaxHealthyPercentage 200 (above 100: launch before terminate) lets the whole batch launch at
+        once; SkipMatching leaves hosts that already run the desired configuration (a retry after an
+        interrupted ngcx replaces only what is left); the health check is the group's (ELB: healthy in the
+        target group), old hosts leave through the deregistration delay and the terminating hook as on
+        scale-in. DesiredConfiguration names the exact version, so AWS moves the group to it on success. A
+        refresh already running (an earlier ngcx's) is that refresh's id, not a second one."""
+        template_id, version = self._template(spec)
+        desired = _launch(spec, template_id, version)
+        desired.pop("CapacityRebalance", None)
+        try:
+            answer = self._call("start_instance_refresh", AutoScalingGroupName=ref.name, Strategy="Rolling",
+                                DesiredConfiguration=desired,
+                                Preferences={"MinHealthyPercentage": 100, "MaxHealthyPercentage": 200,
+                                             "SkipMatching": True, "InstanceWarmup": spec.grace_s})
+        except AwsError as exc:
+            if exc.code != "InstanceRefreshInProgress":
+                raise
+            running = self._refreshes(ref.name)
+            if not running:
+                raise
+            return str(running[0]["InstanceRefreshId"])
+        return str(answer["InstanceRefreshId"])
+
+    def refresh_state(self, ref: GroupRef, refresh_id: str) -> Any:
+        """vm_groups.RefreshState of one refresh (AWS's status in five words; its reason kept)."""
+        from ..vm_groups import RefreshState
+
+        found = self._refreshes(ref.name, refresh_id)
+        if not found:
+            return RefreshState("failed", 0, f"no instance refresh {refresh_id} on group {ref.name}")
+        item = found[0]
+        return RefreshState(REFRESH_STATUS.get(str(item.get("Status")), "running"),
+                            int(item.get("PercentageComplete") or 0), str(item.get("StatusReason") or ""))
+
+    def cancel_refresh(self, ref: GroupRef, refresh_id: str) -> None:
+        """Stop the group's running refresh (hosts already replaced stay); none running is done, not an error."""
+        try:
+            self._call("cancel_instance_refresh", AutoScalingGroupName=ref.name)
+        except AwsError as exc:
+            if exc.code != "ActiveInstanceRefreshNotFound":
+                raise
+
+    def _refreshes(self, name: str, refresh_id: str = "") -> list[dict[str, Any]]:
+        """The group's refreshes (newest first, as AWS lists them), or the one named; active ones only when
+        no id is given."""
+        params: dict[str, Any] = {"AutoScalingGroupName": name}
+        if refresh_id:
+            params["InstanceRefreshIds"] = [refresh_id]
+        found = self._call("describe_instance_refreshes", **params).get("InstanceRefreshes") or []
+        if refresh_id:
+            return found
+        return [r for r in found if r.get("Status") in ("Pending", "InProgress", "Cancelling", "Baking")]
 
     # --- size, policy, members ------------------------------------------------------------------------
 
@@ -290,8 +362,23 @@ class AutoScalingGroups:
         found = list((group or {}).get("Instances") or [])
         if group is not None and group.get("WarmPoolConfiguration"):
             found += self._call("describe_warm_pool", AutoScalingGroupName=ref.name).get("Instances") or []
+        markets = self._markets([i["InstanceId"] for i in found]) if group and group.get(
+            "MixedInstancesPolicy") else {}
         return [Member(i["InstanceId"], i.get("AvailabilityZone", ""), i.get("LifecycleState", ""),
-                       i.get("HealthStatus", "")) for i in found]
+                       i.get("HealthStatus", ""), markets.get(i["InstanceId"], "on-demand")) for i in found]
+
+    def _markets(self, ids: list[str]) -> dict[str, str]:
+        """Instance id -> "spot" / "on-demand" as EC2 says (InstanceLifecycle; the group's list has no market)."""
+        if not ids:
+            return {}
+        try:
+            answer = self._call_ec2("describe_instances", InstanceIds=ids)
+        except AwsError as exc:                     # one just terminated: the rest are read next time
+            if exc.code != "InvalidInstanceID.NotFound":
+                raise
+            return {}
+        return {i["InstanceId"]: "spot" if i.get("InstanceLifecycle") == "spot" else "on-demand"
+                for r in answer.get("Reservations") or [] for i in r.get("Instances") or []}
 
     def complete_lifecycle(self, ref: GroupRef, instance_id: str) -> None:
         """End the instance's Terminating:Wait now (its host is idle); no wait left is done, not an error."""
@@ -329,10 +416,10 @@ class AutoScalingGroups:
         found = []
         for group in groups:
             if _has(group.get("Tags"), tags):
-                launch = group.get("LaunchTemplate") or {}
+                launched, version = _launched(group)[:2]
                 template = by_name.pop(group["AutoScalingGroupName"], None) or {}
-                found.append(GroupRef(group["AutoScalingGroupName"], launch.get("LaunchTemplateId")
-                                      or template.get("LaunchTemplateId", ""), str(launch.get("Version") or "")))
+                found.append(GroupRef(group["AutoScalingGroupName"], launched or template.get("LaunchTemplateId", ""),
+                                      str(version or "")))
         found += [GroupRef(name, t["LaunchTemplateId"], "") for name, t in sorted(by_name.items())]
         return found
 
@@ -341,6 +428,47 @@ class AutoScalingGroups:
 
     def _call_ec2(self, operation: str, **params: Any) -> dict[str, Any]:
         return self.api.call("ec2", operation, **params)
+
+
+REFRESH_STATUS = {"Pending": "pending", "InProgress": "running", "Baking": "running", "Cancelling": "running",
+                  "RollbackInProgress": "running", "Successful": "done", "Failed": "failed",
+                  "RollbackFailed": "failed", "RollbackSuccessful": "failed", "Cancelled": "cancelled"}
+
+
+def _launch(spec: GroupSpec, template_id: str, version: str) -> dict[str, Any]:
+    """The group's launch parameters: the template version, or a MixedInstancesPolicy over it.
+
+    Why this policy for spot (issue 49): OnDemandBaseCapacity keeps an on-demand floor, every host above it
+    is spot (OnDemandPercentageAboveBaseCapacity 0), capacity-optimized picks the pools least likely to be
+    interrupted, one Override per instance type widens those pools, and CapacityRebalance makes the group
+    replace a spot host on EC2's rebalance recommendation: it launches the replacement, waits for its health
+    check, then terminates the old one through the terminating lifecycle hook and the target group's
+    deregistration delay (AWS, "Capacity Rebalancing" in the EC2 Auto Scaling guide) — the drain that keeps
+    a reclaimed host's in-flight requests, with no watcher on the host. Without spot, several types are the
+    same policy all on demand."""
+    template = {"LaunchTemplateId": template_id, "Version": version}
+    if not spec.mixed:
+        return {"LaunchTemplate": template}
+    return {"MixedInstancesPolicy": {
+        "LaunchTemplate": {"LaunchTemplateSpecification": template,
+                           "Overrides": [{"InstanceType": t} for t in spec.types]},
+        "InstancesDistribution": {"OnDemandBaseCapacity": spec.on_demand_base if spec.spot else 0,
+                                  "OnDemandPercentageAboveBaseCapacity": 0 if spec.spot else 100,
+                                  "SpotAllocationStrategy": "capacity-optimized"}},
+        "CapacityRebalance": spec.spot}
+
+
+def _launched(found: dict[str, Any]) -> tuple[Any, ...]:
+    """What a group (or _launch's parameters) launches: template id, version, types, on-demand base, spot."""
+    mixed = found.get("MixedInstancesPolicy")
+    if not mixed:
+        template = found.get("LaunchTemplate") or {}
+        return template.get("LaunchTemplateId"), template.get("Version"), (), 0, False
+    template = mixed.get("LaunchTemplate", {}).get("LaunchTemplateSpecification") or {}
+    split = mixed.get("InstancesDistribution") or {}
+    return (template.get("LaunchTemplateId"), template.get("Version"),
+            tuple(o.get("InstanceType") for o in mixed.get("LaunchTemplate", {}).get("Overrides") or []),
+            int(split.get("OnDemandBaseCapacity") or 0), bool(found.get("CapacityRebalance")))
 
 
 def _template_data(spec: GroupSpec) -> dict[str, Any]:
