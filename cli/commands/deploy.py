@@ -101,6 +101,18 @@ def deploy_cmd(
     target_requests: Annotated[float, typer.Option(
         "--target-requests", min=0.001, help="Autoscaled service on a cloud: requests per replica per minute at the "
                                              "balancer that its scaling group keeps (target tracking).")] = 600.0,
+    canary: Annotated[int | None, typer.Option(
+        "--canary", help="With --service: release the image as a canary at PCT % of requests, judged on the replicas' "
+                         "own /metrics, then promoted in steps (PCT, 50, 100 %) or rolled back by itself.")] = None,
+    max_error_rate: Annotated[float, typer.Option(
+        "--max-error-rate", help="Canary: the largest fraction of failed requests it may answer (0.01 = 1 %).")]
+    = 0.01,
+    max_p99_ms: Annotated[float, typer.Option(
+        "--max-p99-ms", help="Canary: the slowest p99 it may answer in, ms (and at most 2x the old version's).")]
+    = 1000.0,
+    canary_window: Annotated[float, typer.Option(
+        "--canary-window", help="Canary: seconds each step is watched (extended while too little traffic came).")]
+    = 60.0,
     node_labels: Annotated[str | None, typer.Option(
         "--node-labels", help="--cloud kubernetes: ack or eks, whose GPU node labels select the nodes (default: the "
                               "one whose offers table has --gpu).")] = None,
@@ -140,6 +152,9 @@ def deploy_cmd(
         _check_open_endpoint(config.allow_from)
     if dry_run:
         return _dry_run(config)
+    if canary is not None:
+        return _canary(config, registry, service, (min_replicas, max_replicas),
+                       (canary, max_error_rate, max_p99_ms, canary_window), as_json)
     if service is not None or replicas is not None:
         from .services import deploy_service
 
@@ -173,6 +188,34 @@ def deploy_cmd(
     for line in how_to_call(record, show_key=sys.stderr.isatty()):
         print(f"ngcx: {line}", file=sys.stderr)
     print(record.endpoint)
+
+
+def _canary(config: Any, registry: str | None, service: str | None, scale: tuple[int | None, int | None],
+            flags: tuple[int, float, float, float], as_json: bool) -> None:
+    """`--service sN --canary PCT`: the flags checked in one line each, then canary.run over the service."""
+    from ..deploy import canary, store
+    from ..deploy.image import pushes
+    from .services import _print_ready, say
+
+    first, max_error_rate, max_p99_ms, window = flags
+    if service is None:
+        raise UserError("--canary releases a new version of a service", hint="add --service sN (see `ngcx deployments "
+                                                                             "ls`)")
+    policy = canary.Policy(steps=canary.steps_of(first), max_error_rate=max_error_rate, max_p99_ms=max_p99_ms,
+                           window_s=window)
+    canary.check(policy)
+    svc = store.service(store.parse_service_id(service))
+    from ..deploy import service_group
+
+    if scale != (None, None) or service_group.is_group(svc):
+        raise UserError(f"--canary on {svc.ref}: canary releases are for fixed-replica services (--replicas N), "
+                        f"not autoscaled ones (--min/--max)", hint=f"roll {svc.ref} with `ngcx deploy --service "
+                                                                   f"{svc.ref}` (no --canary)")
+    if svc.cloud != "local":
+        config.pushes = pushes(config.image, registry, sign=not config.allow_unsigned)
+        config.pull_ref, config.registry = config.pick_push(lambda _host: True) or (None, None)
+    warn_interrupted()
+    _print_ready(canary.run(svc, config, policy, say), as_json)
 
 
 def _kubernetes_options(cloud: Cloud, dry_run: bool, output: Path | None, replicas: int | None, service: str | None,

@@ -13,15 +13,20 @@ Rules every implementation keeps, because services are found again after an inte
   where the API has them), and returns once the balancer is active;
 - every resource carries the spec's tags, so `tagged` (gc) finds what a killed ngcx left;
 - `deregister` starts the draining and returns; the cloud keeps the drain (spec.drain_s);
-- `delete` of what is already gone is done, not an error; no secret is ever in a name, tag or error.
+- `delete` of what is already gone is done, not an error; no secret is ever in a name, tag or error;
+- `set_weights` (canary releases, canary.py) changes how new requests spread over registered members, each
+  (instance, port, weight 0..100) named; a member not named keeps its weight, weight 0 takes no new request
+  (in-flight ones finish), and a member that registers again gets the full weight (WEIGHT) back.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 HEALTH_PATH = "/v2/health/ready"   # keyless on every ngcx endpoint (runtime/access.py: health needs no key)
+WEIGHT = 100                       # a member's full weight: what register gives, the top of set_weights' range
 HEALTH_STATES = ("initial", "healthy", "unhealthy", "draining", "unused")
 
 
@@ -61,3 +66,4 @@ class Balancer(Protocol):
     def health(self, ref: BalancerRef) -> dict[str, str]: ...   # instance id -> one of HEALTH_STATES
     def delete(self, ref: BalancerRef) -> None: ...
     def tagged(self, tags: dict[str, str]) -> list[BalancerRef]: ...
+    def set_weights(self, ref: BalancerRef, weights: Sequence[tuple[str, int, int]]) -> None: ...

@@ -173,8 +173,15 @@ class ServiceRecord:
     def ref(self) -> str:
         return f"s{self.id}"
 
+    @property
+    def canary(self) -> dict[str, Any]:
+        """The last canary release's judgement (canary.py): kept in `config` so that no schema change is needed and
+        a rolled-back canary's story stays beside the config it left serving; {} when there was none."""
+        return dict(self.config.get("canary") or {})
+
     def as_json(self) -> dict[str, Any]:
-        return dict(asdict(self), ref=self.ref, image=self.config.get("image"), version=self.config.get("version"))
+        return dict(asdict(self), ref=self.ref, image=self.config.get("image"), version=self.config.get("version"),
+                    canary=self.canary or None)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> ServiceRecord:

@@ -9,14 +9,15 @@ to its state, and haproxy's own health checks decide which emulated host gets re
 the instances, serves these actions on its port and says where a listener serves (balancer_address()).
 
 Emulated: Create/Get/List/DeleteLoadBalancer; Create/List/Delete/UpdateServerGroupAttribute; AddServersTo/
-RemoveServersFrom/ListServerGroupServers; Create/List/Delete/GetListenerAttribute, GetListenerHealthStatus;
-Tag/ListTagResources. Names follow aliyun-python-sdk-alb's requests and aliyun-java-sdk-alb's unmarshallers;
+RemoveServersFrom/ListServerGroupServers, UpdateServerGroupServersAttribute (Weight and Description of servers
+already in the group, as the API reference's Servers.N; the plane's `set server weight`); Create/List/Delete/
+GetListenerAttribute, GetListenerHealthStatus; Tag/ListTagResources.
+Names follow aliyun-python-sdk-alb's requests and aliyun-java-sdk-alb's unmarshallers;
 statuses the API reference (LoadBalancerStatus Provisioning/Active, ListenerStatus Provisioning/Running, server
 Adding/Available/Removing, ServerGroupStatus Available/Configuring, health Initial/Unhealthy/Unused/Unavailable).
-Not emulated: rules, ACLs, security policies, logs, zone changes, QUIC, weights changed later
-(UpdateServerGroupServersAttribute), UnTagResources, servers other than Ecs, Ip/Fc server groups, the
-Certificate Management Service's own API (CAS: certificates are registered by the test, below), TLS security
-policies; LoadBalancerAddresses are made up.
+Not emulated: rules, ACLs, security policies, logs, zone changes, QUIC, UnTagResources, servers other than Ecs,
+Ip/Fc server groups, the Certificate Management Service's own API (CAS: certificates are registered by the test,
+below), TLS security policies; LoadBalancerAddresses are made up.
 
 TLS and addresses (for clients in another process, the CLI):
 - `add_certificate(cert_pem, key_pem, cert_id=None)` (a test helper standing in for CAS's upload) keeps a
@@ -81,7 +82,7 @@ ALB_VERSION = "2020-06-16"
 ALB_IDEMPOTENT = frozenset({
     "CreateLoadBalancer", "DeleteLoadBalancer", "CreateServerGroup", "DeleteServerGroup",
     "UpdateServerGroupAttribute", "AddServersToServerGroup", "RemoveServersFromServerGroup",
-    "CreateListener", "DeleteListener"})
+    "UpdateServerGroupServersAttribute", "CreateListener", "DeleteListener"})
 # Actions that ask haproxy while answering, so they must not hold the emulator's lock meanwhile.
 ALB_UNLOCKED = frozenset({"GetListenerHealthStatus"})
 KINDS = {"loadbalancer": "LoadBalancer", "servergroup": "ServerGroup", "listener": "Listener"}
@@ -169,7 +170,8 @@ class Alb:
             "CreateServerGroup": self._create_group, "ListServerGroups": self._list_groups,
             "DeleteServerGroup": self._delete_group, "UpdateServerGroupAttribute": self._update_group,
             "AddServersToServerGroup": self._add_servers, "RemoveServersFromServerGroup": self._remove_servers,
-            "ListServerGroupServers": self._list_servers, "CreateListener": self._create_listener,
+            "ListServerGroupServers": self._list_servers, "UpdateServerGroupServersAttribute": self._update_servers,
+            "CreateListener": self._create_listener,
             "ListListeners": self._list_listeners, "GetListenerAttribute": self._get_listener,
             "DeleteListener": self._delete_listener, "GetListenerHealthStatus": self._health_status,
             "TagResources": self._tag, "ListTagResources": self._list_tags}
@@ -443,6 +445,18 @@ class Alb:
             server.status, server.draining = "Removing", drain and server.status == "Available"
             server.generation += 1
             self._spawn(self._settle, group, server, server.generation, done_at)
+        self._resync(self._lbs_of(group.id))
+        return job(ServerGroupId=group.id)
+
+    def _update_servers(self, params: dict[str, str]) -> dict[str, Any]:
+        """New weights (and descriptions) of servers in the group; the group is Configuring meanwhile (a guess: the
+        reference says it is an asynchronous job, as adding one)."""
+        servers = self._servers_param(params)
+        found = self._find_servers(group := self._group(params), servers)
+        self._claim(group)
+        for server, asked in zip(found, servers, strict=True):
+            server.weight = int(asked["Weight"]) if asked.get("Weight") else server.weight
+            server.description = asked.get("Description", server.description)
         self._resync(self._lbs_of(group.id))
         return job(ServerGroupId=group.id)
 

@@ -35,7 +35,7 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...clouds.aliyun import AliyunError, tag_params
@@ -105,6 +105,20 @@ class Alb:
         except AliyunError as exc:
             if not exc.code.startswith("ResourceNotFound."):
                 raise
+
+    def set_weights(self, ref: BalancerRef, weights: Sequence[tuple[str, int, int]]) -> None:
+        """UpdateServerGroupServersAttribute (Servers.N.Weight, 0..100 as the contract's) for the named servers still in
+        the group, 40 per call; one gone or Removing meanwhile is left out (a rollback names replicas leaving)."""
+        present = {(s["ServerId"], int(s.get("Port", 0))) for s in
+                   self._all("ListServerGroupServers", "Servers", {"ServerGroupId": ref.group_id})
+                   if s.get("Status") != "Removing"}
+        wanted = [(i, p, max(0, min(100, int(w)))) for i, p, w in weights if (i, p) in present]
+        for start in range(0, len(wanted), 40):
+            params: dict[str, Any] = {"ServerGroupId": ref.group_id}
+            for n, (instance, port, weight) in enumerate(wanted[start:start + 40], 1):
+                params.update({f"Servers.{n}.ServerId": instance, f"Servers.{n}.ServerType": "Ecs",
+                               f"Servers.{n}.Port": port, f"Servers.{n}.Weight": weight})
+            self._write("UpdateServerGroupServersAttribute", params, _nonce())
 
     def health(self, ref: BalancerRef) -> dict[str, str]:
         """Instance id -> balancer.HEALTH_STATES: membership (Adding, Removing) first, then the listener's checks."""

@@ -49,7 +49,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -255,7 +255,7 @@ def _state(row: dict[str, str], checks: dict[str, Any]) -> str:
         return "unused"
     if admin & ADMIN_DRAIN:
         return "draining"
-    if row.get("status", "").startswith("UP"):
+    if row.get("status", "").startswith(("UP", "DRAIN")):   # DRAIN without the admin bit: up at weight 0
         return "healthy"
     failed = row.get("check_status", "").lstrip("* ") not in GOOD_CHECKS
     failing_long = int(row.get("lastchg") or 0) >= checks["fall"] * checks["interval_s"]
@@ -356,6 +356,19 @@ class LocalBalancer:
                 state = "draining" if name in admin.state["drains"] else _state(row, admin.checks) if row else "unused"
                 out[server["container"]] = state
             return out
+
+    def set_weights(self, ref: BalancerRef, weights: Sequence[tuple[str, int, int]]) -> None:
+        """haproxy's `set server BACKEND/NAME weight W` on each named member (canary releases): 0..100 as the
+        contract's, inside haproxy's 0..256; roundrobin is dynamic, so the next request already follows it. A
+        member not registered here, or draining, is left as it is (a rollback names members already gone)."""
+        with self._admin(ref) as admin:
+            rows = admin.rows()
+            for instance, port, weight in weights:
+                name = next((n for n, s in admin.state["servers"].items() if s["port"] == port and _names(s, instance)),
+                            None)
+                if name is None or name in admin.state["drains"] or name not in rows:
+                    continue
+                admin.quiet(f"set server {BACKEND}/{name} weight {max(0, min(WEIGHT, int(weight)))}")
 
     def delete(self, ref: BalancerRef) -> None:
         from docker.errors import APIError, NotFound
