@@ -67,8 +67,27 @@ def deployment(record_id: int, health: Health) -> dict[str, Any]:
 
 def service(service_id: int, health: Health) -> dict[str, Any]:
     svc = store.service(service_id)
-    return {"row": service_row(svc), "config": svc.config, "balancer": svc.balancer, "detail": svc.detail or "",
-            "replicas": [deployment_row(r, health(r.id)) for r in store.records(service=service_id)]}
+    config = {k: v for k, v in svc.config.items() if k != "canary"}
+    return {"row": service_row(svc), "config": config, "balancer": svc.balancer, "detail": svc.detail or "",
+            "replicas": [deployment_row(r, health(r.id)) for r in store.records(service=service_id)],
+            "canary": canary(svc.canary)}
+
+
+def canary(judged: dict[str, Any]) -> dict[str, Any]:
+    """The last canary release (deploy/canary.py keeps it in the row) as the service page shows it: its outcome,
+    versions and SLO, and per step the share, verdict, seconds watched and both versions' figures."""
+    if not judged:
+        return {}
+    policy = judged.get("policy") or {}
+    steps = [{"percent": s.get("percent"), "outcome": s.get("outcome", ""), "seconds": s.get("seconds") or 0,
+              "canary": s.get("canary") or {}, "baseline": s.get("baseline") or {},
+              "reasons": "; ".join(s.get("reasons") or [])} for s in judged.get("steps") or []]
+    return {"outcome": judged.get("outcome", ""), "image": judged.get("image", ""),
+            "version": str(judged.get("version") or "")[-12:], "from": str(judged.get("from_version") or "")[-12:],
+            "reason": judged.get("reason", ""), "steps": steps,
+            "slo": f"error rate ≤ {100 * float(policy.get('max_error_rate', 0)):g} %, p99 ≤ "
+                   f"{float(policy.get('max_p99_ms', 0)):g} ms and ≤ {float(policy.get('p99_factor', 0)):g}x the old "
+                   f"version's, {float(policy.get('window_s', 0)):g} s per step"}
 
 
 def actions_for(record: DeployRecord) -> list[str]:

@@ -195,12 +195,13 @@ def run(svc: ServiceRecord, new: DeployConfig, policy: Policy, say: Say) -> Serv
     if new.version == old_config.version and new.cmd == old_config.cmd:
         say(f"service {svc.ref} already runs {_short(new.version)}; nothing to release")
         return svc
+    balancer, ref = service.balancer_of(module, svc), service.ref_of(svc)
+    balancer.set_weights(ref, [])                # a balancer that cannot weigh members says so before anything
     report = {"image": new.image, "version": new.version, "from_version": old_config.version,
               "outcome": "running", "policy": asdict(policy), "steps": [], "started_at": time.time()}
     base = {k: v for k, v in svc.config.items() if k != "canary"}
     svc = store.update_service(svc.id, status=SVC_UPDATING, pid=os.getpid(), config=dict(base, canary=report),
                                detail=f"canary {_short(new.version)} at {policy.steps[0]} %")
-    balancer, ref = service.balancer_of(module, svc), service.ref_of(svc)
     state = _Run(svc, module, balancer, ref, service.replicas(svc), [], report)
     try:
         _bring_up(state, new, policy.steps[0], say)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...core.errors import UserError
@@ -277,6 +277,13 @@ class Elb:
             return all(STATES.get(r["TargetHealth"]["State"]) not in SERVING for r in rows)
 
         _poll(started, DRAIN_START_S)
+
+    def set_weights(self, ref: BalancerRef, weights: Sequence[tuple[str, int, int]]) -> None:
+        """Not yet: an ALB weighs target groups (a listener's ForwardConfig), not targets, so a canary there needs a
+        second target group behind the listener; refused in one line before a canary makes anything."""
+        raise UserError("canary releases behind an AWS ALB are not built yet (its weights are per target group)",
+                        hint="roll the service with `ngcx deploy --service sN` (no --canary), or use --cloud local "
+                             "or aliyun")
 
     def health(self, ref: BalancerRef) -> dict[str, str]:
         """Instance id -> balancer.HEALTH_STATES (STATES maps AWS's); a deleted group has no targets."""
