@@ -8,6 +8,7 @@ emulated AWS under a load step; `signals` (issue 22) which scaling signal (reque
 in-flight / queue time as a custom metric) breaches its cloud alarm first after a load step on the real runtime;
 `dashboard` (issue 23) the overview's first paint, bytes and update latency with 200 deployments and 500 images;
 `sbom` (issue 48) `ngcx sbom` on the catalog images built here against the bare dpkg-query + pip list;
+`canary` (issue 49) the time from a bad canary's first error to its rollback on a local service;
 `trust` (issue 48) sign + attest against the push, verify at deploy, and the build with hash-checked wheels
 against the commit before them.
 The other modules here are helpers of the suite they are named after: peers.py (the hpccm recipes
@@ -20,6 +21,7 @@ from __future__ import annotations
 from . import (
     autoscale,
     build,
+    canary,
     cli,
     dashboard,
     deploy,
@@ -49,4 +51,5 @@ SUITES = {
     "serve-peers": serve_peers.run,
     "sbom": sbom.run,
     "trust": trust.run,
+    "canary": canary.run,
 }
