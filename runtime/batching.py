@@ -4,8 +4,11 @@ Why: one small request cannot fill a GPU; merging what arrives within a short wi
 throughput at a bounded latency cost (the seeds' MPS + batching lesson, Triton's dynamic
 batcher). One worker thread owns each engine, so an engine's infer() is never called
 concurrently (the Engine contract), while HTTP threads keep parsing the next requests. A model
-with N instances (--instances, Triton's instance groups) has N engines and N workers: batches
-are formed one at a time by a free instance and run side by side.
+with N instances (--instances-per-gpu on every GPU, Triton's instance groups) has N engines and N
+workers behind ONE queue: batches are formed one at a time, each by the least busy instance that is
+free to take one (fewest batches launched and not yet answered; the lowest index on a tie), so a
+host's GPUs fill evenly instead of the first GPU's pipelined instance taking every batch while the
+others idle (issue 50). A pipelined instance (infer_async) keeps its two batches in flight as before.
 
 Rules: requests merge only when every input has the same dtype and the same non-batch dims
 (the batch key); a batch never exceeds max_batch; the oldest request waits at most
@@ -88,6 +91,9 @@ class Stats:
     # (REQUEST_BUCKETS_US[i-1], REQUEST_BUCKETS_US[i]]; the last one those above 60 s (+Inf)
     request_buckets: list[int] = field(default_factory=_empty_buckets)
     in_flight: int = 0              # requests received and not yet answered (the batcher's "is company coming?")
+    # per device of the model's instances ("cuda:1", "cpu"): [engine calls, inferences, engine-call ns], for
+    # /metrics' device label (a user sees every GPU working)
+    devices: dict[str, list[int]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count_request(self) -> None:
@@ -124,6 +130,8 @@ class Stats:
                 "request_ns": self.request_ns, "compute_input_ns": self.compute_input_ns,
                 "compute_infer_ns": self.compute_infer_ns, "compute_output_ns": self.compute_output_ns,
                 "request_buckets": list(self.request_buckets),
+                "devices": {d: {"engine_calls": c[0], "inferences": c[1], "compute_ns": c[2]}
+                            for d, c in self.devices.items()},
             }
 
 
@@ -189,6 +197,12 @@ class _Instance:
     def __init__(self, batcher: Batcher, engine: Engine, index: int):
         self.engine = engine
         self.index = index
+        self.device = str(getattr(engine, "device", "") or "cpu")
+        # busy = launched - landed: batches taken and not yet answered. Each counter has one writer (launched:
+        # the worker; landed: the finisher, or the worker of an engine without infer_async), so neither needs
+        # a lock of its own; the dispatch reads them under the batcher's condition (Batcher._turn).
+        self.launched = 0
+        self.landed = 0
         # Engines with infer_async (the PyTorch engine on a GPU) get two batches in flight: the
         # worker stages and launches batch N+1 while a finisher thread waits for batch N.
         self.pipelined = callable(getattr(engine, "infer_async", None))
@@ -197,14 +211,18 @@ class _Instance:
                                          daemon=True)
         self.worker = threading.Thread(target=batcher._run, args=(self,), name=f"ngcx-batcher-{index}", daemon=True)
 
+    @property
+    def busy(self) -> int:
+        return self.launched - self.landed
+
 
 class Batcher:
     """Queue + one worker thread per engine instance in front of the model's engines.
 
-    engines: one Engine, or several (Triton's instance group): each has its own worker thread, so
-    while one instance computes a batch the next batch forms and runs on another. Batches are
-    formed one at a time, by an instance that is free, so N instances never split the queue into
-    N half-empty batches.
+    engines: one Engine, or several (Triton's instance group, on one GPU or many): each has its own
+    worker thread, so while one instance computes a batch the next batch forms and runs on another.
+    Batches are formed one at a time, by the least busy free instance (_turn), so N instances never
+    split the queue into N half-empty batches and no GPU idles while another queues two.
 
     output_axes: output name -> the axis its batch is on (default 0). preferred: batch sizes that
     run at once when the queued requests add up to one. on_unmerge(reason) is called once if a
@@ -235,6 +253,8 @@ class Batcher:
         self._stopping = False
         self._flush = False
         self.instances = [_Instance(self, engine, i) for i, engine in enumerate(engines)]
+        self._multi = len(self.instances) > 1
+        self._idle: list[_Instance] = []    # instances whose worker waits for a batch to take
         for inst in self.instances:
             if inst.pipelined:
                 inst.finisher.start()
@@ -266,6 +286,13 @@ class Batcher:
         """Requests waiting to execute (Triton's nv_inference_pending_request_count); read without a lock."""
         return len(self._queue) + self._gathering
 
+    def busy(self) -> dict[str, int]:
+        """Batches launched and not yet answered, per device (summed over its instances); read without a lock."""
+        out: dict[str, int] = {}
+        for inst in self.instances:
+            out[inst.device] = out.get(inst.device, 0) + max(0, inst.busy)
+        return out
+
     def stop(self, timeout: float = 30.0, reason: str | None = None) -> None:
         """Run what is queued (without waiting for the delay), then end the workers. Later submits get
         ShuttingDown(reason)."""
@@ -284,19 +311,39 @@ class Batcher:
     def _run(self, inst: _Instance) -> None:
         while True:
             with self._cond:
-                while (not self._queue or self._collecting) and not self._stopping:
-                    self._cond.wait()
-                while self._collecting:             # stopping: let the other instance finish its batch
-                    self._cond.wait()
-                if not self._queue:
-                    return
-                self._collecting = True
-                try:
-                    group = self._collect()
-                finally:
-                    self._collecting = False
-                    self._cond.notify_all()
-            self._execute(group, inst)
+                group = self._take(inst)
+            if group is None:
+                return
+            if self._execute(group, inst, release=True) is False:
+                inst.launched -= 1              # its launch failed: no finisher job will count it landed
+            elif not inst.pipelined:
+                inst.landed += 1
+
+    def _take(self, inst: _Instance) -> list[_Pending] | None:
+        """Wait (condition held) until this instance's turn to form a batch, form it and count it launched;
+        None once stopping with nothing queued (nor being formed)."""
+        self._idle.append(inst)
+        try:
+            while not (self._queue and not self._collecting and self._turn(inst)):
+                if self._stopping and not self._queue and not self._collecting:
+                    return None
+                self._cond.wait()
+        finally:
+            self._idle.remove(inst)
+        self._collecting = True
+        try:
+            group = self._collect()
+            inst.launched += 1
+        finally:
+            self._collecting = False
+            self._cond.notify_all()
+        return group
+
+    def _turn(self, inst: _Instance) -> bool:
+        """The least busy waiting instance forms the next batch (lowest index on a tie)."""
+        if len(self._idle) == 1:
+            return True
+        return min(self._idle, key=lambda i: (i.busy, i.index)) is inst
 
     def _collect(self) -> list[_Pending]:
         """Take the oldest request plus same-key requests until full or its delay has passed.
@@ -349,28 +396,31 @@ class Batcher:
                 best = i
         return best
 
-    def _execute(self, group: list[_Pending], inst: _Instance) -> None:
+    def _execute(self, group: list[_Pending], inst: _Instance, release: bool = False) -> bool:
+        """Run one batch on inst. A pipelined instance launches it and hands it to its finisher (which counts it
+        landed when `release`); False when the launch itself failed (its requests were answered here)."""
         start = time.monotonic()
         try:
             feeds = self._merge(group)
             merged = time.monotonic()
             if inst.pipelined:
                 finish = inst.engine.infer_async(feeds)
-                inst.inflight.put((group, finish, start, merged))  # blocks while two batches are in flight
-                return
+                inst.inflight.put((group, finish, start, merged, release))  # blocks while two batches are in flight
+                return True
             outputs = inst.engine.infer(feeds)
         except Exception as exc:  # noqa: BLE001 - any engine failure becomes a 500, never a dead worker
             self._fail_or_isolate(group, exc, start, inst)
-            return
-        self._complete(group, outputs, start, merged)
+            return False
+        self._complete(group, outputs, start, merged, inst)
+        return True
 
     def _fail_or_isolate(self, group: list[_Pending], exc: Exception, start: float, inst: _Instance) -> None:
         """A merged batch failed: run its requests one by one, so one client's bad data (or one
         input the engine chokes on) never fails the requests it happened to be merged with."""
         if len(group) == 1:
-            self._fail(group, exc, start)
+            self._fail(group, exc, start, inst)
             return
-        self._account(group, start, ok=False)
+        self._account(group, start, ok=False, device=inst.device)
         for item in group:
             self._execute([item], inst)
 
@@ -380,38 +430,50 @@ class Batcher:
             job = inst.inflight.get()
             if job is None:
                 return
-            group, finish, start, merged = job
+            group, finish, start, merged, release = job
             try:
                 outputs = finish()
             except Exception as exc:  # noqa: BLE001
-                self._fail(group, exc, start)
-                continue
-            self._complete(group, outputs, start, merged)
+                self._fail(group, exc, start, inst)
+            else:
+                self._complete(group, outputs, start, merged, inst)
+            if release:
+                self._landed(inst)
 
-    def _complete(self, group: list[_Pending], outputs: Any, start: float, merged: float) -> None:
+    def _landed(self, inst: _Instance) -> None:
+        """A pipelined instance answered a batch: with several instances the waiting workers compare busy counts
+        again (one of them may be the least busy now), so the count changes under the condition."""
+        if not self._multi:
+            inst.landed += 1
+            return
+        with self._cond:
+            inst.landed += 1
+            self._cond.notify_all()
+
+    def _complete(self, group: list[_Pending], outputs: Any, start: float, merged: float, inst: _Instance) -> None:
         inferred = time.monotonic()
         try:
             results = self._split(group, self._checked(outputs), self.output_axes)
         except SplitError as exc:
             if len(group) > 1:
-                self._unmerge(group, str(exc), start)
+                self._unmerge(group, str(exc), start, inst)
                 return
-            self._fail(group, exc, start)
+            self._fail(group, exc, start, inst)
             return
         except Exception as exc:  # noqa: BLE001
-            self._fail(group, exc, start)
+            self._fail(group, exc, start, inst)
             return
         marks = (start, merged, inferred, time.monotonic())
         for item, res in zip(group, results, strict=True):
             item.result = res
-        self._account(group, start, ok=True, marks=marks)
+        self._account(group, start, ok=True, marks=marks, device=inst.device)
         for item in group:
             _answered(item)
 
-    def _unmerge(self, group: list[_Pending], why: str, start: float) -> None:
+    def _unmerge(self, group: list[_Pending], why: str, start: float, inst: _Instance) -> None:
         """A merged batch did not split: stop merging for this model and run its requests again one
         by one (queued at the front, in their order), so each client still gets its own answer."""
-        self._account(group, start, ok=False)
+        self._account(group, start, ok=False, device=inst.device)
         with self._cond:
             first = self.batchable
             self.batchable = False
@@ -425,7 +487,7 @@ class Batcher:
             self.on_unmerge(f"a merged batch of {len(group)} requests did not split ({why}); requests now "
                             "run one by one")
 
-    def _fail(self, group: list[_Pending], exc: Exception, start: float) -> None:
+    def _fail(self, group: list[_Pending], exc: Exception, start: float, inst: _Instance) -> None:
         bad_input = isinstance(exc, InvalidInput)
         msg = (str(exc) if bad_input else f"engine '{self.name}' failed: {type(exc).__name__}: {exc}")
         msg = " ".join(msg.split())[:1000] or type(exc).__name__
@@ -433,7 +495,7 @@ class Batcher:
             item.error = msg
             item.bad_input = bad_input
             _answered(item)
-        self._account(group, start, ok=False)
+        self._account(group, start, ok=False, device=inst.device)
 
     @staticmethod
     def _merge(group: list[_Pending]) -> dict[str, np.ndarray]:
@@ -473,7 +535,7 @@ class Batcher:
         return {name: np.array(arr, copy=True, order="C") for name, arr in outputs.items()}
 
     def _account(self, group: list[_Pending], start: float, ok: bool,
-                 marks: tuple[float, float, float, float] | None = None) -> None:
+                 marks: tuple[float, float, float, float] | None = None, device: str = "cpu") -> None:
         """One engine call: batch counters, and on success each request's share of Triton's durations.
         Successes and failures of requests are counted by the HTTP layer, which sends the answers."""
         end = time.monotonic()
@@ -488,6 +550,12 @@ class Batcher:
             if n > 1:
                 s.batched_requests += n
             s.compute_ns += int((end - start) * 1e9)
+            row = s.devices.get(device)
+            if row is None:
+                row = s.devices[device] = [0, 0, 0]
+            row[0] += 1
+            row[1] += size
+            row[2] += int((end - start) * 1e9)
             s.queue_ns += sum(int((start - g.enqueued) * 1e9) for g in group)
             s.last_inference_ms = int(time.time() * 1000)
             if ok and marks is not None:

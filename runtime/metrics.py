@@ -7,6 +7,10 @@ ngcx-runtime unchanged, and batching efficiency reads as nv_inference_count / nv
 nv_inference_request_duration_histogram_us, successful requests' durations in fixed buckets
 (batching.REQUEST_BUCKETS_US, 100 us .. 60 s), because the cumulative duration counter gives only a
 mean and a dashboard wants p50/p99 (histogram_quantile over the bucket deltas between two scrapes).
+The instance families are ours too: nv_inference_instance_* with a device label (device="cuda:1"),
+the engine calls, inferences and engine time of a model's instances on each device, and the batches
+in flight there, so a user of a multi-GPU host sees every GPU working (issue 50: serve places its
+instances on every visible GPU; Triton has no per-instance metric to follow).
 
 Why the text format is written here: the runtime ships in images whose only Python dependency is
 numpy; prometheus_client is used by the tests alone, to parse what this module writes.
@@ -34,7 +38,7 @@ import contextlib
 import json
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
@@ -71,6 +75,19 @@ HISTOGRAM = ("nv_inference_request_duration_histogram_us", "histogram",
 _LE: tuple[str, ...] = (*(str(us) for us in REQUEST_BUCKETS_US), "+Inf")
 PENDING = ("nv_inference_pending_request_count", "gauge",
            "Instantaneous number of pending requests awaiting execution per-model")
+# metric, type, help, key of the device's row in Stats.snapshot()["devices"], divisor (ns -> us)
+INSTANCE: tuple[tuple[str, str, str, str, int], ...] = (
+    ("nv_inference_instance_exec_count", "counter",
+     "Model executions run by the model's instances on this device (ngcx-runtime; not in Triton)", "engine_calls", 1),
+    ("nv_inference_instance_count", "counter",
+     "Inferences run by the model's instances on this device (ngcx-runtime; not in Triton)", "inferences", 1),
+    ("nv_inference_instance_compute_duration_us", "counter",
+     "Cumulative engine-call duration of the model's instances on this device in microseconds (ngcx-runtime; not "
+     "in Triton)", "compute_ns", 1000),
+)
+IN_FLIGHT = ("nv_inference_instance_batches_in_flight", "gauge",
+             "Batches launched and not yet answered by the model's instances on this device (ngcx-runtime; not in "
+             "Triton)")
 GPU: tuple[tuple[str, str, str], ...] = (
     ("nv_gpu_utilization", "gauge", "GPU utilization rate [0.0 - 1.0)"),
     ("nv_gpu_memory_total_bytes", "gauge", "GPU total memory, in bytes"),
@@ -88,6 +105,7 @@ class ModelSample:
     version: str
     stats: dict[str, Any]
     pending: int
+    busy: dict[str, int] = field(default_factory=dict)   # device -> batches in flight (Batcher.busy)
 
 
 def escape(value: str) -> str:
@@ -120,6 +138,7 @@ def render(models: Iterable[ModelSample], gpus: GpuGauges | None = None) -> str:
     metric, kind, text = PENDING
     lines += [f"# HELP {metric} {text}", f"# TYPE {metric} {kind}"]
     lines += [f"{metric}{_labels(model=m.name, version=m.version)} {m.pending}" for m in models]
+    lines += _instances(models)
     samples = gpus.samples() if gpus is not None else []
     for metric, kind, text in GPU:
         rows = [(s["gpu_uuid"], s[metric]) for s in samples if s.get(metric) is not None]
@@ -127,6 +146,23 @@ def render(models: Iterable[ModelSample], gpus: GpuGauges | None = None) -> str:
             lines += [f"# HELP {metric} {text}", f"# TYPE {metric} {kind}"]
             lines += [f"{metric}{_labels(gpu_uuid=uuid)} {_number(v)}" for uuid, v in rows]
     return "\n".join(lines) + "\n"
+
+
+def _instances(models: list[ModelSample]) -> list[str]:
+    """The per-device families: one sample per model version and device its instances ran on."""
+    lines: list[str] = []
+    for metric, kind, text, key, divisor in INSTANCE:
+        lines += [f"# HELP {metric} {text}", f"# TYPE {metric} {kind}"]
+        for m in models:
+            for device, row in sorted((m.stats.get("devices") or {}).items()):
+                labels = _labels(model=m.name, version=m.version, device=device)
+                lines.append(f"{metric}{labels} {int(row.get(key, 0)) // divisor}")
+    metric, kind, text = IN_FLIGHT
+    lines += [f"# HELP {metric} {text}", f"# TYPE {metric} {kind}"]
+    for m in models:
+        for device, n in sorted(m.busy.items()):
+            lines.append(f"{metric}{_labels(model=m.name, version=m.version, device=device)} {int(n)}")
+    return lines
 
 
 def _histogram(metric: str, m: ModelSample) -> list[str]:

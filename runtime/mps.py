@@ -20,6 +20,11 @@ pools spinning on the same cores starved the children's request threads. Measure
 (16 cores, one call, bench/results/gpu/targets/targets_threads_*_h100.json): ResNet-50 batch 1
 from 64 clients under --mps 4 served 514 img/s with 16 threads per child, 3,887 with 4.
 
+Which GPUs each child uses (placement.split_for_processes): the supervisor's placement (every visible GPU by
+default, or --gpus) shared out, child i of N on GPU i mod G when N >= G, else every N-th GPU, passed to the child
+as --gpus (the default's share as the hidden --spread-gpus, which stays soft: placement.py says why). So `--mps 8`
+on a 4-GPU host runs two processes per GPU, and `--processes 2` there two processes of two GPUs each.
+
 What is per process: each child has its own models, batchers, shared-memory registrations
 (registrations made over one keep-alive connection serve the requests of that connection, as
 tritonclient uses them) and counters; with --metrics-port P child i serves its metrics on P + i.
@@ -50,7 +55,8 @@ MPS_CONTROL = "nvidia-cuda-mps-control"
 DEFAULT_PIPE_DIR = "/tmp/ngcx-mps/pipe"
 DEFAULT_LOG_DIR = "/tmp/ngcx-mps/log"
 READY_MARK = re.compile(r"serving model '|serving \d+ model")     # what a child prints once it serves
-SKIP = {"mps", "processes", "port", "grpc_port", "metrics_port", "reuse_port", "func", "parser", "help"}
+SKIP = {"mps", "processes", "port", "grpc_port", "metrics_port", "reuse_port", "func", "parser", "help", "gpus",
+        "spread_gpus"}
 
 
 class MpsUnavailable(RuntimeUserError):
@@ -233,10 +239,11 @@ def supervise(args: argparse.Namespace) -> int:
         env["PYTHONUNBUFFERED"] = "1"
         env.pop("NGCX_RUNTIME_MPS", None)             # the children serve; they do not supervise again
         env.setdefault("OMP_NUM_THREADS", str(thread_share(n)))
+        shares = gpu_shares(args, n)
         for i in range(n):
             metrics = [] if args.metrics_port is None else ["--metrics-port",
                                                             str(args.metrics_port + i if args.metrics_port else 0)]
-            children.append(_Child(i, base + metrics, env))
+            children.append(_Child(i, base + metrics + shares[i], env))
         what = f"MPS daemon {'started' if started else 'joined'} at {pipe_dir}" if args.mps is not None else "no MPS"
         grpc = f", gRPC {args.host}:{grpc_port}" if grpc_port is not None else ""
         print(f"serve: {n} processes behind http://{args.host}:{port}{grpc} ({what}); ready once each has loaded",
@@ -254,6 +261,18 @@ def supervise(args: argparse.Namespace) -> int:
             sock.close()
         if started:
             stop_daemon(pipe_dir, log_dir)
+
+
+def gpu_shares(args: argparse.Namespace, n: int) -> list[list[str]]:
+    """Each child's GPU flags: its share of the supervisor's placement (args.devices, serve._placement)."""
+    from .placement import gpus_of, is_soft, split_for_processes
+
+    devices = getattr(args, "devices", ()) or ()
+    gpus = gpus_of(devices)
+    if not gpus:
+        return [[] for _ in range(n)]
+    flag = "--spread-gpus" if is_soft(devices) else "--gpus"
+    return [[flag, ",".join(map(str, share))] for share in split_for_processes(gpus, n)]
 
 
 def thread_share(n: int) -> int:

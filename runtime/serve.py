@@ -19,9 +19,10 @@ accepting, finish in-flight requests (queued ones run at once), exit 0.
 
 Other transports and processes: `--grpc-port` serves the KServe v2 gRPC service on the same
 models (grpc_service.py); `--transport uvicorn` the same HTTP routes through uvicorn (asgi.py);
-`--instances N [--gpus]` runs N engines per model behind one batcher; `--processes N` / `--mps N`
-run N server processes behind this port (mps.py); CUDA shared memory (cuda_shm.py) next to the
-system one where a GPU is.
+placement.py puts --instances-per-gpu N engines (default 1) on EVERY visible GPU by default, as
+Triton's KIND_GPU instance_group does, behind one batcher (--gpus 0,2 or a config's instance_group
+say otherwise); `--processes N` / `--mps N` run N server processes behind this port (mps.py), each
+on its share of the GPUs; CUDA shared memory (cuda_shm.py) next to the system one where a GPU is.
 
 Python API (used by bench and tests), importable from here as ever: start_server(engine, ...),
 start_loading(loader, ...) and start_repository(root, ...) -> ServerHandle (server.py), each with
@@ -45,7 +46,7 @@ from .access import AccessConfig
 from .codings import decompress as _decompress
 from .engine import Engine
 from .routes import DEFAULT_MAX_CONNECTIONS, SERVER_NAME
-from .served import DEFAULT_MAX_BATCH, PLATFORMS, ServeError, instance_devices
+from .served import DEFAULT_MAX_BATCH, PLATFORMS, ServeError
 from .server import (
     MODEL_VERSION,
     TRANSPORTS,
@@ -102,11 +103,15 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default), any = every peer (e.g. a container sharing /dev/shm), off = disabled")
     p.add_argument("--grpc-port", type=int, default=None, metavar="PORT",
                    help="also serve the KServe v2 gRPC service on this port (Triton uses 8001; tritonclient.grpc)")
-    p.add_argument("--instances", type=int, default=1, metavar="N",
-                   help="engine instances per model (Triton's instance_group count), fed by one dynamic batcher; "
-                        "a repository model's config.json instance_group overrides it (default 1)")
-    p.add_argument("--gpus", default=None, metavar="0,1",
-                   help="put --instances N instances on EACH of these GPUs (default: the first GPU, or the CPU)")
+    p.add_argument("--instances-per-gpu", type=int, default=None, metavar="N",
+                   help="engine instances of each model on EACH GPU it serves on (Triton's instance_group count), "
+                        "all fed by one dynamic batcher; on a host without a GPU, N instances on the CPU; a "
+                        "repository model's config.json instance_group overrides it (default 1)")
+    p.add_argument("--instances", type=int, default=None, metavar="N", help="the same as --instances-per-gpu N")
+    p.add_argument("--gpus", default=None, metavar="0,1|all",
+                   help="serve on these GPUs only (default: all, every GPU this process sees: CUDA_VISIBLE_DEVICES, "
+                        "else NVML's count)")
+    p.add_argument("--spread-gpus", default=None, help=argparse.SUPPRESS)   # an --mps child's share of the default
     p.add_argument("--mps", type=int, default=None, metavar="N",
                    help="N server processes sharing the GPU through NVIDIA MPS behind this one port (starts the "
                         "MPS control daemon when none runs; refused where MPS is unavailable; default "
@@ -208,7 +213,7 @@ def _check_args(args: argparse.Namespace) -> list[int] | None:
     check_limits(args.max_batch, args.name, args.max_queue_delay_ms, args.max_body_mb, args.max_connections,
                  args.metrics_port, args.grpc_port)
     args.access = access_flags.config_from_args(args, log=_log)
-    args.devices = instance_devices(args.instances, _parse_gpus(args.gpus))
+    args.devices = _placement(args)
     if args.mps is None and not args.reuse_port:
         args.mps = _env_int("NGCX_RUNTIME_MPS")
     for flag, value in (("--mps", args.mps), ("--processes", args.processes)):
@@ -271,16 +276,19 @@ def _check_signature(args: argparse.Namespace) -> None:
               f"{done.key_sha256[:16]}…)", flush=True)
 
 
-def _parse_gpus(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        gpus = [int(g) for g in text.split(",")]
-    except ValueError:
-        gpus = []
-    if not gpus or any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
-        raise ServeError(f"--gpus {text!r}: give distinct GPU indices separated by commas, e.g. 0,1")
-    return gpus
+def _placement(args: argparse.Namespace) -> tuple[int | str | None, ...]:
+    """One device per instance (placement.py): --instances-per-gpu N on each of --gpus, else on every visible GPU."""
+    from .placement import host_visible_gpus, parse_gpus, place
+
+    if args.instances is not None and args.instances_per_gpu is not None:
+        raise ServeError("give --instances-per-gpu N or --instances N, not both (they are the same)")
+    flag, per_gpu = ("--instances", args.instances) if args.instances is not None \
+        else ("--instances-per-gpu", args.instances_per_gpu if args.instances_per_gpu is not None else 1)
+    if per_gpu < 1:
+        raise ServeError(f"{flag} {per_gpu} must be at least 1")
+    gpus = parse_gpus(args.gpus)
+    spread = parse_gpus(args.spread_gpus, "--spread-gpus") if gpus is None else None
+    return place(per_gpu, gpus if gpus is not None else spread, host_visible_gpus(), soft_gpus=spread is not None)
 
 
 def _repository_root(args: argparse.Namespace) -> Path | None:
@@ -383,13 +391,24 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"serving model '{handle.name}' ({engine.backend}, {engine.device}, {engine.precision}) at "
           f"{handle.url}/v2/models/{handle.name} (max batch {handle.max_batch}, queue delay "
-          f"{args.max_queue_delay_ms:g} ms)", flush=True)
+          f"{args.max_queue_delay_ms:g} ms; {_instances_note(handle._app.table.single)})", flush=True)
     while not stop.wait(0.5):
         pass
     print("serve: signal received; draining in-flight requests", flush=True)
     handle.stop(drain=True)
     print(f"serve: stopped ({handle.stats()['requests']} inference requests served)", flush=True)
     return 0
+
+
+def _instances_note(model: Any) -> str:
+    """`4 instances on cuda:0, cuda:1, cuda:2, cuda:3 (4 GPUs)`: where the loaded engines run, as they report it."""
+    engines = list(getattr(model, "engines", None) or [])
+    if not engines:
+        return "1 instance"
+    devices = sorted({str(e.device) for e in engines})
+    gpus = [d for d in devices if d.startswith("cuda")]
+    tail = f" ({len(gpus)} GPU{'s' if len(gpus) != 1 else ''})" if gpus else ""
+    return f"{len(engines)} instance{'s' if len(engines) != 1 else ''} on {', '.join(devices)}{tail}"
 
 
 def _log(line: str) -> None:

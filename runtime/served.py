@@ -56,8 +56,11 @@ class Settings:
     devices: tuple[int | str | None, ...] = (None,)   # one per instance: None (default device), GPU index, "cpu"
 
     def with_config(self, config: ModelConfig) -> Settings:
-        if config.devices is not None:               # instance_group: the config's placement
-            self = replace(self, devices=config.devices)
+        if config.devices is not None:               # instance_group: the config's placement (KIND_AUTO: every GPU)
+            from .placement import expand_config, host_visible_gpus
+
+            visible = host_visible_gpus() if None in config.devices else None
+            self = replace(self, devices=expand_config(config.devices, visible) or config.devices)
         if config.dynamic_batching is None:          # no config file: the server's flags, merging on
             return self
         return replace(
@@ -76,15 +79,6 @@ def resolve_max_batch(engine: Engine, max_batch: int | None) -> int:
         raise ServeError(f"--max-batch {max_batch} exceeds the engine's max batch {bound} (its optimization "
                          f"profile); use --max-batch {bound} or rebuild the plan with a larger profile")
     return max_batch
-
-
-def instance_devices(instances: int, gpus: list[int] | None) -> tuple[int | str | None, ...]:
-    """--instances N [--gpus 0,1]: N instances on the default device, or N on each listed GPU."""
-    if instances < 1:
-        raise ServeError(f"--instances {instances} must be at least 1")
-    if not gpus:
-        return (None,) * instances
-    return tuple(g for g in gpus for _ in range(instances))
 
 
 def _spec_json(s: TensorSpec) -> dict[str, Any]:
@@ -345,7 +339,9 @@ class ModelTable:
         for entry in list(self.entries.values()):
             for version, stats in sorted(entry.stats.items()):
                 model = entry.versions.get(version)
-                out.append(ModelSample(entry.name, version, stats.snapshot(), model.pending if model else 0))
+                batcher = model.batcher if model else None
+                out.append(ModelSample(entry.name, version, stats.snapshot(), model.pending if model else 0,
+                                       batcher.busy() if batcher is not None else {}))
         return out
 
     def _names_text(self) -> str:
@@ -420,6 +416,7 @@ class ModelTable:
         return list(fresh.values())
 
     def _load_versions(self, entry: ModelEntry, override: ModelConfig | None) -> dict[str, ServedModel]:
+        from .placement import load_instances
         from .plan import load
 
         assert self.root is not None
@@ -432,7 +429,8 @@ class ModelTable:
                 stats = entry.stats.get(version) or Stats()
                 model = ServedModel(entry.name, version, settings, stats, self.log)
                 backend = config.backend or self.backend
-                model.attach([load(path, backend=backend, device=d) for d in settings.devices])
+                model.attach(load_instances(lambda d, p=path, b=backend: load(p, backend=b, device=d),
+                                            settings.devices, self.log))
                 fresh[version] = model
                 entry.stats[version] = stats
         except BaseException:

@@ -245,7 +245,7 @@ def start_loading(loader: Callable[..., Engine], host: str = "127.0.0.1", port: 
     """Listen at once (live), then load in the background: ready only after loader() returned AND
     one warm-up inference ran, so a readiness probe never sends traffic to a cold model.
 
-    devices: one entry per instance (served.instance_devices); loader(device) is then called once per
+    devices: one entry per instance (placement.place); loader(device) is then called once per
     instance. A loader failure leaves the server live and not ready, with handle.load_error saying
     why; the exception itself is kept as handle.load_exception for the caller to re-raise.
     """
@@ -256,8 +256,10 @@ def start_loading(loader: Callable[..., Engine], host: str = "127.0.0.1", port: 
                      host, port, max_connections, metrics_port, grpc_port, reuse_port, transport)
 
     def load() -> None:
+        from .placement import load_instances  # a default spread over the GPUs falls back, never fails (its doc)
+
         try:
-            engines = [loader()] if devices is None else [loader(d) for d in devices]
+            engines = [loader()] if devices is None else load_instances(loader, devices, log or (lambda _l: None))
             if warmup:
                 model.attach(engines)
             else:
@@ -285,7 +287,7 @@ def start_repository(root: str | Path, host: str = "127.0.0.1", port: int = 8000
     """Serve a model repository (DIR/<model>/<version>/...): listen at once, then load `models` (default:
     all) one by one in the background, each ready after its warm-up; the repository extension loads
     and unloads more while it runs. handle.wait_loaded() waits for the start-up loads. devices: the
-    instances of every model without an instance_group in its config (served.instance_devices)."""
+    instances of every model without an instance_group in its config (placement.place)."""
     check_limits(max_batch, None, max_queue_delay_ms, max_body_mb, max_connections, metrics_port, grpc_port)
     policy = Policy(shared_memory, access, log)
     root = Path(root)
