@@ -1,10 +1,15 @@
 """`ngcx push --registry R` in a project folder pushes the project's image, as build, test and deploy find it.
 
 What a user notices (issue 46): in a folder with ngcx.yaml, `ngcx build`, `ngcx test` and `ngcx deploy` take
-no IMAGE, but `ngcx push --registry R` stopped with "Missing argument 'ref'". Here a tiny zero-code project
-(an ONNX MLP on onnxruntime:25.08) is built with `ngcx build`, pushed with no IMAGE to the loopback registry,
-and the registry must serve the digest the command printed; `-f FILE` from elsewhere pushes the same image,
-and a folder without ngcx.yaml, or a project not built yet, is one line with exit 2.
+no IMAGE, but `ngcx push --registry R` stopped with "Missing argument 'ref'". Here the deploy tests' session build
+of examples/onnx-zero-code (tests/e2e/clouds.py `project`: an ONNX model on onnxruntime:25.08, `ngcx build` in its
+folder) is pushed with no IMAGE to the loopback registry, and the registry must serve the digest the command
+printed; `-f FILE` from elsewhere pushes the same image, and a folder without ngcx.yaml, or a project not built
+yet, is one line with exit 2.
+
+Why the session build and not one of its own: a project built here had layers of its own, and pushing its
+3.9 GB to the registry took two minutes of CI (tests/ci timings, 2026-11-29); the session image's layers are in
+the registry already (the deploy tests pushed them), so the engine mounts them across repositories.
 """
 
 from __future__ import annotations
@@ -49,18 +54,6 @@ def env(tmp_path_factory, docker_client) -> dict[str, str]:
     return {"NGCX_STATE_DIR": str(root / "state"), "NGCX_CONFIG_DIR": str(root / "config"), "NGCX_BASE": "offline"}
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory, docker_client, base_image, env) -> dict[str, object]:
-    name = f"push-{secrets.token_hex(4)}"
-    root = write_project(tmp_path_factory.mktemp("proj") / name, name)
-    built = ngcx("build", cwd=root, env=env)
-    assert built.returncode == 0, built.stderr[-3000:]
-    yield {"root": root, "name": name, "tag": f"ngcx-app/{name}:latest"}
-    for image in docker_client.images.list(name=f"ngcx-app/{name}"):
-        with contextlib.suppress(Exception):
-            docker_client.images.remove(image.id, force=True)
-
-
 def registry_digest(registry: str, repo: str, tag: str) -> str:
     resp = requests.head(f"http://{registry}/v2/{repo}/manifests/{tag}", headers={"Accept": ACCEPT}, timeout=10)
     assert resp.status_code == 200, resp.status_code
@@ -75,18 +68,17 @@ def pushed(done: subprocess.CompletedProcess[str]) -> tuple[str, str]:
     return ref, digest
 
 
-def test_push_in_a_project_folder_pushes_the_projects_image(project, registry, docker_client, env, tmp_path):
+def test_push_in_a_project_folder_pushes_the_projects_image(project, registry, docker_client, tmp_path):
     namespace = f"ngcx-test-{secrets.token_hex(4)}"
-    name = project["name"]
-    ref, digest = pushed(ngcx("push", "--registry", f"{registry}/{namespace}", "--no-sign", cwd=project["root"],
-                              env=env))
+    name = project.name
+    ref, digest = pushed(ngcx("push", "--registry", f"{registry}/{namespace}", "--no-sign", cwd=project, env={}))
     assert ref == f"{registry}/{namespace}/{name}:latest"
     assert registry_digest(registry, f"{namespace}/{name}", "latest") == digest
-    local = docker_client.images.get(project["tag"])
+    local = docker_client.images.get(f"ngcx-app/{name}:latest")
     assert f"{registry}/{namespace}/{name}@{digest}" in local.attrs["RepoDigests"]
 
-    elsewhere = ngcx("push", "-f", str(project["root"] / "ngcx.yaml"), "--registry", f"{registry}/{namespace}",
-                     "--no-sign", cwd=tmp_path, env=env)
+    elsewhere = ngcx("push", "-f", str(project / "ngcx.yaml"), "--registry", f"{registry}/{namespace}",
+                     "--no-sign", cwd=tmp_path, env={})
     assert pushed(elsewhere) == (ref, digest)
     with contextlib.suppress(Exception):
         docker_client.images.remove(ref, noprune=True)
