@@ -112,7 +112,8 @@ class EcsEmulator(CloudAssistant, EcsImages, EcsNetwork, EcsInstances, RoaGatewa
         super().start()
         if self._metadata is None:
             self._metadata = MetadataServer(self.metadata_host,
-                                            MetadataService(self._metadata_caller, self.ram, self.region))
+                                            MetadataService(self._metadata_caller, self.ram, self.region,
+                                                            self._termination_time))
         return self
 
     @property

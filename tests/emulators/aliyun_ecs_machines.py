@@ -84,6 +84,7 @@ class Instance:
     generation: int = 0          # bumped by every transition; a worker of an older one stands down
     host_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # orders backend calls
     ram_role: str = ""           # the instance RAM role (RunInstances RamRoleName, AttachInstanceRamRole)
+    termination_time: str = ""   # a spot instance being reclaimed: its release (UTC, aliyun_ess_spot.py reclaim)
 
 
 @dataclass
@@ -260,6 +261,13 @@ class EcsMachines(RpcService):
                            f"The specified zone {zone} does not offer the instance type {type_id}.")
         if not self._in_stock(zone, type_id):
             raise ApiError(403, "OperationDenied.NoStock")
+
+    def _termination_time(self, instance_id: str) -> str | None:
+        """The metadata service's instance/spot/termination-time: when this spot instance is released (None:
+        it is not being reclaimed)."""
+        with self._lock:
+            inst = self._instances.get(instance_id)
+            return inst.termination_time if inst is not None and inst.termination_time else None
 
     def _instance(self, instance_id: str) -> Instance:
         inst = self._instances.get(instance_id)

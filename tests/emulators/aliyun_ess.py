@@ -38,6 +38,10 @@ Emulated (names as ESS 2022-02-22's models spell them; the gateway refuses other
   the Stopped ones too.
 - Alarm tasks (CreateAlarm, DescribeAlarms, Enable/Disable/DeleteAlarm) on the ALB's 503 count or a metric a
   test puts, and ExecuteScalingRule of simple rules: aliyun_ess_alarms.py (its docstring says what and how).
+- Instance refresh (Start/Describe/CancelInstanceRefresh): aliyun_ess_refresh.py. Spot: MultiAZPolicy,
+  OnDemandBaseCapacity, OnDemandPercentageAboveBaseCapacity, CompensateWithOnDemand, SpotInstanceRemedy on
+  the group, SpotStrategy and InstanceTypes.N on the configuration, and a reclaim (`reclaim`):
+  aliyun_ess_spot.py. DescribeScalingInstances shows each member's SpotStrategy and TotalSpotCount.
 - Create/Describe/Modify/DeleteLifecycleHook; Create/Describe/Modify/DeleteScalingRule; ListTagResources
   (ResourceType scalinggroup).
 - Target tracking (ScalingRuleType TargetTrackingScalingRule), evaluated every `period_s` = 60 x time_scale
@@ -51,7 +55,7 @@ Emulated (names as ESS 2022-02-22's models spell them; the gateway refuses other
 Not emulated: scaling groups of launch templates or ECI, CLB/NLB/RDS attachments, SCALE_OUT hooks (accepted,
 stored, not waited on), ROLLBACK, notifications and OOS, scheduled tasks, step/predictive rule execution,
 health checks replacing instances (HealthStatus says Healthy while the ECS instance runs),
-Standby/Protected, cooldowns, instance weights, spot, multi-AZ policies, StopInstanceTimeout, the force*
+Standby/Protected, cooldowns, instance weights, multi-AZ placement by policy, StopInstanceTimeout, the force*
 policies' forced stop/release (they behave as release/recycle); a failed launch (the activity says why) is
 not tried again until the group's next change or decision.
 Guessed (the reference does not say, or the name is not known for certain): the error
@@ -74,8 +78,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .aliyun_ecs_machines import SPOT_STRATEGIES
 from .aliyun_ess_alarms import Alarm, Alarms, simple_settings
+from .aliyun_ess_refresh import Refreshes, RefreshTask
 from .aliyun_ess_scaling import RECYCLE, Activity, Ecs, Group, LifecycleAction, Scaling, new_id
+from .aliyun_ess_spot import Spot
 from .aliyun_rpc import Action, ApiError, as_bool, as_int, indexed, invalid, iso_now, page, repeated, required
 
 ESS_VERSION = "2022-02-22"   # the maintained version (alibabacloud-ess20220222); its plural spellings
@@ -101,6 +108,8 @@ class Config:
     instance_name: str
     tags: dict[str, str]
     created: str = field(default_factory=iso_now)
+    instance_types: list[str] = field(default_factory=list)    # InstanceTypes.N (instance_type: the first)
+    spot_strategy: str = "NoSpot"
 
 
 @dataclass
@@ -125,7 +134,7 @@ class Rule:
     adjustment: tuple[str, int]
 
 
-class Ess(Alarms, Scaling):
+class Ess(Refreshes, Spot, Alarms, Scaling):
     """ESS state and actions over an EcsEmulator (its lock, workers, instances and ALB)."""
 
     def __init__(self, ecs: Ecs, *, time_scale: float = 1.0, scale_in_periods: int = 3) -> None:
@@ -141,6 +150,7 @@ class Ess(Alarms, Scaling):
         self._activities: dict[str, Activity] = {}
         self._actions: dict[str, LifecycleAction] = {}
         self._alarms: dict[str, Alarm] = {}
+        self._refreshes: dict[str, RefreshTask] = {}
         self._counts: dict[str, int] = {}                         # listener -> requests its plane sent so far
         self._controller: threading.Thread | None = None
         self.actions: dict[str, Action] = {
@@ -156,7 +166,8 @@ class Ess(Alarms, Scaling):
             "CompleteLifecycleAction": self._complete, "DescribeLifecycleActions": self._describe_actions,
             "DescribeScalingActivities": self._describe_activities, "CreateScalingRule": self._create_rule,
             "DescribeScalingRules": self._describe_rules, "ModifyScalingRule": self._modify_rule,
-            "DeleteScalingRule": self._delete_rule, "ListTagResources": self._list_tags, **self.alarm_actions()}
+            "DeleteScalingRule": self._delete_rule, "ListTagResources": self._list_tags, **self.alarm_actions(),
+            **self.refresh_actions()}
 
     def put_metric(self, group_id: str, name: str, value: float) -> None:
         """What the hosts would publish to CloudMonitor: the value a rule on `name` reads next period."""
@@ -202,6 +213,7 @@ class Ess(Alarms, Scaling):
             raise invalid("Tags", "1..20 tags, keys not starting with aliyun or acs:.")
         group = Group(new_id("asg-"), name, low, high, desired, switches, attached, tags,
                       as_int(params, "DefaultCooldown", 300, 0, 86400), policy=self._policy(params, "release"))
+        self._spot_settings(group, params)
         self._groups[group.id] = group
         return {"ScalingGroupId": group.id}
 
@@ -248,7 +260,7 @@ class Ess(Alarms, Scaling):
                 "RemovingWaitCapacity": states.count("Removing:Wait"), "GroupType": "ECS",
                 "StoppedCapacity": states.count("Stopped"), "ScalingPolicy": g.policy,
                 "RemovalPolicies": {"RemovalPolicy": ["OldestScalingConfiguration", "OldestInstance"]},
-                "HealthCheckType": "ECS", "MultiAZPolicy": "PRIORITY",
+                "HealthCheckType": "ECS", **self._spot_view(g),
                 "Tags": {"Tag": [{"Key": k, "Value": v} for k, v in g.tags.items()]}}
 
     def _describe_groups(self, params: dict[str, str]) -> dict[str, Any]:
@@ -270,6 +282,7 @@ class Ess(Alarms, Scaling):
         group.config_id = config or group.config_id
         group.name = params.get("ScalingGroupName") or group.name
         group.policy = self._policy(params, group.policy)
+        self._spot_settings(group, params)
         self._converge(group, "ModifyScalingGroup")
         return {}
 
@@ -305,7 +318,13 @@ class Ess(Alarms, Scaling):
 
     def _create_config(self, params: dict[str, str]) -> dict[str, Any]:
         group = self._group(params)
-        image, itype = required(params, "ImageId"), required(params, "InstanceType")
+        image, types = required(params, "ImageId"), repeated(params, "InstanceTypes")
+        if len(types) > 10:
+            raise invalid("InstanceTypes", "At most 10 instance types.")
+        itype = types[0] if types else required(params, "InstanceType")      # with InstanceTypes, ignored
+        spot = params.get("SpotStrategy") or "NoSpot"
+        if spot not in SPOT_STRATEGIES:
+            raise invalid("SpotStrategy", f"Expected one of {', '.join(SPOT_STRATEGIES)}.")
         name = params.get("ScalingConfigurationName") or ""
         if name and any(c.name == name and c.group_id == group.id for c in self._configs.values()):
             raise ApiError(400, "ScalingConfigurationName.Duplicate", f"The configuration name {name!r} exists.")
@@ -320,7 +339,7 @@ class Ess(Alarms, Scaling):
             self.ecs._group(params["SecurityGroupId"])
         config = Config(new_id("asc-"), group.id, "", image, itype, params.get("UserData", ""),
                         params.get("SecurityGroupId", ""), params.get("RamRoleName", ""),
-                        params.get("InstanceName", ""), tags)
+                        params.get("InstanceName", ""), tags, instance_types=types, spot_strategy=spot)
         config.name = name or config.id
         self._configs[config.id] = config
         return {"ScalingConfigurationId": config.id}
@@ -336,6 +355,7 @@ class Ess(Alarms, Scaling):
              "ImageId": c.image_id, "InstanceType": c.instance_type, "UserData": c.user_data,
              "SecurityGroupId": c.security_group, "RamRoleName": c.ram_role, "InstanceName": c.instance_name,
              "CreationTime": c.created, "Tags": {"Tag": [{"Key": k, "Value": v} for k, v in c.tags.items()]},
+             "InstanceTypes": {"InstanceType": list(c.instance_types)}, "SpotStrategy": c.spot_strategy,
              "LifecycleState": "Active" if self._groups[c.group_id].config_id == c.id else "Inactive"}
             for c in items]}}
 
@@ -362,12 +382,14 @@ class Ess(Alarms, Scaling):
                     else "Unhealthy"
                 view = {"InstanceId": m.instance_id, "ScalingGroupId": g.id, "ScalingConfigurationId": m.config_id,
                         "LifecycleState": m.state, "HealthStatus": health, "CreationType": "AutoCreated",
-                        "CreationTime": m.creation_time, "ZoneId": m.zone, "LoadBalancerWeight": 100}
+                        "CreationTime": m.creation_time, "ZoneId": m.zone, "LoadBalancerWeight": 100,
+                        "SpotStrategy": m.spot_strategy}
                 if (not ids or m.instance_id in ids) and all(params.get(k, view[k]) == view[k]
                                                              for k in ("LifecycleState", "HealthStatus")):
                     found.append(view)
         items, paging = page(found, params)
-        return {**paging, "ScalingInstances": {"ScalingInstance": items}}
+        return {**paging, "ScalingInstances": {"ScalingInstance": items},
+                "TotalSpotCount": sum(v["SpotStrategy"] != "NoSpot" for v in found)}
 
     # --- lifecycle hooks ---------------------------------------------------------------------------
 

@@ -40,6 +40,8 @@ class Member:
     state: str = "Pending"
     created: float = field(default_factory=time.monotonic)
     creation_time: str = field(default_factory=iso_now)
+    spot_strategy: str = "NoSpot"            # what ECS launched it as (aliyun_ess_spot.py chooses)
+    doomed: bool = False                     # a spot reclaim notice: no longer counts towards the capacity
 
 
 @dataclass
@@ -85,6 +87,12 @@ class Group:
     members: dict[str, Member] = field(default_factory=dict)
     below: int = 0
     policy: str = "release"                  # ScalingPolicy: release / recycle (economical mode) / force*
+    multi_az: str = "PRIORITY"               # MultiAZPolicy, and the spot settings (aliyun_ess_spot.py)
+    on_demand_base: int = 0
+    on_demand_above: int = 100               # OnDemandPercentageAboveBaseCapacity
+    spot_remedy: bool = False                # SpotInstanceRemedy
+    compensate: bool = True                  # CompensateWithOnDemand
+    refresh: str = ""                        # the instance refresh task in progress (aliyun_ess_refresh.py)
 
 
 class Ecs(Protocol):
@@ -137,10 +145,12 @@ class Scaling:
             self.errors.append(f"{what}: {type(exc).__name__}: {exc}"[:500])
 
     def _converge(self, group: Group, cause: str) -> None:
-        """Launch or remove until the group's live instances are its DesiredCapacity (under the lock)."""
-        if group.state != "Active" or group.config_id not in self._configs:
+        """Launch or remove until the group's live instances are its DesiredCapacity (under the lock); a member
+        under a reclaim notice does not count (its replacement does); nothing while a refresh runs (its end
+        converges)."""
+        if group.state != "Active" or group.config_id not in self._configs or group.refresh:
             return
-        live = [m for m in group.members.values() if m.state in LIVE]
+        live = [m for m in group.members.values() if m.state in LIVE and not m.doomed]
         if len(live) < group.desired:
             missing = group.desired - len(live) - self._restart(group, group.desired - len(live), cause)
             if missing > 0:
@@ -182,27 +192,46 @@ class Scaling:
             self.ecs._spawn(self._bring_in, group, member, activity)
         return started
 
-    def _launch(self, group: Group, count: int, cause: str) -> None:
-        config = self._configs[group.config_id]
-        activity = self._activity(group, "Add", count, cause)
+    def _launch(self, group: Group, count: int, cause: str, config_id: str = "") -> list[Member]:
+        """`count` new instances of `config_id` (else the active configuration); the members made. Each tries
+        the placements _placements gives (type x market, aliyun_ess_spot.py) until ECS takes one."""
+        config = self._configs[config_id or group.config_id]
+        activity, made = self._activity(group, "Add", count, cause), []
         for _ in range(count):
             zones = {s: self.ecs._vswitches[s] for s in group.vswitches}
             load = {z: sum(m.zone == z and m.state in LIVE for m in group.members.values()) for z in zones.values()}
             switch = min(group.vswitches, key=lambda s: load[zones[s]])
-            params = {"ImageId": config.image_id, "InstanceType": config.instance_type, "VSwitchId": switch,
+            params = {"ImageId": config.image_id, "VSwitchId": switch,
                       "UserData": config.user_data, "RamRoleName": config.ram_role,
                       "InstanceName": config.instance_name or f"ESS-{group.name}",
                       "SecurityGroupId": config.security_group,
                       **{f"Tag.{n}.{k}": v for n, (key, value) in enumerate(config.tags.items(), 1)
                          for k, v in (("Key", key), ("Value", value))}}
-            try:
-                [instance_id] = self.ecs._run_instances(params)["InstanceIdSets"]["InstanceIdSet"]
-            except ApiError as exc:
-                activity.status, activity.message, activity.ended = "Failed", f"{exc.code}: {exc.message}", iso_now()
-                return
-            member = group.members[instance_id] = Member(instance_id, config.id, zones[switch])
+            refusal: ApiError | None = None
+            for itype, market in self._placements(group, config):
+                try:
+                    [instance_id] = self._run(params | {"InstanceType": itype, "SpotStrategy": market})
+                    break
+                except ApiError as exc:
+                    refusal = exc
+            else:
+                assert refusal is not None
+                activity.status, activity.message = "Failed", f"{refusal.code}: {refusal.message}"
+                activity.ended = iso_now()
+                return made
+            member = group.members[instance_id] = Member(instance_id, config.id, zones[switch], spot_strategy=market)
             activity.instances.append(instance_id)
+            made.append(member)
             self.ecs._spawn(self._bring_in, group, member, activity)
+        return made
+
+    def _placements(self, group: Group, config: Any) -> list[tuple[str, str]]:
+        """(instance type, SpotStrategy) to try in order (aliyun_ess_spot.py overrides this)."""
+        return [(config.instance_type, "NoSpot")]
+
+    def _run(self, params: dict[str, str]) -> list[str]:
+        """RunInstances (aliyun_ess_spot.py refuses spot launches when the test took the spot market away)."""
+        return list(self.ecs._run_instances(params)["InstanceIdSets"]["InstanceIdSet"])
 
     def _servers(self, action: str, group: Group, instance_id: str) -> None:
         """Add or remove the instance in every attached server group, retrying ALB's Conflict.Lock."""
@@ -356,7 +385,7 @@ class Scaling:
     def _track(self, rule: Any) -> None:
         with self._lock:
             group = self._groups.get(rule.group_id)
-            if group is None or group.state != "Active":
+            if group is None or group.state != "Active" or group.refresh:
                 return
             serving = [m for m in group.members.values() if m.state == "InService"]
             pending = any(m.state == "Pending" for m in group.members.values())

@@ -1,4 +1,7 @@
-"""The ECS metadata service (100.100.100.200 on ECS): an instance reads its RAM role's STS credentials there.
+"""The ECS metadata service (100.100.100.200 on ECS): an instance reads its RAM role's STS credentials there,
+and a spot instance its reclaim notice (instance/spot/termination-time: the UTC time of its release while it
+is being reclaimed, 404 otherwise, as ECS documents it for preemptible instances; the emulator answers it
+from aliyun_ess_spot.py's reclaim).
 
 Why apart from aliyun_ram.py: it is its own server on its own port (the machines reach it, not the
 SDK), with its own protocol (plain GET, or the security-hardening token mode) and its own caller
@@ -36,6 +39,7 @@ CREDENTIALS_PATH = "/latest/meta-data/ram/security-credentials/"
 TOKEN_PATH = "/latest/api/token"
 TOKEN_HEADER = "X-aliyun-ecs-metadata-token"
 TTL_HEADER = "X-aliyun-ecs-metadata-token-ttl-seconds"
+TERMINATION_PATH = "/latest/meta-data/instance/spot/termination-time"
 
 # ip -> (instance id, attached role name or "") of the Running instance there, None when none (or several)
 Identify = Callable[[str], tuple[str, str] | None]
@@ -47,8 +51,10 @@ class MetadataService:
     then GETs with X-aliyun-ecs-metadata-token; a request with X-Forwarded-For gets no token, 403; a
     wrong or expired token 401). The caller is the instance whose private IP it connects from."""
 
-    def __init__(self, identify: Identify, ram: Ram, region: str) -> None:
-        self.identify, self.ram, self.region = identify, ram, region
+    def __init__(self, identify: Identify, ram: Ram, region: str,
+                 termination: Callable[[str], str | None] = lambda instance_id: None) -> None:
+        """`termination`: instance id -> its spot release time while it is being reclaimed, else None."""
+        self.identify, self.ram, self.region, self.termination = identify, ram, region, termination
         self._tokens: dict[str, tuple[str, float]] = {}     # token -> (instance id, monotonic deadline)
         self._lock = threading.Lock()
 
@@ -90,6 +96,9 @@ class MetadataService:
             return Answer(200, instance_id)
         if path == "/latest/meta-data/region-id":
             return Answer(200, self.region)
+        if path == TERMINATION_PATH:
+            when = self.termination(instance_id)
+            return Answer(200, when) if when else NOT_FOUND
         if path in (CREDENTIALS_PATH, CREDENTIALS_PATH.rstrip("/")):
             return Answer(200, role) if role else NOT_FOUND
         if path.startswith(CREDENTIALS_PATH) and role and path[len(CREDENTIALS_PATH):] == role:

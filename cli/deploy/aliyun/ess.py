@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...clouds.aliyun import AliyunError
 from ...core.errors import UserError
+from .ess_refresh import Refreshes
 
 if TYPE_CHECKING:
     from ...clouds.aliyun import Api
@@ -95,6 +96,9 @@ class GroupSpec:
     security_group: str | None = None
     weight: int = 100
     drain_wait_s: int = 300            # the SCALE_IN hook's heartbeat timeout (ESS: 30..21600)
+    spot: bool = False                 # SpotAsPriceGo hosts above an on-demand floor (_capacity, _config_data)
+    on_demand_base: int = 0            # that floor: OnDemandBaseCapacity
+    instance_types: tuple[str, ...] = ()   # InstanceTypes.N in priority order; () is instance_type alone
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,7 @@ class Member:
     zone: str
     state: str                         # Pending, InService, Removing:Wait, Removing, ...
     health: str                        # Healthy / Unhealthy
+    market: str = "on-demand"          # "spot" or "on-demand", from the instance's SpotStrategy
 
 
 def _check_sizes(name: str, low: int, high: int, desired: int) -> None:
@@ -131,8 +136,9 @@ def _digest(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-class ScalingGroups:
-    """ensure_group / set_size / put_target_tracking / instances / complete_lifecycle / delete / tagged."""
+class ScalingGroups(Refreshes):
+    """ensure_group / set_size / put_target_tracking / instances / complete_lifecycle / delete / tagged, and
+    (ess_refresh.py) start_refresh / refresh_state / cancel_refresh."""
 
     def __init__(self, api: Api) -> None:
         self.api = api
@@ -146,9 +152,9 @@ class ScalingGroups:
             params = {"ScalingGroupName": spec.name, "MinSize": spec.min_size, "MaxSize": spec.max_size,
                       "DesiredCapacity": spec.desired, **{f"VSwitchIds.{n}": v for n, v in
                                                           enumerate(spec.vswitches, 1)},
-                      **_server_group(spec), **{f"Tags.{n}.{k}": v for n, (key, value) in
-                                                enumerate(sorted(spec.tags.items()), 1)
-                                                for k, v in (("Key", key), ("Value", value))}}
+                      **_server_group(spec), **_capacity(spec), **{f"Tags.{n}.{k}": v for n, (key, value) in
+                                                                  enumerate(sorted(spec.tags.items()), 1)
+                                                                  for k, v in (("Key", key), ("Value", value))}}
             try:
                 group_id = self._create("CreateScalingGroup", params, "ScalingGroupId", self._group_exists)
             except AliyunError as exc:            # made meanwhile by another ngcx: it is the one found next
@@ -162,6 +168,8 @@ class ScalingGroups:
         group_id = str(group["ScalingGroupId"])
         config_id = self._configuration(spec, group_id)
         self._attach(spec, group)
+        if not _same_capacity(group, spec):
+            self._set("ModifyScalingGroup", ScalingGroupId=group_id, **_capacity(spec, reset=True))
         if (group.get("ActiveScalingConfigurationId"), group.get("MinSize"), group.get("MaxSize")) != (
                 config_id, spec.min_size, spec.max_size) and group.get("LifecycleState") == "Active":
             self._set("ModifyScalingGroup", ScalingGroupId=group_id, ActiveScalingConfigurationId=config_id,
@@ -337,8 +345,8 @@ class ScalingGroups:
 
     def instances(self, ref: GroupRef) -> list[Member]:
         rows = self._all("DescribeScalingInstances", "ScalingInstances", "ScalingInstance", ScalingGroupId=ref.group_id)
-        return [Member(r["InstanceId"], r.get("ZoneId", ""), r.get("LifecycleState", ""), r.get("HealthStatus", ""))
-                for r in rows]
+        return [Member(r["InstanceId"], r.get("ZoneId", ""), r.get("LifecycleState", ""), r.get("HealthStatus", ""),
+                       "on-demand" if (r.get("SpotStrategy") or "NoSpot") == "NoSpot" else "spot") for r in rows]
 
     def complete_lifecycle(self, ref: GroupRef, instance_id: str) -> None:
         """End the instance's Removing:Wait now (its host is idle); no wait left is done, not an error. The token
@@ -471,10 +479,39 @@ def _same_alarm(found: dict[str, Any], wanted: dict[str, Any]) -> bool:
         {"loadBalancerId": wanted["Dimensions.1.DimensionValue"]})
 
 
+def _capacity(spec: GroupSpec, reset: bool = False) -> dict[str, Any]:
+    """The group's spot settings (ESS 2022-02-22 CreateScalingGroup): COST_OPTIMIZED launches the cheapest
+    types and spot first; OnDemandBaseCapacity on-demand hosts always, none above it
+    (OnDemandPercentageAboveBaseCapacity 0); CompensateWithOnDemand: on-demand when no spot can be had;
+    SpotInstanceRemedy: a host about to be reclaimed is replaced before it goes. `reset`: back to ESS's
+    defaults (PRIORITY) for a group that stops using spot."""
+    if spec.spot:
+        return {"MultiAZPolicy": "COST_OPTIMIZED", "OnDemandBaseCapacity": spec.on_demand_base,
+                "OnDemandPercentageAboveBaseCapacity": 0, "SpotInstanceRemedy": True, "CompensateWithOnDemand": True}
+    return {"MultiAZPolicy": "PRIORITY"} if reset else {}
+
+
+def _same_capacity(group: dict[str, Any], spec: GroupSpec) -> bool:
+    wanted = _capacity(spec, reset=True)
+    return all(str(group.get(k, "")).lower() == str(v).lower() for k, v in wanted.items())
+
+
+def _names(value: Any) -> list[str]:
+    """A list as ESS answers it: plain, or wrapped ({"InstanceType": [...]})."""
+    if isinstance(value, dict):
+        value = next(iter(value.values()), [])
+    return [str(v) for v in value or []]
+
+
 def _config_data(spec: GroupSpec) -> dict[str, Any]:
-    data: dict[str, Any] = {"ImageId": spec.image_id, "InstanceType": spec.instance_type,
-                            "UserData": base64.b64encode(spec.user_data.encode()).decode(),
+    data: dict[str, Any] = {"ImageId": spec.image_id, "UserData": base64.b64encode(spec.user_data.encode()).decode(),
                             "Tags": json.dumps(dict(sorted(spec.tags.items())))}
+    if spec.instance_types:          # ESS: with InstanceTypes, InstanceType is ignored (so it is not sent)
+        data |= {f"InstanceTypes.{n}": t for n, t in enumerate(spec.instance_types, 1)}
+    else:
+        data["InstanceType"] = spec.instance_type
+    if spec.spot:
+        data["SpotStrategy"] = "SpotAsPriceGo"      # the market price, no bid: reclaimed only for stock
     if spec.ram_role:
         data["RamRoleName"] = spec.ram_role
     if spec.security_group:
@@ -484,5 +521,9 @@ def _config_data(spec: GroupSpec) -> dict[str, Any]:
 
 def _same_config(found: dict[str, Any], wanted: dict[str, Any]) -> bool:
     """The parts that decide what a host boots (ESS echoes them, with more fields around)."""
-    keys = ("ImageId", "InstanceType", "UserData", "RamRoleName", "SecurityGroupId")
-    return all((found.get(k) or "") == (wanted.get(k) or "") for k in keys)
+    keys = ("ImageId", "UserData", "RamRoleName", "SecurityGroupId")
+    types = [wanted[f"InstanceTypes.{n}"] for n in range(1, len(wanted) + 1) if f"InstanceTypes.{n}" in wanted]
+    have = _names(found.get("InstanceTypes")) or ([found["InstanceType"]] if found.get("InstanceType") else [])
+    return all((found.get(k) or "") == (wanted.get(k) or "") for k in keys) and (
+        have == (types or [wanted.get("InstanceType")])) and (
+        (found.get("SpotStrategy") or "NoSpot") == wanted.get("SpotStrategy", "NoSpot"))
