@@ -183,7 +183,10 @@ def deploy_cmd(
           f": {format_phases(record.phases)}", file=sys.stderr)
     if record.detail:
         print(f"ngcx: note: {record.detail}", file=sys.stderr)
-    from ..deploy.security import how_to_call
+    from ..deploy.security import gpus_line, how_to_call
+
+    if gpus_line(record):
+        print(f"ngcx: {gpus_line(record)}", file=sys.stderr)
 
     for line in how_to_call(record, show_key=sys.stderr.isatty()):
         print(f"ngcx: {line}", file=sys.stderr)

@@ -114,9 +114,12 @@ def show_cmd(deployment: IdArg, as_json: JsonOpt = False) -> None:
 
 
 def _show_access(record) -> None:
-    """Where the key and the pinned certificate are, and a curl line that uses both."""
+    """How many GPUs serve; where the key and the pinned certificate are, and a curl line that uses both."""
     from ..deploy import keys
-    from ..deploy.security import how_to_call
+    from ..deploy.security import gpus_line, how_to_call
+
+    if gpus_line(record):
+        print(f"{'gpus':14} {gpus_line(record)}")
 
     cert = keys.certificate_path(record.id)
     if record.spec.get("tls_sha256"):

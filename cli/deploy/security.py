@@ -58,6 +58,9 @@ def secure(module: ModuleType, record: DeployRecord, key: str | None) -> DeployR
     served = served_models(record.endpoint or "", key, pin_of(record))
     if served:
         record = store.update(record.id, spec=dict(record.spec, served=served))
+        gpus = serving_gpus(record.endpoint or "", key, pin_of(record), served)
+        if gpus is not None:
+            record = store.update(record.id, spec=dict(record.spec, serving_gpus=gpus))
     return record
 
 
@@ -203,3 +206,61 @@ def how_to_call(record: DeployRecord, show_key: bool = False) -> list[str]:
     if not key:
         lines.append("no endpoint key (--no-auth): anyone who reaches the port may call every API")
     return lines
+
+
+def serving_gpus(endpoint: str, key: str | None, pin: str | None, served: list[str]) -> int | None:
+    """How many GPUs the served models' instances run on, from each model's config (its Triton instance_group:
+    ngcx-runtime serve places an instance on every GPU the container sees, runtime/placement.py); 0 when they
+    run on the CPU, None when no config says. Why ask: `docker run --gpus all` on a 4-GPU host served on one
+    GPU before issue 50, and only the server knows where its instances went."""
+    import json
+
+    from ..project.client import Client
+
+    client = Client(endpoint, timeout=10.0, key=key, pin=pin)
+    gpus: set[int] = set()
+    said = False
+    try:
+        for name in served[:16]:
+            status, body = client.get(f"/v2/models/{name}/config")
+            groups = json.loads(body).get("instance_group") if status == 200 else None
+            if not isinstance(groups, list):
+                continue
+            said = True
+            for group in groups:
+                if isinstance(group, dict) and group.get("kind") == "KIND_GPU":
+                    gpus.update(g for g in group.get("gpus") or [] if isinstance(g, int))
+    except (OSError, ValueError, AttributeError):
+        return None        # a courtesy for the ready line, never a reason to fail a deploy
+    finally:
+        client.close()
+    return len(gpus) if said else None
+
+
+def gpus_line(record: DeployRecord) -> str | None:
+    """'4 GPUs serve (all 4 of the g5.12xlarge)' for the deploy's ready line and `deployments show`; None when
+    the deploy did not learn it (an older record, or a server that does not say)."""
+    n = record.spec.get("serving_gpus")
+    if not isinstance(n, int):
+        return None
+    has = _instance_gpus(record)
+    itype = record.instance_type
+    if n == 0:
+        return f"serving on the CPU (the {itype} has {has} GPUs)" if has else "serving on the CPU"
+    text = f"{n} GPU{'s' if n != 1 else ''} serve{'s' if n == 1 else ''}"
+    if has and has > 1:
+        text += f" (all {has} of the {itype})" if n >= has else f" (the {itype} has {has})"
+    return text
+
+
+def _instance_gpus(record: DeployRecord) -> int | None:
+    """The GPU count of the record's instance type in its cloud's offers table; None when not known."""
+    if not record.instance_type or record.cloud in ("local", "kubernetes"):
+        return None
+    from . import offers
+
+    try:
+        types, _ = offers.load_table(record.cloud)
+    except (UserError, OSError, ValueError):
+        return None
+    return next((t.gpu_count for t in types if t.name == record.instance_type), None)
