@@ -361,6 +361,7 @@ def _promote(state: _Run, new: DeployConfig, options: Any, say: Say) -> ServiceR
                         f"rolled out by service {state.svc.ref}'s canary", keep_warm=True)
         say(f"service {state.svc.ref}: replica {record.id} ({_short(state.report['from_version'])}) drained and "
             "retired")
+    state.balancer.set_weights(state.ref, _members(state, state.news, 100))   # one weight again: a plain service
     state.report.update(outcome="promoted", ended_at=time.time())
     state.report["steps"].append(Step(100, PASS, 0.0, ["promoted: the old version drained out"]))
     previous = {k: v for k, v in store.service(state.svc.id).config.items() if k != "canary"}
