@@ -118,6 +118,9 @@ def deploy_cmd(
                               "one whose offers table has --gpu).")] = None,
     kserve: Annotated[bool, typer.Option("--kserve", help="--cloud kubernetes: also a KServe InferenceService.")]
     = False,
+    gpus_per_pod: Annotated[str | None, typer.Option(
+        "--gpus-per-pod", help="--cloud kubernetes: GPUs each pod asks for (nvidia.com/gpu), all of them serving; "
+                               "N or node (the largest instance type's count); default 1.")] = None,
     policy: Annotated[str | None, typer.Option(
         "--policy", help="--cloud kubernetes: the admission policy that verifies the image's signature in the "
                          "cluster: kyverno (default), sigstore (policy-controller) or none.")] = None,
@@ -133,7 +136,7 @@ def deploy_cmd(
 
     check_flags(cloud.value, replicas, service)
     k8s = _kubernetes_options(cloud, dry_run, output, replicas, service, (min_replicas, max_replicas), node_labels,
-                              kserve, policy)
+                              kserve, policy, gpus_per_pod)
     ref, cmd = _split_command(ref, list(ctx.args))
     image, labels = resolve(ref, project_file, variant, catalog_file)
     if not cmd and "ai.ngcx.project.name" not in labels and labels.get("ai.ngcx.image"):
@@ -223,7 +226,7 @@ def _canary(config: Any, registry: str | None, service: str | None, scale: tuple
 
 def _kubernetes_options(cloud: Cloud, dry_run: bool, output: Path | None, replicas: int | None, service: str | None,
                         scale: tuple[int | None, int | None], node_labels: str | None, kserve: bool,
-                        policy: str | None = None) -> Any:
+                        policy: str | None = None, gpus_per_pod: str | None = None) -> Any:
     """--cloud kubernetes's flags, checked before anything is read (None for the other clouds)."""
     if cloud != Cloud.kubernetes:
         if scale != (None, None) and (replicas is not None or service is not None):
@@ -231,14 +234,15 @@ def _kubernetes_options(cloud: Cloud, dry_run: bool, output: Path | None, replic
                                                                              "service; --replicas N a fixed one")
         if scale != (None, None) and None in scale:
             raise UserError("--min and --max go together", hint="e.g. --min 1 --max 4")
-        if output is not None or node_labels is not None or kserve or policy is not None:
-            raise UserError("-o, --node-labels, --kserve and --policy are for --cloud kubernetes",
+        if output is not None or node_labels is not None or kserve or policy is not None or gpus_per_pod is not None:
+            raise UserError("-o, --node-labels, --kserve, --policy and --gpus-per-pod are for --cloud kubernetes",
                             hint="every other target verifies the image itself before it starts")
         return None
     from ..deploy.kubernetes.manifests import options_from_flags
     from ..deploy.kubernetes.policy import DEFAULT_POLICY
 
-    return options_from_flags(dry_run, output, replicas, service, scale, node_labels, kserve, policy or DEFAULT_POLICY)
+    return options_from_flags(dry_run, output, replicas, service, scale, node_labels, kserve, policy or DEFAULT_POLICY,
+                              gpus_per_pod)
 
 
 def _kubernetes(config: Any, options: Any, as_json: bool) -> None:

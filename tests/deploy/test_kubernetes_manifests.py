@@ -235,6 +235,42 @@ def test_the_pod_runs_the_pushed_digest_with_the_deploys_command_probes_gpu_and_
     assert context["capabilities"]["drop"] == ["ALL"] and pod["securityContext"]["runAsNonRoot"]
 
 
+def test_a_pod_of_n_gpus_asks_for_them_and_lands_only_where_a_node_has_them(tmp_path):
+    """--gpus-per-pod 4: nvidia.com/gpu 4, the instance types kept are those with 4 GPUs or more (the offers table's
+    gpu_count), the command serves on all of them (no --gpus: serve's default spread), and the summary says so."""
+    done, docs = _write(tmp_path / "four", "A10G", "eks", gpus_per_pod=4)
+    pod = docs["01-deployment.yaml"]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4 and pod["containers"][0]["args"] == CMD
+    four = {t.name for t in offers.load_table("aws")[0] if t.gpu == "A10G" and t.gpu_count >= 4}
+    assert four and set(_terms(docs)["node.kubernetes.io/instance-type"]) == four, "g5.xlarge (1 GPU) is left out"
+    assert docs["01-deployment.yaml"]["metadata"]["annotations"]["ngcx.ai/gpus-per-pod"] == "4"
+    assert done.gpus_per_pod == 4 and done.as_json()["gpus_per_pod"] == 4
+    assert "4 GPUs per pod, all serving" in kubernetes.summary(done, show_key=False)[0]
+    most = max(t.gpu_count for t in offers.load_table("aws")[0] if t.gpu == "A10G")
+    done, docs = _write(tmp_path / "node", "A10G", "eks", gpus_per_pod="node")
+    assert done.gpus_per_pod == most and docs["01-deployment.yaml"]["spec"]["template"]["spec"]["containers"][0][
+        "resources"]["limits"]["nvidia.com/gpu"] == most
+    _, one = _write(tmp_path / "one", "A10G", "eks")
+    assert "g5.xlarge" in _terms(one)["node.kubernetes.io/instance-type"], "one GPU per pod by default, as before"
+
+
+@pytest.mark.parametrize("flags, cmd, words", [
+    ({"gpus_per_pod": 32}, CMD, "--gpus-per-pod 32: give a number of GPUs from 1 to 16"),
+    ({"gpus_per_pod": "many"}, CMD, "--gpus-per-pod 'many'"),
+    ({"gpus_per_pod": 16}, CMD, "has 16 GPUs (the most is"),
+    ({"gpus_per_pod": 4}, [*CMD, "--gpus", "0"], "serves on --gpus 0, but each pod asks for 4 GPUs"),
+    ({"gpus_per_pod": 2}, [*CMD, "--gpus=1"], "serves on --gpus 1, but each pod asks for 2 GPUs"),
+])
+def test_a_pod_whose_gpus_would_not_all_serve_is_one_line(tmp_path, flags, cmd, words):
+    from ngcx.core.errors import UserError
+
+    config = _config("A10G")
+    config.cmd = list(cmd)
+    with pytest.raises(UserError, match=words.replace("(", "\\(").replace(")", "\\)")):
+        kubernetes.write(config, kubernetes.Options(out=tmp_path / "k8s", provider="eks", **flags))
+    assert not (tmp_path / "k8s").exists()
+
+
 def _terms(docs: dict[str, Any]) -> dict[str, list[str]]:
     pod = docs["01-deployment.yaml"]["spec"]["template"]["spec"]
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
@@ -358,6 +394,9 @@ def test_cli_writes_the_folder_and_shows_no_key_off_a_terminal(monkeypatch, caps
      "a Deployment's HPA cannot scale to zero"),
     (["--cloud", "aws", "--min", "3", "--max", "2"], "need 0 <= min <= max"),
     (["--cloud", "aws", "-o", "DIR"], "for --cloud kubernetes"),
+    (["--cloud", "aws", "--gpus-per-pod", "2"], "--gpus-per-pod are for --cloud kubernetes"),
+    (["--cloud", "kubernetes", "--dry-run", "-o", "DIR", "--gpu", "A10", "--gpus-per-pod", "0"],
+     "--gpus-per-pod '0': give a number of GPUs from 1 to 16"),
 ])
 def test_cli_mistakes_are_one_line_exit_2(monkeypatch, capsys, tmp_path, args, words):
     args = [a.replace("DIR", str(tmp_path / "k8s")) for a in args]

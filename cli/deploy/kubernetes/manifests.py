@@ -19,8 +19,15 @@ Decisions (the README's "Kubernetes" section is the short version):
   provider, and where each comes from), ORed with the well-known node.kubernetes.io/instance-type over the
   offers table's instance types of that kind. Without --gpu, every kind of the provider's table that the image's
   compute capabilities admit (offers.choose, the same rule a cloud deploy ranks by).
-- One GPU per pod (`nvidia.com/gpu: 1`): serving runs one model per GPU and scales by replicas, as the offers
-  ranking prefers 1-GPU instances; the toleration admits the `nvidia.com/gpu` taint GPU node pools carry.
+- GPUs per pod: one by default (`nvidia.com/gpu: 1`): serving scales by replicas and the scheduler packs pods onto
+  GPUs, as the offers ranking prefers 1-GPU instances. `--gpus-per-pod N` asks for N (`nvidia.com/gpu: N`), and
+  `--gpus-per-pod node` for a whole node: N is the largest GPU count among the offers table's instance types of the
+  kinds chosen (g5.12xlarge: 4), and only types with at least N GPUs stay in the node selection, so the pod can be
+  scheduled wherever it is admitted. The server uses every GPU the pod gets without a flag: the device plugin
+  exposes exactly those N to the container, and `ngcx-runtime serve` places an instance on every GPU it sees
+  (runtime/placement.py, one batcher feeding them); a command that pins fewer GPUs (--gpus 0) is refused, since
+  the pod would hold GPUs that never serve. The HPA's pending-requests target grows with N (4 per GPU). The
+  toleration admits the `nvidia.com/gpu` taint GPU node pools carry.
 - The HPA (only with --min/--max) scales on nv_inference_pending_request_count, the runtime's Triton-named gauge of
   requests waiting for the GPU, averaged per pod through the custom-metrics API (prometheus-adapter). CPU is no
   measure of a GPU server's load: a saturated GPU leaves the CPU idle. /metrics needs the bearer key like every
@@ -59,6 +66,7 @@ PLAN_CACHE = "/var/cache/ngcx/plans"   # local/verbs.py PLAN_CACHE_IN_IMAGE, pro
 RUN_AS = 65532                         # the distroless "nonroot" uid: no user of that id exists in the images
 PENDING_PER_POD = "4"                  # HPA target: requests waiting per pod before another pod is wanted
 GPUS_PER_POD = 1
+MAX_GPUS_PER_POD = 16                  # the offers tables' largest instance type has 8; 16 leaves room, no more
 MANIFESTS = ("secret", "deployment", "service", "hpa", "pdb")
 
 
@@ -73,6 +81,7 @@ class Options:
     max_replicas: int | None = None
     kserve: bool = False
     policy: str = admission_policy.DEFAULT_POLICY   # kyverno | sigstore | none (policy.py says why kyverno)
+    gpus_per_pod: int | str = GPUS_PER_POD          # N, or "node": the largest GPU count of the chosen types
 
 
 @dataclass(frozen=True)
@@ -87,20 +96,21 @@ class Written:
     kserve: bool = False
     admission: admission_policy.Admission | None = None
     no_policy_because: str = ""
+    gpus_per_pod: int = GPUS_PER_POD
 
     def as_json(self) -> dict[str, Any]:
         """`--json`: no endpoint key in it (a pipe or a CI log keeps what it is given); the signing key's public
         fingerprint is no secret."""
         policy = self.admission
         return {"output": str(self.out), "files": list(self.files), "name": self.name, "key_name": self.key_name,
-                "node_labels": self.provider, "gpus": list(self.gpus),
+                "node_labels": self.provider, "gpus": list(self.gpus), "gpus_per_pod": self.gpus_per_pod,
                 "admission_policy": None if policy is None else {"controller": policy.kind, "name": policy.name,
                                                                  "file": policy.file, "key": policy.fingerprint}}
 
 
 def options_from_flags(dry_run: bool, out: Path | None, replicas: int | None, service: str | None,
                        scale: tuple[int | None, int | None], provider: str | None, kserve: bool,
-                       policy: str = admission_policy.DEFAULT_POLICY) -> Options:
+                       policy: str = admission_policy.DEFAULT_POLICY, gpus_per_pod: str | None = None) -> Options:
     """`deploy --cloud kubernetes`'s flags as Options, or the one line that says what is wrong."""
     if not dry_run:   # ngcx never talks to a cluster: applying is kubectl's (or the user's GitOps') job
         raise UserError("--cloud kubernetes only writes manifests",
@@ -111,15 +121,16 @@ def options_from_flags(dry_run: bool, out: Path | None, replicas: int | None, se
         raise UserError("--service rolls an ngcx service; on Kubernetes the Deployment rolls itself",
                         hint="write the manifests again for the new image and kubectl apply them")
     options = Options(out=out, provider=provider, replicas=replicas, min_replicas=scale[0], max_replicas=scale[1],
-                      kserve=kserve, policy=policy)
+                      kserve=kserve, policy=policy, gpus_per_pod=parse_gpus_per_pod(gpus_per_pod))
     check_options(options)
     return options
 
 
 def summary(done: Written, show_key: bool) -> list[str]:
     """What `deploy` prints: the key only when made now and on a terminal, as the other deploys show theirs."""
+    per_pod = f"{done.gpus_per_pod} GPU{'s' if done.gpus_per_pod != 1 else ''} per pod, all serving"
     lines = [f"wrote {len(done.files)} manifests for {done.name} ({done.provider} node labels, "
-             f"{', '.join(done.gpus)}) to {done.out}; no cluster was contacted"]
+             f"{', '.join(done.gpus)}; {per_pod}) to {done.out}; no cluster was contacted"]
     if done.key and show_key:
         lines.append(f"key (shown once; `ngcx deployments key {done.key_name}` prints it again): {done.key}")
     elif done.key_name:
@@ -149,9 +160,44 @@ def service_name(config: DeployConfig) -> str:
     return name[:40].rstrip("-")
 
 
+def parse_gpus_per_pod(text: str | int | None) -> int | str:
+    """--gpus-per-pod N (1-16) or `node`; one line for anything else."""
+    if text is None:
+        return GPUS_PER_POD
+    if str(text).strip().lower() == "node":
+        return "node"
+    try:
+        n = int(str(text).strip())
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_GPUS_PER_POD:
+        raise UserError(f"--gpus-per-pod {text!r}: give a number of GPUs from 1 to {MAX_GPUS_PER_POD}, or node",
+                        hint="node asks for every GPU of the largest instance type of the kind chosen")
+    return n
+
+
+def check_command(cmd: list[str], gpus: int) -> None:
+    """A pod of N > 1 GPUs whose serve command pins fewer (--gpus 0) would hold GPUs that never serve."""
+    for i, arg in enumerate(cmd):
+        if arg == "--gpus":
+            value = cmd[i + 1] if i + 1 < len(cmd) else ""
+        elif arg.startswith("--gpus="):
+            value = arg.partition("=")[2]
+        else:
+            continue
+        if value.strip().lower() == "all":
+            continue
+        named = [v for v in value.split(",") if v.strip()]
+        if len(named) < gpus:
+            raise UserError(f"the command serves on --gpus {value}, but each pod asks for {gpus} GPUs",
+                            hint="drop --gpus (ngcx-runtime serve uses every GPU the pod gets) or lower "
+                                 "--gpus-per-pod")
+
+
 def check_options(options: Options) -> None:
     """Bad combinations are one line before anything is read or written."""
     admission_policy.check_choice(options.policy)
+    parse_gpus_per_pod(options.gpus_per_pod)
     if options.provider is not None and options.provider not in PROVIDERS:
         raise UserError(f"unknown --node-labels {options.provider!r}", hint=f"use one of: {', '.join(PROVIDERS)}")
     low, high = options.min_replicas, options.max_replicas
@@ -185,9 +231,11 @@ def provider_for(gpu: str | None, asked: str | None) -> str:
     raise UserError(f"{why}: name the cluster's node labels", hint="add --node-labels ack or --node-labels eks")
 
 
-def placement(config: DeployConfig, provider: str) -> tuple[list[str], list[dict[str, Any]]]:
-    """(GPU kinds, nodeSelectorTerms): every kind of the provider's offers table the image can run on (only --gpu's
-    when given), each by the provider's GPU labels and by the well-known instance-type label."""
+def placement(config: DeployConfig, provider: str, gpus_per_pod: int | str = GPUS_PER_POD
+              ) -> tuple[list[str], list[dict[str, Any]], int]:
+    """(GPU kinds, nodeSelectorTerms, GPUs per pod): every kind of the provider's offers table the image can run on
+    (only --gpu's when given) on an instance type with at least the pod's GPUs, each by the provider's GPU labels
+    and by the well-known instance-type label. `node`: the largest GPU count of those types."""
     from .. import offers
 
     table = node_table()
@@ -200,8 +248,15 @@ def placement(config: DeployConfig, provider: str) -> tuple[list[str], list[dict
     if not choice.candidates:
         raise UserError(f"no GPU of {provider.upper()}'s table ({spec['offers']} offers) fits {config.image}",
                         hint=f"see `ngcx deploy {config.image} --cloud {spec['offers']} --dry-run` for why")
+    need = max(c.itype.gpu_count for c in choice.candidates) if gpus_per_pod == "node" else int(gpus_per_pod)
+    candidates = [c for c in choice.candidates if c.itype.gpu_count >= need]
+    if not candidates:
+        most = max(c.itype.gpu_count for c in choice.candidates)
+        raise UserError(f"--gpus-per-pod {need}: no instance type of {provider.upper()}'s table ({spec['offers']} "
+                        f"offers) that fits {config.image} has {need} GPUs (the most is {most})",
+                        hint=f"use --gpus-per-pod {most} or fewer, or another --gpu")
     kinds, types = [], []
-    for candidate in choice.candidates:
+    for candidate in candidates:
         if candidate.itype.gpu not in kinds:
             kinds.append(candidate.itype.gpu)
         types.append(candidate.itype.name)
@@ -212,7 +267,7 @@ def placement(config: DeployConfig, provider: str) -> tuple[list[str], list[dict
     values = [v for kind in kinds for v in spec["gpus"][kind]]
     terms = [{"key": label, "values": values} for label in spec["labels"]]
     terms.append({"key": table["instance_type_label"], "values": sorted(set(types))})
-    return kinds, terms
+    return kinds, terms, need
 
 
 def pull_ref(config: DeployConfig) -> str:
@@ -256,7 +311,8 @@ def _env() -> Any:
 
 
 def values(config: DeployConfig, options: Options, name: str, provider: str, kinds: list[str],
-           terms: list[dict[str, Any]], image_ref: str, key_name: str | None, digest: str | None) -> dict[str, Any]:
+           terms: list[dict[str, Any]], image_ref: str, key_name: str | None, digest: str | None,
+           gpus: int = GPUS_PER_POD) -> dict[str, Any]:
     """Everything the templates write, decided here."""
     autoscaled = options.min_replicas is not None
     replicas = options.min_replicas if autoscaled else (options.replicas or 1)
@@ -268,10 +324,10 @@ def values(config: DeployConfig, options: Options, name: str, provider: str, kin
         "name": name, "image": image_ref, "args": list(config.cmd), "port": SERVE_PORT, "env": env,
         "labels": {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "ngcx"},
         "annotations": {"ngcx.ai/image": config.image, "ngcx.ai/gpu-kinds": ",".join(kinds),
-                        "ngcx.ai/node-labels": provider},
+                        "ngcx.ai/node-labels": provider, "ngcx.ai/gpus-per-pod": str(gpus)},
         "replicas": max(1, replicas), "min_replicas": max(1, replicas), "max_replicas": most, "autoscaled": autoscaled,
         "kserve_min": replicas, "serverless": replicas == 0,
-        "pending_per_pod": PENDING_PER_POD, "gpus": GPUS_PER_POD, "terms": terms, "run_as": RUN_AS,
+        "pending_per_pod": str(int(PENDING_PER_POD) * gpus), "gpus": gpus, "terms": terms, "run_as": RUN_AS,
         "plan_cache": PLAN_CACHE, "keys_mount": KEYS_MOUNT, "secret": f"{name}-keys" if digest else None,
         "key_name": key_name, "key_hashes": [digest] if digest else [],
         "startup_failures": max(3, int(config.ready_timeout // 10) + 1),
@@ -294,7 +350,8 @@ def write(config: DeployConfig, options: Options) -> Written:
     """Check, decide, render to a temporary folder beside DIR, then rename it to DIR: a failure leaves nothing."""
     check_options(options)
     provider = provider_for(config.gpu, options.provider)
-    kinds, terms = placement(config, provider)
+    kinds, terms, gpus = placement(config, provider, options.gpus_per_pod)
+    check_command(config.cmd, gpus)
     image_ref = pull_ref(config)
     admission = admission_policy.decide(config, options.policy, image_ref)   # before the endpoint key is made
     name = service_name(config)
@@ -302,7 +359,7 @@ def write(config: DeployConfig, options: Options) -> Written:
     out = options.out.resolve()
     tmp: Path | None = None
     try:
-        data = values(config, options, name, provider, kinds, terms, image_ref, key_name, digest)
+        data = values(config, options, name, provider, kinds, terms, image_ref, key_name, digest, gpus)
         files = render(data, options.kserve)
         if admission is not None:
             files.update(admission_policy.render(admission, data["labels"], _env()))
@@ -325,4 +382,5 @@ def write(config: DeployConfig, options: Options) -> Written:
         raise
     return Written(out=out, files=tuple(files), name=name, key_name=key_name, key=key, provider=provider,
                    gpus=tuple(kinds), kserve=options.kserve, admission=admission,
-                   no_policy_because="--policy none" if options.policy == "none" else "--allow-unsigned")
+                   no_policy_because="--policy none" if options.policy == "none" else "--allow-unsigned",
+                   gpus_per_pod=gpus)
