@@ -43,6 +43,7 @@ from typing import Any
 from .errors import RuntimeUserError
 
 Device = int | str | None        # one instance's device: None = the backend's default, an int = that GPU, "cpu"
+GPU_ALL = "gpu"                  # an instance_group of KIND_GPU without gpus (repository.py): every visible GPU
 MAX_INSTANCES = 64               # repository.py's bound on an instance_group, the same for flags
 _UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]+$")
 
@@ -143,13 +144,19 @@ def place(per_gpu: int, gpus: Sequence[int] | None, visible: int | None, *, soft
 
 
 def expand_config(devices: tuple[Device, ...] | None, visible: int | None) -> tuple[Device, ...] | None:
-    """A model config's instance_group placement with Triton's meaning of KIND_AUTO (None: every visible GPU,
-    soft). Explicit GPUs and the CPU stay as the config says."""
+    """A model config's instance_group placement with Triton's meanings: KIND_AUTO (None) on every visible GPU,
+    soft; KIND_GPU without gpus ("gpu", repository.py) on every visible GPU, explicit (GPU 0 when the count is
+    unknown, so a host without a GPU still refuses it). Listed GPUs and the CPU stay as the config says."""
     if devices is None:
         return None
     out: list[Device] = []
     for d in devices:
-        out += [Spread(g) for g in range(visible)] if d is None and visible else [d]
+        if d is None and visible:
+            out += [Spread(g) for g in range(visible)]
+        elif d == GPU_ALL:
+            out += list(range(visible)) if visible else [0]
+        else:
+            out.append(d)
     return tuple(out)
 
 

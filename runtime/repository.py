@@ -163,8 +163,9 @@ def parse_config(doc: Any, where: str, expected_name: str | None = None) -> Mode
 
 def instance_devices(raw: Any, where: str) -> tuple[int | str | None, ...] | None:
     """Triton's instance_group as one device per instance: `count` instances on each GPU listed in
-    `gpus` (KIND_GPU), on the CPU (KIND_CPU), or on the backend's default device (KIND_AUTO, or
-    KIND_GPU without gpus: the first GPU). None when the config has no instance_group."""
+    `gpus` (KIND_GPU), on the CPU (KIND_CPU), on every visible GPU (KIND_GPU without gpus: "gpu", placement.py
+    expands it when the model loads, as Triton does), or on the backend's choice (KIND_AUTO: None, which
+    placement.py spreads over every visible GPU). None when the config has no instance_group."""
     if raw is None:
         return None
     usage = 'instance_group is a list such as [{"count": 2, "kind": "KIND_GPU", "gpus": [0, 1]}]'
@@ -190,7 +191,7 @@ def instance_devices(raw: Any, where: str) -> tuple[int | str | None, ...] | Non
         if gpus and kind == "KIND_CPU":
             raise RuntimeUserError(f"{where}: an instance_group of kind KIND_CPU takes no gpus")
         placed: list[int | str | None] = (["cpu"] if kind == "KIND_CPU" else list(gpus) if gpus
-                                          else [0] if kind == "KIND_GPU" else [None])
+                                          else ["gpu"] if kind == "KIND_GPU" else [None])
         devices += [d for d in placed for _ in range(count)]
     if len(devices) > MAX_INSTANCES:
         raise RuntimeUserError(f"{where}: instance_group asks for {len(devices)} instances; at most {MAX_INSTANCES}")

@@ -59,7 +59,7 @@ class Settings:
         if config.devices is not None:               # instance_group: the config's placement (KIND_AUTO: every GPU)
             from .placement import expand_config, host_visible_gpus
 
-            visible = host_visible_gpus() if None in config.devices else None
+            visible = host_visible_gpus() if None in config.devices or "gpu" in config.devices else None
             self = replace(self, devices=expand_config(config.devices, visible) or config.devices)
         if config.dynamic_batching is None:          # no config file: the server's flags, merging on
             return self

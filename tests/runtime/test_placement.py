@@ -122,6 +122,17 @@ def test_a_config_instance_group_of_kind_auto_spreads_and_explicit_ones_stay():
     assert expand_config((1, 1, "cpu"), 4) == (1, 1, "cpu")         # KIND_GPU gpus [1], KIND_CPU: as written
     assert expand_config((None,), None) == (None,)                  # no GPU known: the backend's default
     assert expand_config(None, 4) is None
+    assert expand_config(("gpu", "gpu"), 2) == (0, 1, 0, 1)         # KIND_GPU count 2, no gpus: every GPU
+    assert not is_soft(expand_config(("gpu",), 2)), "KIND_GPU is the config's word, not a default"
+    assert expand_config(("gpu",), None) == (0,), "no GPU count known: GPU 0, refused where there is none"
+
+
+def test_a_kind_gpu_group_without_gpus_reads_as_every_gpu():
+    from ngcx_runtime.repository import instance_devices
+
+    assert instance_devices([{"count": 2, "kind": "KIND_GPU"}], "config.json") == ("gpu", "gpu")
+    assert instance_devices([{"count": 1, "kind": "KIND_GPU", "gpus": [1]}], "config.json") == (1,)
+    assert instance_devices([{"count": 1}], "config.json") == (None,)
 
 
 # -- several server processes (--mps N / --processes N) --
