@@ -54,10 +54,8 @@ class PlacementError(RuntimeUserError):
 
 class Spread(int):
     """A GPU index that the DEFAULT placement chose (every visible GPU), not the user: a load that cannot use it
-    falls back instead of failing (module docstring). An int everywhere else (backends, plan.py)."""
-
-    def __repr__(self) -> str:
-        return f"Spread({int(self)})"
+    falls back instead of failing (module docstring). Only load_instances reads the mark: it hands the backends a
+    plain int (no __str__/__repr__ of its own either, so "cuda:{d}" spells it as an int wherever it goes)."""
 
 
 def parse_visible(value: str, nvml_count: int | None) -> int:
@@ -205,6 +203,11 @@ def load_instances(load: Callable[[Device], Any], devices: Sequence[Device], log
     is left out (one line each), the others serve."""
     if not is_soft(devices):
         return [load(d) for d in devices]
+    soft_load = load
+
+    def load(d: Device) -> Any:                 # the backends get plain ints, never the mark
+        return soft_load(int(d) if isinstance(d, Spread) else d)
+
     per_gpu = sum(1 for d in devices if d == devices[0])
     first = devices[0]
     try:

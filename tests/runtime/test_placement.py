@@ -189,6 +189,8 @@ def test_the_default_spread_loads_one_engine_per_gpu():
     load, calls = loader()
     engines = load_instances(load, place(2, None, 3), print)
     assert [e.device for e in engines] == ["cuda:0", "cuda:0", "cuda:1", "cuda:1", "cuda:2", "cuda:2"]
+    assert all(type(d) is int for d in calls), "the backends get plain GPU indices, never the mark"
+    assert [f"cuda:{d}" for d in place(1, None, 2)] == ["cuda:0", "cuda:1"], "the mark spells as an int"
 
 
 def test_the_default_spread_keeps_the_gpus_a_backend_can_use_and_says_which_it_cannot():
