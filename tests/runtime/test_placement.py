@@ -336,3 +336,52 @@ def test_metrics_carry_a_device_label_per_gpu():
 
 def test_gpus_of_lists_each_gpu_once_in_order():
     assert gpus_of((Spread(2), Spread(2), 0, "cpu", None)) == [2, 0]
+
+
+# -- the command, end to end on this CPU host (CUDA_VISIBLE_DEVICES makes it count GPUs it does not have) --
+
+def _serve(tmp_path, env_gpus: str, *flags: str, wait_for: str = "serving model 'm'"):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import models
+
+    pytest.importorskip("onnxruntime")
+    path = models.mlp(tmp_path / "m.onnx")
+    env = {k: v for k, v in os.environ.items() if k != "NGCX_RUNTIME_MPS"}
+    env.update(CUDA_VISIBLE_DEVICES=env_gpus, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "ngcx_runtime.serve", str(path), "--port", "0", *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if wait_for in line:
+                break
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    return proc.returncode, lines, err
+
+
+def test_a_default_spread_the_backend_cannot_place_still_serves(tmp_path):
+    """Four 'visible' GPUs and no GPU for the backend: the default does not fail the load, it serves on the
+    default device with the per-GPU count and says why, where an explicit --gpus would have failed."""
+    code, lines, err = _serve(tmp_path, "0,1,2,3", "--instances-per-gpu", "2")
+    ready = [line for line in lines if "serving model 'm'" in line]
+    assert ready and "2 instances on cpu" in ready[0], (lines, err)
+    assert any("cannot place an instance on GPU 0" in line for line in lines), lines
+
+
+def test_a_named_gpu_past_the_visible_ones_is_one_line_and_nothing_starts(tmp_path):
+    code, lines, err = _serve(tmp_path, "0,1", "--gpus", "0,5")
+    assert code == 2 and lines == [], lines
+    assert err.strip().splitlines() == ["ngcx-runtime serve: error: --gpus 0,5: GPU 5 is not visible here (this "
+                                        "process sees GPUs 0-1); drop --gpus to serve on every visible GPU"]
