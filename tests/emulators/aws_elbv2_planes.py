@@ -8,7 +8,8 @@ beyond reading moto's state back. It is the base class of aws_elbv2.Elbv2Balance
   non-Describe call the region's state is read back from moto (Describe LoadBalancers / Listeners /
   TargetGroups, moto's DescribeTargetHealth for the registered targets) and each plane converges to it: a
   plane listener per listener, with the targets of the groups its default action forwards to (ForwardConfig
-  weights kept), checked as the first such group says. Read back, not tracked, so any call that changes
+  weights kept: each group's weight shared by its targets; a group at weight 0 gets none), checked as the
+  first such group says. Read back, not tracked, so any call that changes
   listeners, groups or targets (Modify*, Delete*, ...) is followed without parsing each one; the harness
   keeps only what moto forgets (draining targets). A target's host: the IP itself for type `ip`; for
   `instance`, its machine's address as Ec2Emulator knows it (a DockerHosts bridge IP), looked up every tick.
@@ -241,13 +242,16 @@ class Elbv2Planes:
         planned = []
         for listener in listeners:
             forwards = [(groups[a], w) for a, w in listener.forwards if a in groups and w > 0]
-            top = max((w for _, w in forwards), default=1)
+            # ALB splits requests between groups by weight, then each group over its own targets: a target's
+            # haproxy weight is its group's weight over the group's size (scaled so the largest is 100)
+            per_target = [w / max(1, len(g.targets)) for g, w in forwards]
+            top = max(per_target, default=1.0)
             targets: dict[tuple[str, int], Target] = {}
-            for group, weight in forwards:
+            for (group, _), share in zip(forwards, per_target, strict=True):
                 for target_id, port in group.targets:
                     host = self._host(group, target_id)
                     if host and (host, port) not in targets:
-                        targets[(host, port)] = Target(host, port, weight=max(1, round(100 * weight / top)))
+                        targets[(host, port)] = Target(host, port, weight=max(1, round(100 * share / top)))
                 for d in drains:
                     if d.group == group.arn and (d.host, d.port) not in targets:
                         targets[(d.host, d.port)] = Target(d.host, d.port, draining=True)

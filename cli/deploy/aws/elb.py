@@ -70,6 +70,11 @@ def fit_name(name: str) -> str:
     return clean
 
 
+def side_name(group_name: str) -> str:
+    """The weighted (canary) target group's name beside the service's group (elb_weights.py)."""
+    return fit_name(f"{group_name}-w")
+
+
 def listener_of(spec: BalancerSpec) -> tuple[str, int]:
     """(protocol, port) of the service's listener: HTTPS only with a certificate (module docstring)."""
     if spec.protocol == "HTTPS" and spec.certificate_id:
@@ -87,7 +92,10 @@ class Elb:
     """balancer.Balancer on AWS ALB, in the region and VPC of an Ec2 cloud whose prepare_network ran."""
 
     def __init__(self, ec2: Ec2) -> None:
+        from .elb_weights import Weights
+
         self.ec2, self.api = ec2, ec2.api
+        self.weights = Weights(self)
 
     # ------------------------------------------------------------ ensure
 
@@ -264,38 +272,36 @@ class Elb:
         from ...clouds.aws import AwsError
 
         target = {"Id": instance_id, "Port": port}
-        try:
-            self._call("deregister_targets", TargetGroupArn=ref.group_id, Targets=[target])
-        except AwsError as exc:
-            if exc.code in ("InvalidTarget", "TargetGroupNotFound"):
-                return
-            raise
+        for group in (ref.group_id, self.weights.side(ref)):       # the weighted group (canary) too, if any
+            if not group:
+                continue
+            try:
+                self._call("deregister_targets", TargetGroupArn=group, Targets=[target])
+            except AwsError as exc:
+                if exc.code in ("InvalidTarget", "TargetGroupNotFound"):
+                    continue
+                raise
 
-        def started() -> bool:
-            rows = self._call("describe_target_health", TargetGroupArn=ref.group_id,
-                              Targets=[target])["TargetHealthDescriptions"]
-            return all(STATES.get(r["TargetHealth"]["State"]) not in SERVING for r in rows)
+            def started(group: str = group) -> bool:
+                rows = self._call("describe_target_health", TargetGroupArn=group,
+                                  Targets=[target])["TargetHealthDescriptions"]
+                return all(STATES.get(r["TargetHealth"]["State"]) not in SERVING for r in rows)
 
-        _poll(started, DRAIN_START_S)
-
-    def set_weights(self, ref: BalancerRef, weights: Sequence[tuple[str, int, int]]) -> None:
-        """Not yet: an ALB weighs target groups (a listener's ForwardConfig), not targets, so a canary there needs a
-        second target group behind the listener; refused in one line before a canary makes anything."""
-        raise UserError("canary releases behind an AWS ALB are not built yet (its weights are per target group)",
-                        hint="roll the service with `ngcx deploy --service sN` (no --canary), or use --cloud local "
-                             "or aliyun")
+            _poll(started, DRAIN_START_S)
 
     def health(self, ref: BalancerRef) -> dict[str, str]:
-        """Instance id -> balancer.HEALTH_STATES (STATES maps AWS's); a deleted group has no targets."""
-        from ...clouds.aws import AwsError
+        """Instance id -> balancer.HEALTH_STATES (STATES maps AWS's), over the service's group and its weighted
+        one (a target in both: the state that serves); a deleted group has no targets."""
+        out: dict[str, str] = {}
+        for arn in (ref.group_id, self.weights.side(ref)):
+            for (instance, _), state in (self.weights.targets(arn) if arn else {}).items():
+                if out.get(instance) not in ("healthy",):
+                    out[instance] = state
+        return out
 
-        try:
-            rows = self._call("describe_target_health", TargetGroupArn=ref.group_id)["TargetHealthDescriptions"]
-        except AwsError as exc:
-            if exc.code == "TargetGroupNotFound":
-                return {}
-            raise
-        return {r["Target"]["Id"]: STATES.get(r["TargetHealth"]["State"], "unhealthy") for r in rows}
+    def set_weights(self, ref: BalancerRef, weights: Sequence[tuple[str, int, int]]) -> None:
+        """Weights through a second target group (elb_weights.py says how and why)."""
+        self.weights.set(ref, weights)
 
     # ------------------------------------------------------------ delete, gc
 
@@ -313,9 +319,11 @@ class Elb:
             for listener in listeners:
                 self._gone_ok("delete_listener", ListenerArn=listener["ListenerArn"])
             self._gone_ok("delete_load_balancer", LoadBalancerArn=ref.balancer_id)
-        if ref.group_id:
-            _poll(lambda: self._gone_ok("delete_target_group", TargetGroupArn=ref.group_id, busy_ok=True),
-                  DELETE_WAIT_S, f"AWS still calls target group {ref.group_id.rpartition(':')[2]} in use")
+        side = self.weights.side(ref) if ref.group_id else None
+        for group in (ref.group_id, side):
+            if group:
+                _poll(lambda group=group: self._gone_ok("delete_target_group", TargetGroupArn=group, busy_ok=True),
+                      DELETE_WAIT_S, f"AWS still calls target group {group.rpartition(':')[2]} in use")
 
     def _gone_ok(self, operation: str, *, busy_ok: bool = False, **params: Any) -> bool:
         """True when done or already gone; False while busy (ResourceInUse) when busy_ok."""
@@ -342,6 +350,7 @@ class Elb:
         refs = []
         for balancer in [b for b in balancers if b["LoadBalancerArn"] in ours]:
             listeners = self._pages("describe_listeners", "Listeners", LoadBalancerArn=balancer["LoadBalancerArn"])
+            our_groups.pop(side_name(balancer["LoadBalancerName"]), None)      # deleted with its balancer's ref
             refs.append(BalancerRef(balancer["LoadBalancerArn"], our_groups.pop(balancer["LoadBalancerName"], ""),
                                     listeners[0]["ListenerArn"] if listeners else "", balancer["DNSName"]))
         return refs + [BalancerRef("", arn, "", "") for arn in our_groups.values()]
