@@ -87,7 +87,7 @@ from .aliyun_rpc import Action, ApiError, as_bool, as_int, indexed, invalid, iso
 
 ESS_VERSION = "2022-02-22"   # the maintained version (alibabacloud-ess20220222); its plural spellings
 ESS_IDEMPOTENT = frozenset({"CreateScalingGroup", "CreateScalingConfiguration", "CreateScalingRule",
-                            "CompleteLifecycleAction", "ExecuteScalingRule"})
+                            "CompleteLifecycleAction", "ExecuteScalingRule", "StartInstanceRefresh"})
 POLICIES = ("release", "forceRelease", *RECYCLE)                # ScalingPolicy (the instance reclaim mode)
 
 

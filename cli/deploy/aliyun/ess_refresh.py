@@ -12,9 +12,11 @@ nothing in flight fails. The refresh's settings, from the ess20220222 SDK's Star
 - MinHealthyPercentage 100 (no host leaves before its replacement serves) and MaxHealthyPercentage SURGE
   (100..200, the capacity the group may reach above its size: half again, so a group of 3 replaces one host
   at a time, of 4 two).
-- SkipMatching true (ESS's default: hosts already on that configuration stay), so a second start after a
-  lost answer, or after a cancel, only replaces what is left. A ClientToken from the group and the
-  configuration makes the retry of a lost answer the same task.
+- SkipMatching true (ESS's default: hosts already on that configuration stay), so a start after a cancel
+  only replaces what is left. A task to the same configuration that is still pending or running is the one
+  returned (a second `ngcx deploy`, or a retry after a lost answer); the ClientToken is a digest of the group,
+  the configuration and the group's earlier tasks, so a later refresh back to an older configuration (a
+  rollback) is a new task, not the replay of the old one.
 ESS's task states map onto vm_groups.RefreshState's words (STATES); percent is FinishedUpdateCapacity of
 TotalNeedUpdateCapacity, reason is the task's Detail (the failure reason).
 """
@@ -53,10 +55,16 @@ class Refreshes:
 
         config_id = self._configuration(spec, ref.group_id)
         self._set("ModifyScalingGroup", ScalingGroupId=ref.group_id, **_capacity(spec, reset=True))
+        tasks = self._tasks(ref)
+        for task in tasks:
+            if STATES.get(str(task.get("Status"))) in ("pending", "running") and \
+                    (task.get("DesiredConfiguration") or {}).get("ScalingConfigurationId") == config_id:
+                return str(task["InstanceRefreshTaskId"])
+        earlier = sorted(str(t.get("InstanceRefreshTaskId")) for t in tasks)
         params = {"ScalingGroupId": ref.group_id, "DesiredConfiguration.ScalingConfigurationId": config_id,
                   "MinHealthyPercentage": 100, "MaxHealthyPercentage": SURGE, "SkipMatching": True}
-        answer = self.api.ess("StartInstanceRefresh", params, token=f"ngcx-refresh-{_digest(ref.group_id, config_id)}",
-                              write=True)
+        token = f"ngcx-refresh-{_digest(ref.group_id, config_id, earlier)}"
+        answer = self.api.ess("StartInstanceRefresh", params, token=token, write=True)
         return str(answer["InstanceRefreshTaskId"])
 
     def refresh_state(self, ref: Any, refresh_id: str) -> RefreshState:
@@ -85,10 +93,23 @@ class Refreshes:
                                 f"({exc.code})", hint="run it again") from exc
 
     def _task(self, ref: Any, refresh_id: str) -> dict[str, Any] | None:
-        answer = self.api.ess("DescribeInstanceRefreshes", {"ScalingGroupId": ref.group_id,
-                                                            "InstanceRefreshTaskIds.1": refresh_id, "MaxResults": 50})
-        tasks = answer.get("InstanceRefreshTasks") or []
-        if isinstance(tasks, dict):               # wrapped, as other ESS listings answer
-            tasks = next(iter(tasks.values()), [])
-        found = [t for t in tasks if t.get("InstanceRefreshTaskId") == refresh_id]
+        found = [t for t in self._tasks(ref, refresh_id) if t.get("InstanceRefreshTaskId") == refresh_id]
         return found[0] if found else None
+
+    def _tasks(self, ref: Any, refresh_id: str = "") -> list[dict[str, Any]]:
+        """The group's refresh tasks (or the one named), every page."""
+        params: dict[str, Any] = {"ScalingGroupId": ref.group_id, "MaxResults": 50}
+        if refresh_id:
+            params["InstanceRefreshTaskIds.1"] = refresh_id
+        found: list[dict[str, Any]] = []
+        token = ""
+        for _ in range(100):                      # 5000 tasks: more than ESS keeps
+            answer = self.api.ess("DescribeInstanceRefreshes", {**params, **({"NextToken": token} if token else {})})
+            tasks = answer.get("InstanceRefreshTasks") or []
+            if isinstance(tasks, dict):           # wrapped, as other ESS listings answer
+                tasks = next(iter(tasks.values()), [])
+            found += tasks
+            token = str(answer.get("NextToken") or "")
+            if not token:
+                break
+        return found
