@@ -12,7 +12,9 @@ come back as -Infinity, not as orjson's `null`. So:
 - loads: orjson first; a body orjson refuses (those literals, nesting past its depth limit, or bad
   JSON) is parsed again by the standard library, which either reads it or raises the error the
   client gets. Only refused bodies pay twice.
-- dumps: orjson only when every float in the document is finite (the caller knows: `finite`).
+- dumps: orjson only when every float in the document is finite (the caller knows: `finite`); numpy
+  arrays in the document (jsontensor.to_json, only with orjson and only finite ones) are written as
+  arrays, without a list of Python floats (issue 50).
 One difference is left: an integer past 64 bits reads as a float in orjson and as an int in the standard
 library; either way numpy refuses it for an integer tensor (a 400), and a float tensor gets the same value.
 """
@@ -46,12 +48,20 @@ def _orjson_loads(raw: bytes | bytearray | memoryview | str) -> Any:
         return _stdlib_loads(raw)
 
 
+def _as_list(value: Any) -> Any:
+    """json.dumps's hook for what it cannot write: a numpy array (jsontensor.to_json's) as its list."""
+    if hasattr(value, "tolist") and hasattr(value, "dtype"):
+        return value.tolist()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 def _stdlib_dumps(doc: Any, finite: bool = True) -> bytes:
-    return json.dumps(doc, separators=(",", ":")).encode()
+    return json.dumps(doc, separators=(",", ":"), default=_as_list).encode()
 
 
 def _orjson_dumps(doc: Any, finite: bool = True) -> bytes:
-    return orjson.dumps(doc) if finite else _stdlib_dumps(doc)
+    """numpy arrays in `doc` are written as they are (jsontensor.to_json hands out only finite ones)."""
+    return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY) if finite else _stdlib_dumps(doc)
 
 
 def use(fast: bool) -> None:

@@ -449,7 +449,7 @@ BAD = [
         _req(_json_input(data=["x"] * 768)),
         {},
         400,
-        "not a rectangular list of float32",
+        "'data' must hold numbers (or true/false), not strings or null",
     ),
     (
         "ragged-nested",
