@@ -15,7 +15,7 @@ import pytest
 from emulators.traffic import spread
 from test_aws_elb_client import double, elb, elbv2, emulator, replicas, spec, until  # noqa: F401 - fixtures
 
-from ngcx.deploy.aws.elb import side_name
+from ngcx.deploy.aws.elb_weights import side_name
 
 
 def _listener(elb, ref) -> dict:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from ...core.errors import UserError
 from .. import vm
 from ..balancer import BalancerRef, BalancerSpec
+from .elb_weights import Weights, side_name
 
 if TYPE_CHECKING:
     from .ec2 import Ec2
@@ -70,11 +71,6 @@ def fit_name(name: str) -> str:
     return clean
 
 
-def side_name(group_name: str) -> str:
-    """The weighted (canary) target group's name beside the service's group (elb_weights.py)."""
-    return fit_name(f"{group_name}-w")
-
-
 def listener_of(spec: BalancerSpec) -> tuple[str, int]:
     """(protocol, port) of the service's listener: HTTPS only with a certificate (module docstring)."""
     if spec.protocol == "HTTPS" and spec.certificate_id:
@@ -92,10 +88,8 @@ class Elb:
     """balancer.Balancer on AWS ALB, in the region and VPC of an Ec2 cloud whose prepare_network ran."""
 
     def __init__(self, ec2: Ec2) -> None:
-        from .elb_weights import Weights
-
         self.ec2, self.api = ec2, ec2.api
-        self.weights = Weights(self)
+        self.weights = Weights(self, STATES, _poll)
 
     # ------------------------------------------------------------ ensure
 

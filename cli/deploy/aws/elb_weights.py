@@ -17,13 +17,10 @@ empty call does nothing: canary.py uses it to ask whether a balancer can weigh m
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..balancer import WEIGHT, BalancerRef
-
-if TYPE_CHECKING:
-    from .elb import Elb
 
 MAX_GROUP_WEIGHT = 999            # ForwardConfig.TargetGroups[].Weight
 HEALTHY_WAIT_S = 600.0            # a member moved back into the service's group until its checks pass there
@@ -31,9 +28,18 @@ HEALTHY_WAIT_S = 600.0            # a member moved back into the service's group
 Member = tuple[str, int]
 
 
+def side_name(group_name: str) -> str:
+    """The weighted group's name beside the service group's (elbv2 names: at most 32 characters, no hyphen at the
+    ends; the group's own name already fits, elb.fit_name)."""
+    return f"{group_name[:30].rstrip('-')}-w"
+
+
 class Weights:
-    def __init__(self, elb: Elb) -> None:
-        self.elb = elb
+    """One Elb's weighted groups. It gets elb.py's state names and bounded poll from the Elb that makes it
+    (this module does not import elb.py, which imports it)."""
+
+    def __init__(self, elb: Any, states: dict[str, str], poll: Callable[..., None]) -> None:
+        self.elb, self.states, self.poll = elb, states, poll
         self._sides: dict[str, str] = {}
 
     # --- reading ---------------------------------------------------------------------------------
@@ -56,7 +62,6 @@ class Weights:
     def targets(self, arn: str) -> dict[Member, str]:
         """(instance, port) -> balancer.HEALTH_STATES of a group's targets; {} for a group that is gone."""
         from ...clouds.aws import AwsError
-        from .elb import STATES
 
         try:
             rows = self.elb._call("describe_target_health", TargetGroupArn=arn)["TargetHealthDescriptions"]
@@ -64,7 +69,7 @@ class Weights:
             if exc.code == "TargetGroupNotFound":
                 return {}
             raise
-        return {(r["Target"]["Id"], int(r["Target"].get("Port") or 0)): STATES.get(r["TargetHealth"]["State"],
+        return {(r["Target"]["Id"], int(r["Target"].get("Port") or 0)): self.states.get(r["TargetHealth"]["State"],
                                                                                    "unhealthy") for r in rows}
 
     # --- the verb ----------------------------------------------------------------------------------
@@ -103,13 +108,11 @@ class Weights:
 
     def _collapse(self, ref: BalancerRef, side: str | None) -> None:
         """Every member back in the service's group, healthy there; then the listener forwards to it alone."""
-        from .elb import _poll
-
         if side:
             members = {m for m, state in self.targets(side).items() if state != "draining"}
             for member in members:
                 self._register(ref.group_id, member)
-            _poll(lambda: all(self.targets(ref.group_id).get(m) == "healthy" for m in members), HEALTHY_WAIT_S,
+            self.poll(lambda: all(self.targets(ref.group_id).get(m) == "healthy" for m in members), HEALTHY_WAIT_S,
                   "members moved back into the service's target group are not healthy there")
         self._forward(ref, [(ref.group_id, 1)])
         if side:
@@ -142,8 +145,6 @@ class Weights:
                 raise
 
     def _side_name(self, group: dict[str, Any]) -> str:
-        from .elb import side_name
-
         return side_name(group["TargetGroupName"])
 
     def _make_side(self, ref: BalancerRef) -> str:
