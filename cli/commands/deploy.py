@@ -135,6 +135,8 @@ def deploy_cmd(
     from .services import check_flags
 
     check_flags(cloud.value, replicas, service)
+    release = _canary_flags(service, (min_replicas, max_replicas), (canary, max_error_rate, max_p99_ms,
+                                                                     canary_window))
     k8s = _kubernetes_options(cloud, dry_run, output, replicas, service, (min_replicas, max_replicas), node_labels,
                               kserve, policy, gpus_per_pod)
     ref, cmd = _split_command(ref, list(ctx.args))
@@ -155,9 +157,8 @@ def deploy_cmd(
         _check_open_endpoint(config.allow_from)
     if dry_run:
         return _dry_run(config)
-    if canary is not None:
-        return _canary(config, registry, service, (min_replicas, max_replicas),
-                       (canary, max_error_rate, max_p99_ms, canary_window), as_json)
+    if release is not None:
+        return _canary(config, registry, release, as_json)
     if service is not None or replicas is not None:
         from .services import deploy_service
 
@@ -196,27 +197,36 @@ def deploy_cmd(
     print(record.endpoint)
 
 
-def _canary(config: Any, registry: str | None, service: str | None, scale: tuple[int | None, int | None],
-            flags: tuple[int, float, float, float], as_json: bool) -> None:
-    """`--service sN --canary PCT`: the flags checked in one line each, then canary.run over the service."""
-    from ..deploy import canary, store
-    from ..deploy.image import pushes
-    from .services import _print_ready, say
-
+def _canary_flags(service: str | None, scale: tuple[int | None, int | None],
+                 flags: tuple[int | None, float, float, float]) -> Any:
+    """`--canary PCT` and its SLO flags, checked in one line each before anything is read or made: (the service,
+    canary.Policy), or None without --canary."""
     first, max_error_rate, max_p99_ms, window = flags
+    if first is None:
+        return None
+    from ..deploy import canary, service_group, store
+
     if service is None:
-        raise UserError("--canary releases a new version of a service", hint="add --service sN (see `ngcx deployments "
-                                                                             "ls`)")
+        raise UserError("--canary releases a new version of an existing service",
+                        hint="add --service sN (see `ngcx deployments ls`)")
     policy = canary.Policy(steps=canary.steps_of(first), max_error_rate=max_error_rate, max_p99_ms=max_p99_ms,
                            window_s=window)
     canary.check(policy)
     svc = store.service(store.parse_service_id(service))
-    from ..deploy import service_group
-
     if scale != (None, None) or service_group.is_group(svc):
         raise UserError(f"--canary on {svc.ref}: canary releases are for fixed-replica services (--replicas N), "
-                        f"not autoscaled ones (--min/--max)", hint=f"roll {svc.ref} with `ngcx deploy --service "
-                                                                   f"{svc.ref}` (no --canary)")
+                        "not autoscaled ones (--min/--max)",
+                        hint=f"roll {svc.ref} with `ngcx deploy --service {svc.ref}` (no --canary)")
+    return svc, policy
+
+
+def _canary(config: Any, registry: str | None, release: Any, as_json: bool) -> None:
+    """`--service sN --canary PCT`: the image pushed where the service's hosts pull (clouds), then canary.run."""
+    from ..deploy import canary
+    from ..deploy.image import pushes
+    from .services import _print_ready, say
+
+    svc, policy = release
     if svc.cloud != "local":
         config.pushes = pushes(config.image, registry, sign=not config.allow_unsigned)
         config.pull_ref, config.registry = config.pick_push(lambda _host: True) or (None, None)

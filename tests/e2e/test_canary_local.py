@@ -153,5 +153,8 @@ def test_a_bad_canary_rolls_itself_back_and_a_good_one_is_promoted_under_load(ve
     assert [s["percent"] for s in svc["canary"]["steps"]] == [10, 50, 100]
     assert all(s["outcome"] == "pass" for s in svc["canary"]["steps"])
     assert all(s["canary"]["requests"] >= 100 for s in svc["canary"]["steps"][:2])
+    shares = [s["canary"]["requests"] / (s["canary"]["requests"] + s["baseline"]["requests"])
+              for s in svc["canary"]["steps"][:2]]
+    assert shares[0] < 0.2 and 0.3 < shares[1] < 0.7, shares        # the balancer's weights: 10 %, then 50 %
     human = ngcx(versions, "deployments", "show", "s1", env=state)
     assert "canary" in human.stdout and "promoted" in human.stdout, human.stdout
