@@ -29,7 +29,8 @@ real API does not know is a 400 ValidationError), then as AWS documents them:
   says which): they leave again, the old ones were never touched. CancelInstanceRefresh: Cancelling until the
   batch in flight is settled, then Cancelled (replaced instances stay); no active refresh: 400
   ActiveInstanceRefreshNotFound. Not emulated: checkpoints, bake time, alarms, AutoRollback (accepted and
-  ignored), warm pool instances.
+  ignored), warm pool instances. (moto's CreateLaunchTemplateVersion keeps UserData unwrapped, which its
+  launch then asserts on: `wrap_user_data` mends the versions before a refresh launches.)
 - Markets: an instance launched into a group with a MixedInstancesPolicy is on demand while the group's
   on-demand instances are fewer than OnDemandBaseCapacity, then spot for OnDemandPercentageAboveBaseCapacity
   0 (above it, that percentage on demand, rounded up as AWS does); EC2's DescribeInstances shows spot ones
@@ -88,6 +89,18 @@ def _known(shape: Any, parts: list[str]) -> bool:
     if shape.type_name == "list":
         return len(parts) > 1 and parts[0] == "member" and parts[1].isdigit() and _known(shape.member, parts[2:])
     return shape.type_name == "map"
+
+
+def wrap_user_data(region: str) -> None:
+    """moto 5.2.5's CreateLaunchTemplateVersion keeps UserData as a plain str, and a group launching from such a
+    version then fails an assertion of moto's (a 500); wrapped as moto's own CreateLaunchTemplate does."""
+    from moto.core.types import Base64EncodedString
+    from moto.ec2.models import ec2_backends
+
+    for template in list(ec2_backends[ACCOUNT][region].launch_templates.values()):
+        for version in template.versions:
+            if isinstance(version.data.get("UserData"), str):
+                version.data["UserData"] = Base64EncodedString(version.data["UserData"])
 
 
 def _spec(params: dict[str, str], prefix: str) -> dict[str, str]:
@@ -152,6 +165,7 @@ class Refreshes:
                               float(params.get("Preferences.InstanceWarmup", 0)) * self.scaling.time_scale)
             self._refreshes[refresh.refresh_id] = refresh
         desired = _spec(params, "DesiredConfiguration.")
+        wrap_user_data(region)
         if desired:
             self.scaling._moto(region, "UpdateAutoScalingGroup", {"AutoScalingGroupName": name, **desired})
         self.ec2._spawn(self._run, refresh)
@@ -255,6 +269,7 @@ class Refreshes:
 
     def _launch(self, region: str, name: str, count: int) -> list[str]:
         """`count` more instances in the group (moto's desired raised, past MaxSize as a surge may), adopted."""
+        wrap_user_data(region)
         with self.scaling._scale_lock:
             group = self.scaling._group(region, name)
             before = {child_text(m, "InstanceId") for m in members(group, "Instances")}
@@ -281,13 +296,15 @@ class Refreshes:
         grace = float(child_text(group, "HealthCheckGracePeriod") or 300) if group is not None else 300.0
         deadline = time.monotonic() + (grace + 600) * self.scaling.time_scale
         arns = [m.text or "" for m in members(group, "TargetGroupARNs")] if group is not None else []
+        health: dict[str, str] = {}
         while time.monotonic() < deadline and not self.scaling._closing.is_set():
             health = self.target_health(refresh.region, arns)
             if all(health.get(i) == "healthy" for i in ids):
                 self.scaling._closing.wait(refresh.warmup_s)
                 return ""
             self.scaling._closing.wait(0.1)
-        return f"instances {', '.join(ids)} did not become healthy in the target group"
+        states = ", ".join(f"{i} {health.get(i, 'unregistered')}" for i in ids)
+        return f"instances did not become healthy in the target group: {states}"
 
     def _wait_gone(self, ids: list[str]) -> None:
         deadline = time.monotonic() + 3600 * max(self.scaling.time_scale, 0.01)
@@ -301,7 +318,10 @@ class Refreshes:
         found: dict[str, str] = {}
         for arn in arns:
             body = urlencode({"Action": "DescribeTargetHealth", "Version": ELB_VERSION, "TargetGroupArn": arn})
-            request = WireRequest("POST", "/", (("Content-Type", "application/x-www-form-urlencoded"),),
+            headers = (("Content-Type", "application/x-www-form-urlencoded; charset=utf-8"),
+                       ("Authorization", f"AWS4-HMAC-SHA256 Credential=harness/20260101/{region}/elasticloadbalancing/"
+                                         "aws4_request, SignedHeaders=host, Signature=0"))
+            request = WireRequest("POST", "/", headers,
                                   body.encode(), "query", "DescribeTargetHealth", {"TargetGroupArn": arn}, None,
                                   region, "elasticloadbalancing")
             answer = self.ec2.elbv2.handle(request)
