@@ -55,8 +55,28 @@ def render_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_plan(manifest: dict[str, Any]) -> str:
+    """A plan's manifest for a reader: what it is, what it is tied to, and the optimizer's choices with every
+    candidate's time and error (a plan from `optimize --tune`)."""
+    from .choose import render
+
+    lines = [f"plan {manifest.get('name', '?')}: {manifest['backend']} {manifest['backend_version']} "
+             f"{manifest['precision']} on {manifest['target'].get('name')} "
+             f"(sm {manifest['target'].get('compute_capability') or '-'}), batch profile "
+             f"{manifest.get('batch_profile')}"]
+    lines += [f"  note: {n}" for n in manifest.get("notes") or [] if isinstance(n, str)]
+    section = manifest.get("optimizer")
+    if isinstance(section, dict):
+        lines += render(section)
+    else:
+        lines.append("optimizer: not tuned (build it with optimize --tune to time the candidates on this GPU)")
+    return "\n".join(lines)
+
+
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("info", help="report loaded CUDA libraries, frameworks, driver, GPUs, backends")
+    p.add_argument("plan", nargs="?", type=Path,
+                   help="a plan directory (optimize -o): show what the plan is and what its optimizer chose instead")
     p.add_argument("--json", action="store_true", help="machine-readable output (stable shape)")
     p.add_argument("--lib-path", action="append", default=[], type=Path,
                    help="extra directory to search for CUDA libraries first (repeatable; also "
@@ -65,6 +85,15 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.plan is not None:
+        from .errors import RuntimeUserError
+        from .plan import read_manifest
+
+        if not args.plan.is_dir():
+            raise RuntimeUserError(f"{args.plan}: not a plan directory; give the -o folder of ngcx-runtime optimize")
+        manifest = read_manifest(args.plan)
+        print(json.dumps(manifest, indent=2) if args.json else render_plan(manifest))
+        return 0
     from .probe import probe
 
     report = probe(args.lib_path)
@@ -73,6 +102,3 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render_table(report))
     return 0
-
-
-

@@ -33,6 +33,21 @@ class OptimizeOptions:
     calibration_method: str = "entropy"
     gpu: bool = False
     name: str = "model"
+    # The measured optimizer (optimize --tune, PyTorch backend on a GPU: candidates/, choose.py)
+    tune: bool = False
+    examples: dict[str, np.ndarray] | None = None     # the user's examples: the error is measured on them
+    examples_sha256: str | None = None
+    allow_sparsity: bool = False
+    min_top1: float = 0.9                              # choose.Tolerance's defaults
+    max_rel_error: float = 0.15
+    candidates: list[str] | None = None               # only these (default: every one that can pay off here)
+
+    def tuning_key(self) -> dict | None:
+        """What of the tuning changes the plan (part of the cache key); None when not tuning."""
+        if not self.tune:
+            return None
+        return {"examples": self.examples_sha256, "allow_sparsity": self.allow_sparsity, "min_top1": self.min_top1,
+                "max_rel_error": self.max_rel_error, "candidates": sorted(self.candidates or [])}
 
 
 def runtime_version() -> str:

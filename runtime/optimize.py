@@ -137,6 +137,8 @@ def cache_key(model_sha: str, backend: str, backend_version: str, opts: Optimize
         "calibration": [opts.calibration_sha256, opts.calibration_method] if opts.precision == "int8" else None,
         "plan_format": PLAN_FORMAT,
     }
+    if opts.tune:                       # absent otherwise: untuned plans keep the keys they always had
+        parts["tuning"] = opts.tuning_key()
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -162,7 +164,26 @@ def options_from_manifest(manifest: dict[str, Any]) -> OptimizeOptions:
         calibration_sha256=sha,
         calibration_method=_field(calib, "method", str, "entropy", "calibration.method"),
         name=_field(manifest, "name", str, "model"),
+        **_tuning_from(manifest),
     )
+
+
+def _tuning_from(manifest: dict[str, Any]) -> dict[str, Any]:
+    """A tuned plan is rebuilt tuned, to the tolerance it recorded (on seeded examples: the user's are not kept)."""
+    section = _field(manifest, "optimizer", dict, None)
+    if not section:
+        return {}
+    tol = _field(section, "tolerance", dict, {}, "optimizer.tolerance")
+    return {"tune": True, "min_top1": _number(tol, "min_top1", 0.9),
+            "max_rel_error": _number(tol, "max_rel_error", 0.15)}
+
+
+def _number(tol: dict[str, Any], key: str, default: float) -> float:
+    value = tol.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RuntimeUserError(f"plan manifest: optimizer.tolerance.{key} is {str(value)[:60]!r}, not a number; "
+                               "rebuild the plan with ngcx-runtime optimize")
+    return float(value)
 
 
 def _field(doc: dict[str, Any], key: str, kind: type, default: Any, where: str | None = None,
@@ -194,6 +215,9 @@ def optimize(
     if opts.precision not in PRECISIONS:
         raise RuntimeUserError(f"--precision {opts.precision}: choose one of {', '.join(PRECISIONS)}")
     mod = backends.choose(model, backend)
+    if opts.tune and mod.NAME != "pytorch":
+        raise RuntimeUserError(f"--tune: the measured optimizer runs on the PyTorch backend (a .pt2 model), not "
+                               f"{mod.NAME}; export the model with torch.export.save, or drop --tune")
     target = host_target()
     opts.gpu = target["kind"] == "gpu"
     model_sha = sha256_file(model)
@@ -289,7 +313,46 @@ def add_parser(subparsers) -> None:
     p.add_argument("--backend", choices=("tensorrt", "onnxruntime", "pytorch"))
     p.add_argument("--name", help="model name used when serving (default: file stem)")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    t = p.add_argument_group("measured optimizer (PyTorch backend on a GPU, --precision fp16)")
+    t.add_argument("--tune", action="store_true",
+                   help="time every candidate that can pay off on this GPU (torch.compile modes, channels-last, "
+                        "FP8 linear layers, ...) per batch size and keep the fastest within the tolerance")
+    t.add_argument("--examples", type=Path, help=".npz keyed by input name: the samples the error is measured on "
+                                                 "(default: 32 seeded random samples)")
+    t.add_argument("--min-top1", type=float, default=0.9, help="top-1 agreement with FP32 at least (default 0.9)")
+    t.add_argument("--max-rel-error", type=float, default=0.15,
+                   help="max |error| / max |FP32 output| at most (default 0.15)")
+    t.add_argument("--allow-sparsity", action="store_true",
+                   help="also try 2:4 structured sparsity (zeroes half of each linear layer's weights)")
+    t.add_argument("--candidates", help="comma-separated candidate names to try (default: all that apply)")
     p.set_defaults(func=run)
+
+
+def _tuning(args: argparse.Namespace) -> dict[str, Any]:
+    """OptimizeOptions' tuning fields from the flags, each checked here: a bad one is one line, nothing built."""
+    tuning_flags = [f for f, on in (("--examples", args.examples), ("--allow-sparsity", args.allow_sparsity),
+                                    ("--candidates", args.candidates)) if on]
+    if not args.tune:
+        if tuning_flags:
+            raise RuntimeUserError(f"{', '.join(tuning_flags)} only apply with --tune; add --tune")
+        return {}
+    from .candidates import ALL
+    from .choose import Tolerance
+
+    try:
+        Tolerance(args.min_top1, args.max_rel_error)
+    except ValueError as exc:
+        raise RuntimeUserError(f"--min-top1/--max-rel-error: {exc}") from None
+    only = [c.strip() for c in args.candidates.split(",") if c.strip()] if args.candidates else None
+    unknown = [c for c in only or [] if c not in ALL]
+    if unknown:
+        raise RuntimeUserError(f"--candidates: unknown {', '.join(map(repr, unknown))}; choose from "
+                               f"{', '.join(ALL)}")
+    examples = sha = None
+    if args.examples is not None:
+        examples, sha = load_calibration(args.examples)
+    return {"tune": True, "examples": examples, "examples_sha256": sha, "allow_sparsity": args.allow_sparsity,
+            "min_top1": args.min_top1, "max_rel_error": args.max_rel_error, "candidates": only}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -305,6 +368,7 @@ def run(args: argparse.Namespace) -> int:
         calibration_sha256=sha,
         calibration_method=args.calibration_method,
         name=args.name or model_name(args.model),
+        **_tuning(args),
     )
     res = optimize(
         args.model,
@@ -332,4 +396,8 @@ def run(args: argparse.Namespace) -> int:
             f"{res.plan_dir}: {m['backend']} {m['backend_version']} {m['precision']} on {m['gpu']} "
             f"({how} in {res.seconds:.2f}s, cache key {m['cache_key']})"
         )
+        if isinstance(m.get("optimizer"), dict):
+            from .choose import render
+
+            print("\n".join(render(m["optimizer"])))
     return 0

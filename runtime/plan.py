@@ -62,6 +62,12 @@ def read_manifest(plan_dir: Path) -> dict[str, Any]:
     _check_types(manifest["target"], TARGET_FIELDS, path, "target.", fix)
     source = manifest.get("source") or {}
     _check_types(source, {"path": (str,), "sha256": (str,)}, path, "source.", fix)
+    if "optimizer" in manifest:
+        from .choose import check_section
+
+        why = check_section(manifest["optimizer"])
+        if why:
+            raise RuntimeUserError(f"{path}: manifest field optimizer {why}; {fix}")
     return manifest
 
 

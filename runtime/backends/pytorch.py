@@ -111,27 +111,32 @@ class TorchEngine:
     backend = NAME
 
     def __init__(self, ep, name: str, precision: str, buckets: list[int], compile_mode: str | None,
-                 device: int | str | None = None):
+                 device: int | str | None = None, choices: dict | None = None, amax: dict | None = None):
         import torch
 
         self.name, self.precision = name, precision
         self._torch = torch
         self.device = _device(torch, device)
-        self._stream, self._lock = _stream_and_lock(torch, self.device, graphs=bool(compile_mode))
+        graphs = bool(compile_mode) if not choices else _graphs(choices)
+        self._stream, self._lock = _stream_and_lock(torch, self.device, graphs=graphs)
         # Host-to-device copies go on a stream of their own, so batch N+1's inputs cross PCIe while
         # batch N computes (the GPU's copy engines run beside its SMs); the compute stream waits for them.
         self._copy_stream = torch.cuda.Stream(self.device) if self.device != "cpu" else None
         self._dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
         self._buckets = sorted(buckets) if buckets else []
         self.max_batch = self._buckets[-1] if self._buckets else 0
-        mod = ep.module().to(self.device)
-        if self._dtype != torch.float32:
+        mod = None if choices and self.device != "cpu" else ep.module().to(self.device)
+        if mod is None:
+            pass
+        elif self._dtype != torch.float32:
             mod = mod.to(self._dtype)
         self._channels_last = any(len(s.shape) == 4 for s in _input_specs(ep, "float32"))
-        if self._channels_last:
+        if self._channels_last and mod is not None:
             mod = mod.to(memory_format=torch.channels_last)
         self.compile_note = None
-        if compile_mode and self.device.startswith("cuda"):
+        if mod is None:
+            pass
+        elif compile_mode and self.device.startswith("cuda"):
             import torch._dynamo
 
             torch._dynamo.config.cache_size_limit = max(64, len(self._buckets) * 4)
@@ -139,6 +144,8 @@ class TorchEngine:
         elif compile_mode:
             self.compile_note = "torch.compile skipped on CPU: CUDA graphs need a GPU; running eager"
         self._mod = mod
+        # bucket -> the measured optimizer's variant for it (candidates/variant.py), when the plan has choices
+        self._variants = _variants(ep, choices, self.device, amax) if choices and self.device != "cpu" else {}
         self._staging: dict[tuple, Any] = {}  # pinned host buffers, one per (slot, tensor, bucket, shape)
         # Two pipeline slots: while the GPU runs batch N from slot 0, infer_async() stages batch
         # N+1 into slot 1. A slot is handed back only after its outputs were copied out.
@@ -174,9 +181,17 @@ class TorchEngine:
             stack.enter_context(self._torch.cuda.stream(self._stream))
         return stack
 
+    def _variant(self, n: int):
+        """The measured optimizer's variant for a batch of n (the next larger bucket's), or None."""
+        if not self._variants:
+            return None
+        bucket = next((b for b in self._buckets if b >= n), self._buckets[-1])
+        return self._variants[bucket]
+
     def _run(self, tensors: list) -> list:
+        variant = self._variant(tensors[0].shape[0]) if tensors else None
         with self._torch.inference_mode():
-            out = self._mod(*tensors)
+            out = variant(*tensors) if variant is not None else self._mod(*tensors)
         outs = out if isinstance(out, (tuple, list)) else [out]
         return list(outs)
 
@@ -302,9 +317,12 @@ class TorchEngine:
         return self._device_layout(self._torch.from_numpy(padded).to(self.device))
 
     def _device_layout(self, t):
-        """The plan's precision for float inputs, channels_last for images."""
+        """The plan's precision for float inputs, channels_last for images (as the batch's variant wants)."""
         if t.is_floating_point():
             t = t.to(self._dtype)
+        variant = self._variant(t.shape[0]) if t.dim() else None
+        if variant is not None:
+            return variant.layout(t)
         if t.dim() == 4 and self._channels_last:
             t = t.contiguous(memory_format=self._torch.channels_last)
         return t
@@ -346,6 +364,10 @@ def optimize(src: Path, out_dir: Path, opts) -> dict[str, Any]:
     ep = _export_load(src)
     shutil.copyfile(src, out_dir / "model.pt2")
     _set_inductor_cache(out_dir)
+    if getattr(opts, "tune", False):
+        from . import pytorch_tuned
+
+        return pytorch_tuned.optimize(ep, opts, _input_specs(ep, "float16"), TorchEngine)
     mode = "reduce-overhead"
     engine = TorchEngine(ep, opts.name, opts.precision, opts.batch_profile, mode)
     notes = [engine.compile_note] if engine.compile_note else []
@@ -405,11 +427,40 @@ def load(plan_dir: Path, manifest: dict, gpu: bool, device: int | str | None = N
     _set_inductor_cache(plan_dir)
     ep = _export_load(plan_dir / manifest["artifact"])
     mode = (manifest.get("compile") or {}).get("mode") or "reduce-overhead"
+    choices, amax = _plan_choices(manifest)
     engine = TorchEngine(
-        ep, manifest["name"], manifest["precision"], manifest.get("batch_profile") or [], mode, device
+        ep, manifest["name"], manifest["precision"], manifest.get("batch_profile") or [], mode, device,
+        choices=choices, amax=amax,
     )
     _warm(engine)
     return engine
+
+
+def _plan_choices(manifest: dict) -> tuple[dict | None, dict | None]:
+    """The measured optimizer's bucket -> candidate (and FP8 static ranges) from a tuned plan's manifest."""
+    section = manifest.get("optimizer")
+    if not isinstance(section, dict) or not section.get("choices"):
+        return None, None
+    from ..candidates.tune import choices
+
+    return choices(section, manifest.get("batch_profile") or []), section.get("calibrated_amax")
+
+
+def _graphs(choices: dict) -> bool:
+    from ..candidates.variant import uses_cuda_graphs
+
+    return uses_cuda_graphs(list(choices.values()))
+
+
+def _variants(ep, choices: dict, device: str, amax: dict | None) -> dict:
+    """One compiled variant per distinct chosen candidate, shared by the buckets that chose it."""
+    from ..candidates.variant import build
+
+    built: dict[str, Any] = {}
+    for cand in choices.values():
+        if cand.name not in built:
+            built[cand.name] = build(ep, cand, device, amax)
+    return {b: built[c.name] for b, c in choices.items()}
 
 
 def load_model(src: Path, gpu: bool, name: str, device: int | str | None = None) -> TorchEngine:
