@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 LEAVING, PENDING, IN_SERVICE = "leaving", "pending", "in-service"
 REFRESH_STATUSES = ("pending", "running", "done", "failed", "cancelled")
+TYPES = 3                       # instance types a spot group may launch (the offers table's first candidates)
 
 
 @dataclass(frozen=True)
@@ -88,9 +89,40 @@ class ServiceGroups:
                             "expired", hint="use --registry-login role (the default): hosts pull with their role")
 
     def ensure(self, name: str, balancer: BalancerRef, sizes: tuple[int, int, int], target_requests: float,
-               tags: dict[str, str], drain_s: int, label: int) -> dict[str, str]:
+               tags: dict[str, str], drain_s: int, label: int, market: tuple[bool, int] = (False, 0)
+               ) -> dict[str, str]:
         """The group as the config says (made, or moved to a new template / configuration when it changed),
-        and its target-tracking rule on `target_requests` requests per host per minute."""
+        and its target-tracking rule on `target_requests` requests per host per minute. `market`: (spot, the
+        on-demand floor)."""
+        spec = self._spec(name, balancer, sizes, tags, drain_s, label, market)
+        ref = self.kit.client.ensure_group(spec)
+        value, metric = self.kit.metric(balancer, target_requests)
+        self.kit.client.put_target_tracking(ref, value, metric)
+        return asdict(ref)
+
+    def roll(self, ref: dict[str, str], name: str, balancer: BalancerRef, sizes: tuple[int, int, int],
+             tags: dict[str, str], drain_s: int, label: int, market: tuple[bool, int] = (False, 0)) -> str:
+        """A rolling update to what the config says now: the cloud's instance refresh (start_refresh); its id."""
+        return str(self.kit.client.start_refresh(self.kit.ref(**ref),
+                                                 self._spec(name, balancer, sizes, tags, drain_s, label, market)))
+
+    def refresh_state(self, ref: dict[str, str], refresh_id: str) -> RefreshState:
+        return self.kit.client.refresh_state(self.kit.ref(**ref), refresh_id)
+
+    def cancel_refresh(self, ref: dict[str, str], refresh_id: str) -> None:
+        self.kit.client.cancel_refresh(self.kit.ref(**ref), refresh_id)
+
+    def logs(self, instance_id: str, tail: int) -> str:
+        """The host's container log through the cloud's command channel (SSM / Cloud Assistant), as a
+        deployment's `logs` reads it (vm.logs_with)."""
+        _code, out = self.cloud.run_command(instance_id, f"docker logs --tail {int(tail)} ngcx-serve 2>&1 || "
+                                                         f"tail -n {int(tail)} /var/log/cloud-init-output.log", 60)
+        return str(out)
+
+    def _spec(self, name: str, balancer: BalancerRef, sizes: tuple[int, int, int], tags: dict[str, str],
+              drain_s: int, label: int, market: tuple[bool, int]) -> Any:
+        """The cloud's GroupSpec from the config: host image and script, zones, sizes, and the instance types
+        the offers table ranked for this GPU (up to TYPES of them: more spot pools, fewer interruptions)."""
         from . import gate, hostscript, vm
 
         config = self.config
@@ -107,19 +139,18 @@ class ServiceGroups:
                                  config.gpu_mode, plan.login(), tuple(config.cmd), tuple(sorted(config.env.items())),
                                  auth_hashes=config.key_hashes, tls=config.tls, verify_key=gate.host_key(config))
         low, high, desired = sizes
-        spec = self.kit.spec(name=name, image_id=plan.host_image,
+        spot, base = market
+        types = tuple(dict.fromkeys(c.itype.name for c in plan.candidates))[:TYPES]
+        return self.kit.spec(name=name, image_id=plan.host_image,
                              user_data=self.wrap(hostscript.render(job, "user-data")),
-                             instance_type=plan.candidates[0].itype.name, networks=tuple(networks[z] for z in zones),
+                             instance_type=types[0], networks=tuple(networks[z] for z in zones),
                              balancer=balancer, min_size=low, max_size=high, desired=desired, tags=tags, role=role,
-                             security_group=self.cloud.security_group, drain_wait_s=max(30, drain_s))
-        ref = self.kit.client.ensure_group(spec)
-        value, metric = self.kit.metric(balancer, target_requests)
-        self.kit.client.put_target_tracking(ref, value, metric)
-        return asdict(ref)
+                             security_group=self.cloud.security_group, drain_wait_s=max(30, drain_s),
+                             spot=spot, on_demand_base=base, instance_types=types if spot else ())
 
     def members(self, ref: dict[str, str]) -> list[Member]:
-        return [Member(m.instance_id, m.zone, self.kit.states.get(m.state, m.state.lower()), m.health)
-                for m in self.kit.client.instances(self.kit.ref(**ref))]
+        return [Member(m.instance_id, m.zone, self.kit.states.get(m.state, m.state.lower()), m.health,
+                       getattr(m, "market", "on-demand")) for m in self.kit.client.instances(self.kit.ref(**ref))]
 
     def size(self, ref: dict[str, str]) -> tuple[int, int, int] | None:
         """(min, max, desired) as the group has them now (its rule moves desired); None: no such group."""
