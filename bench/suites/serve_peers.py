@@ -4,11 +4,12 @@ Usage: `.venv/bin/python -m bench serve-peers --repeat 3` from the repository ro
 is made on first use from PyPI, bench/serve_peers/peers.py; the suite puts tests/runtime on the import path for
 its models).
 
-Same ONNX models (tests/runtime/models.py: a small MLP and a small conv net), the same onnxruntime version and
+Same ONNX models (tests/runtime/models.py: a small MLP and a small conv net; bench/serve_peers/image_model.py: an
+image-sized one, ResNet's 3x224x224 FP32 input and 1000-way output, issue 50), the same onnxruntime version and
 CPU provider under every server, the same batch limit and batching window where the peer batches, KServe v2 over
 HTTP. Per round, the servers run one at a time in a rotated order; each is checked for correct answers (against
 onnxruntime in this process) before it is timed. Points: CLIENTS closed-loop clients x JSON (and the binary tensor
-extension where the peer has it) x both models. Figures: requests/s, p50 / p99 latency, idle and peak RSS of the
+extension where the peer has it) x every model. Figures: requests/s, p50 / p99 latency, idle and peak RSS of the
 server's process session, and seconds from start to the first correct answer. Ratios: ngcx / the best peer, per
 point, from the same run.
 """
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..core import ROOT, Measurement, Ratio, Stats, SuiteResult
-from ..serve_peers import load
+from ..serve_peers import image_model, load
 from ..serve_peers.peers import PEERS, Peer, command, ensure_venv, shown, version
 
 CLIENTS = (1, 8, 32)
@@ -43,7 +44,8 @@ def _models(work: Path) -> dict[str, tuple[Path, np.ndarray]]:
     import models
 
     return {"mlp": (models.mlp(work / "mlp.onnx"), models.sample_inputs("mlp", 1)["x"]),
-            "convnet": (models.conv_net(work / "convnet.onnx"), models.sample_inputs("conv", 1)["input"])}
+            "convnet": (models.conv_net(work / "convnet.onnx"), models.sample_inputs("conv", 1)["input"]),
+            "image": (image_model.image_net(work / "image.onnx"), image_model.sample(1))}
 
 
 def _bodies(name: str, x: np.ndarray) -> dict[str, tuple[bytes, dict[str, str]]]:
