@@ -101,6 +101,9 @@ def deploy_cmd(
     target_requests: Annotated[float, typer.Option(
         "--target-requests", min=0.001, help="Autoscaled service on a cloud: requests per replica per minute at the "
                                              "balancer that its scaling group keeps (target tracking).")] = 600.0,
+    on_demand_base: Annotated[int, typer.Option(
+        "--on-demand-base", min=0, help="Autoscaled service with --spot: this many replicas always on demand, the "
+                                        "rest spot (several instance types, capacity-optimized).")] = 0,
     canary: Annotated[int | None, typer.Option(
         "--canary", help="With --service: release the image as a canary at PCT % of requests, judged on the replicas' "
                          "own /metrics, then promoted in steps (PCT, 50, 100 %) or rolled back by itself.")] = None,
@@ -165,11 +168,13 @@ def deploy_cmd(
         warn_interrupted()
         return deploy_service(config, registry, replicas, service, (port, drain, health_interval, certificate),
                               as_json)
+    if on_demand_base and (min_replicas, max_replicas) == (None, None):
+        raise UserError("--on-demand-base is for an autoscaled service", hint="add --spot --min A --max B")
     if (min_replicas, max_replicas) != (None, None):
         from .services import deploy_group
 
         warn_interrupted()
-        return deploy_group(config, registry, (min_replicas, max_replicas, target_requests),
+        return deploy_group(config, registry, (min_replicas, max_replicas, target_requests, on_demand_base),
                             (port, drain, health_interval, certificate), as_json)
     if cloud != Cloud.local:
         config.pushes = pushes(image, registry, sign=not config.allow_unsigned)
