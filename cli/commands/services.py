@@ -42,14 +42,12 @@ def deploy_service(config: Any, registry: str | None, replicas: int | None, serv
     from ..deploy.image import pushes
 
     svc = _service(service) if service is not None else None
-    if svc is not None and _lib(svc) is not services:
-        raise _lib(svc).not_built(svc, "a rolling update")
     cloud = svc.cloud if svc is not None else config.cloud
     if cloud != "local":
         config.pushes = pushes(config.image, registry, sign=not config.allow_unsigned)
         config.pull_ref, config.registry = config.pick_push(lambda _host: True) or (None, None)
     if svc is not None:
-        svc = services.update(svc, config, say)
+        svc = _verbs(svc).update(svc, config, say)
     else:
         port, drain, interval, certificate = balancer
         options = services.Options(port=port, drain_s=drain, health_interval_s=interval, certificate_id=certificate)
@@ -58,14 +56,16 @@ def deploy_service(config: Any, registry: str | None, replicas: int | None, serv
     _print_ready(svc, as_json)
 
 
-def deploy_group(config: Any, registry: str | None, scaling: tuple[int | None, int | None, float],
+def deploy_group(config: Any, registry: str | None, scaling: tuple[int | None, int | None, float, int],
                  balancer: tuple[int | None, int, int, str | None], as_json: bool) -> None:
     """`deploy --min A --max B`: an autoscaled service, its replicas the cloud's own scaling group."""
     from ..deploy import service as services
     from ..deploy import service_group
     from ..deploy.image import pushes
 
-    low, high, target_requests = scaling
+    low, high, target_requests, on_demand_base = scaling
+    wanted = service_group.Scaling(low or 0, high or 0, target_requests, bool(config.spot), on_demand_base)
+    wanted.check()
     if config.cloud in ("local", "any"):
         raise UserError(f"--min/--max with --cloud {config.cloud}: a scaling group is a cloud's",
                         hint="--cloud aws or aliyun, or --cloud kubernetes --dry-run for an HPA")
@@ -74,8 +74,16 @@ def deploy_group(config: Any, registry: str | None, scaling: tuple[int | None, i
     port, drain, interval, certificate = balancer
     options = services.Options(port=port, drain_s=drain, health_interval_s=interval, certificate_id=certificate)
     config.port = None
-    svc = service_group.create(config, service_group.Scaling(low or 0, high or 0, target_requests), options, say)
+    svc = service_group.create(config, wanted, options, say)
     _print_ready(svc, as_json)
+
+
+def _verbs(svc: Any) -> Any:
+    """The module with a service's update / rollback / stop / start / logs / rotate_key: group_update.py for a
+    scaling group, else service.py."""
+    from ..deploy import group_update, service, service_group
+
+    return group_update if service_group.is_group(svc) else service
 
 
 def _lib(svc: Any) -> Any:
@@ -157,12 +165,7 @@ def scale_cmd(service: ServiceArg,
 
 def rollback_cmd(service: ServiceArg) -> None:
     """Roll the service back to the version before its last update (a rolling update: nothing fails meanwhile)."""
-    from ..deploy import service as services
-
-    svc = _service(service)
-    if _lib(svc) is not services:
-        raise _lib(svc).not_built(svc, "rollback")
-    svc = services.rollback(svc, say)
+    svc = _verbs(_service(service)).rollback(_service(service), say)
     say(f"service {svc.ref} rolled back: {svc.replicas} replica(s) of {svc.config.get('image')} "
         f"({str(svc.config.get('version', ''))[-12:]})")
 
@@ -220,34 +223,31 @@ def _show_group(svc: Any) -> None:
 
 
 def logs(text: str, tail: int) -> None:
+    from ..deploy import group_update, target
     from ..deploy import service as services
-    from ..deploy import target
 
     svc = _service(text)
-    if _lib(svc) is not services:
-        raise _lib(svc).not_built(svc, "logs")
+    if _verbs(svc) is group_update:
+        for host, out in group_update.logs(svc, tail):
+            print(f"==> host {host} <==")
+            print(out, end="")
+        return
     for record in services.replicas(svc):
         print(f"==> replica {record.id} <==")
         print(target(record.cloud).logs(record, tail), end="")
 
 
 def stop(text: str) -> None:
-    from ..deploy import service as services
+    from ..deploy import group_update
 
     svc = _service(text)
-    if _lib(svc) is not services:
-        raise _lib(svc).not_built(svc, "stop")
-    svc = services.stop(svc)
+    svc = group_update.stop(svc, say) if _verbs(svc) is group_update else _verbs(svc).stop(svc)
     say(f"service {svc.ref} stopped; its balancer stays; `ngcx deployments start {svc.ref}` serves it again")
 
 
 def start(text: str) -> None:
-    from ..deploy import service as services
-
     svc = _service(text)
-    if _lib(svc) is not services:
-        raise _lib(svc).not_built(svc, "start")
-    svc = services.start(svc, say)
+    svc = _verbs(svc).start(svc, say)
     print(svc.endpoint)
 
 
@@ -278,11 +278,7 @@ def key(text: str) -> None:
 
 
 def rotate_key(text: str, grace: float) -> None:
-    from ..deploy import service as services
-
     svc = _service(text)
-    if _lib(svc) is not services:
-        raise _lib(svc).not_built(svc, "key rotation")
-    svc = services.rotate_key(svc, grace, say)
+    svc = _verbs(svc).rotate_key(svc, grace, say)
     say(f"service {svc.ref} has a new key on all {svc.replicas} replica(s); the old one no longer opens it "
         f"(`ngcx deployments key {svc.ref}` prints the new one)")

@@ -36,8 +36,8 @@ stopped host, and the next requests are served. Clients retry on 503 (WAKE_NOTE 
 at --min 0 still waits for one host to serve, so the service is known to work before it first sleeps.
 
 A target offers `scaling_group(config)` (aws/ and aliyun/ verbs.py: vm_groups.ServiceGroups over EC2 Auto Scaling /
-ESS) with check / ensure / members / size / resize / idle / release / delete / tagged. Not built yet, refused
-in one line: rolling updates, stop/start, logs and key rotation of a group service.
+ESS) with check / ensure / roll / members / size / resize / idle / release / delete / tagged. Rolling updates,
+rollback, stop/start, logs and key rotation of a group service: group_update.py (issue 49).
 """
 
 from __future__ import annotations
@@ -89,6 +89,12 @@ class Scaling:
     min_size: int
     max_size: int
     target_requests: float = TARGET_REQUESTS
+    spot: bool = False              # hosts above the floor bought as spot (--spot)
+    on_demand_base: int = 0         # --on-demand-base: this many hosts always on demand
+
+    @property
+    def market(self) -> tuple[bool, int]:
+        return self.spot, self.on_demand_base
 
     @property
     def to_zero(self) -> bool:
@@ -103,6 +109,11 @@ class Scaling:
     def check(self) -> None:
         if not 0 <= self.min_size <= self.max_size or self.max_size < 1:
             raise UserError(f"--min {self.min_size} --max {self.max_size}: need 0 <= min <= max and max >= 1")
+        if self.on_demand_base and not self.spot:
+            raise UserError(f"--on-demand-base {self.on_demand_base} without --spot: every host is on demand already",
+                            hint="add --spot (hosts above the floor are spot), or drop --on-demand-base")
+        if not 0 <= self.on_demand_base <= self.max_size:
+            raise UserError(f"--on-demand-base {self.on_demand_base}: needs 0..--max ({self.max_size})")
         if self.target_requests <= 0:
             raise UserError(f"--target-requests {self.target_requests:g}: needs a positive number of requests "
                             "per replica per minute")
@@ -114,7 +125,8 @@ def is_group(svc: ServiceRecord) -> bool:
 
 def scaling_of(svc: ServiceRecord) -> Scaling:
     row = svc.config["group"]
-    return Scaling(row["min_size"], row["max_size"], row["target_requests"])
+    return Scaling(row["min_size"], row["max_size"], row["target_requests"], bool(row.get("spot")),
+                   int(row.get("on_demand_base") or 0))
 
 
 def _groups(module: ModuleType, config: DeployConfig | None) -> Any:
@@ -169,11 +181,13 @@ def _ensure(module: ModuleType, svc: ServiceRecord, say: Say) -> ServiceRecord:
     scaling = scaling_of(svc)
     groups = _groups(module, _keyed(svc, config))
     group = groups.ensure(svc.name, ref, (scaling.min_size, scaling.max_size, scaling.first),
-                          scaling.target_requests, tags_of(svc), options.drain_s, svc.id)
+                          scaling.target_requests, tags_of(svc), options.drain_s, svc.id, scaling.market)
     if scaling.to_zero:
         groups.idle(group, ref, True)
     say(f"service {svc.ref}: scaling group {group['name']} ({scaling.min_size}..{scaling.max_size} hosts, "
-        f"{scaling.target_requests:g} requests per host per minute) behind {svc.endpoint}"
+        f"{scaling.target_requests:g} requests per host per minute"
+        + (f"; spot above {scaling.on_demand_base} on-demand host(s)" if scaling.spot else "")
+        + f") behind {svc.endpoint}"
         + (f"; {WAKE_NOTE}" if scaling.to_zero else ""))
     return store.update_service(svc.id, config=dict(svc.config, group=dict(svc.config["group"], ref=group)))
 
@@ -313,8 +327,3 @@ def orphan_groups(cloud: str) -> list[dict[str, str]]:
 
 def delete_orphan_group(cloud: str, item: dict[str, str]) -> None:
     _groups(target(cloud), None).delete({k: item[k] for k in ("name", "template_id", "version")})
-
-
-def not_built(svc: ServiceRecord, verb: str) -> UserError:
-    return UserError(f"service {svc.ref} is a scaling group: {verb} is not built for scaling groups yet",
-                     hint=f"`ngcx deployments scale {svc.ref} --min A --max B`, or destroy it and deploy again")
