@@ -21,6 +21,7 @@ BATCHES = "1,8"
 CONCURRENCY = "1,4"
 DURATION_S = "1.0"
 GPU_RESULTS = ROOT / "bench" / "results" / "gpu" / "resnet50" / "h100"
+OPTIMIZER_RESULTS = ROOT / "bench" / "results" / "gpu" / "optimizer"     # bench/gpu/optimizer.py's saved runs
 
 
 def _model(work: Path) -> tuple[Path, Path]:
@@ -103,11 +104,13 @@ def run(result: SuiteResult, work: Path, out: Path) -> None:
     result.extra["accuracy"] = accuracy
     result.extra["model"] = "tests/runtime/models.py conv_net(channels=32, size=64), ONNX Runtime CPU EP"
     result.extra["gpu_reference"] = gpu_reference()
+    result.extra["gpu_optimizer"] = optimizer_reference()
     result.notes = [
         "Throughput (inferences/s, higher is better). served = KServe v2 HTTP in front of the same plan; "
         "'x4' = 4 client threads (the dynamic batcher merges their requests).",
         "GPU figures are not re-measured by this suite; gpu_reference in runtime.json summarizes the last "
         "saved GPU run (bench/gpu/resnet50.py on the device named there).",
+        *optimizer_notes(result.extra["gpu_optimizer"]),
     ]
 
 
@@ -133,3 +136,37 @@ def gpu_reference() -> dict[str, object]:
             "software": doc.get("env"),
             "rows": [{"name": r["name"], "batch": r["batch"], "img_per_s": r["img_per_s"]}
                      for r in doc.get("rows", []) if "img_per_s" in r]}
+
+
+def optimizer_reference() -> dict[str, object]:
+    """bench/gpu/optimizer.py's saved runs: per model and batch, torch.compile max-autotune FP16 and ngcx's
+    tuned plan side by side (img/s at the median of the repeats, the ratio's median / min / max), not measured now."""
+    runs = sorted(p for p in OPTIMIZER_RESULTS.glob("*.json"))
+    rows, files = [], []
+    for path in runs:
+        doc = json.loads(path.read_text())
+        gpu = (doc.get("env") or {}).get("gpu")
+        for name, model in (doc.get("models") or {}).items():
+            for r in model.get("rows") or []:
+                rows.append({"file": os.path.relpath(path, ROOT), "gpu": gpu, "model": name, "batch": r["batch"],
+                             "torch_compile_img_s": r["baseline_img_s"], "ngcx_img_s": r["ngcx_img_s"],
+                             "speedup": r["speedup"], "target": r.get("target"), "met": r.get("met"),
+                             "inductor": doc.get("inductor")})
+        files.append(os.path.relpath(path, ROOT))
+    if not rows:
+        return {"status": "none saved", "where": os.path.relpath(OPTIMIZER_RESULTS, ROOT), "files": files}
+    return {"files": files, "rows": rows}
+
+
+def optimizer_notes(ref: dict[str, object]) -> list[str]:
+    """One line per saved model and batch: torch.compile max-autotune FP16 beside ngcx's plan, same run."""
+    if not ref.get("rows"):
+        return [f"GPU optimizer (issue 50): no complete bench/gpu/optimizer.py run saved in {ref.get('where')}."]
+    out = []
+    for r in ref["rows"]:
+        sp = r["speedup"]
+        target = "" if r["target"] is None else f", target {r['target']}x {'met' if r['met'] else 'NOT met'}"
+        out.append(f"GPU optimizer ({r['file']}, {r['gpu']}): {r['model']} batch {r['batch']}: torch.compile "
+                   f"max-autotune FP16 {r['torch_compile_img_s']:,.0f} img/s, ngcx plan {r['ngcx_img_s']:,.0f} img/s "
+                   f"= {sp['median']:.2f}x (min {sp['min']:.2f}, max {sp['max']:.2f}){target}")
+    return out
