@@ -133,7 +133,14 @@ def _service_json(svc: Any) -> dict[str, Any]:
     from ..deploy.service import replicas
 
     if service_group.is_group(svc):
-        return dict(service_group.refresh(svc).as_json(), hosts=service_group.members(svc))
+        from ..deploy import group_update
+
+        svc, hosts = service_group.refresh(svc), service_group.members(svc)
+        found = group_update.cost(svc, hosts)
+        cost = None if found is None else {"per_hour": found.per_hour, "on_demand_per_hour": found.on_demand_per_hour,
+                                           "spot_hosts": found.spot_hosts, "hosts": found.hosts,
+                                           "currency": found.currency, "prices_as_of": found.prices_as_of}
+        return dict(svc.as_json(), hosts=hosts, cost=cost)
     return dict(svc.as_json(), members=[r.as_json() for r in replicas(svc)])
 
 
@@ -206,20 +213,24 @@ def show(text: str, as_json: bool) -> None:
 
 def _show_group(svc: Any) -> None:
     from ..core.output import table
-    from ..deploy import service_group
+    from ..deploy import group_update, service_group
 
     svc = service_group.refresh(svc)
     scaling = service_group.scaling_of(svc)
+    hosts = service_group.members(svc)
     for key, value in (*((k, svc.as_json().get(k)) for k in ("ref", "cloud", "status", "replicas", "endpoint",
                                                                "name", "image", "version", "detail")),
                        ("scaling", f"{scaling.min_size}..{scaling.max_size} hosts, "
                                    f"{scaling.target_requests:g} requests per host per minute"
                                    + ("; idle, to zero (stopped hosts, woken by a request)" if scaling.to_zero
-                                      else ""))):
+                                      else "")
+                                   + (f"; spot above {scaling.on_demand_base} on-demand host(s)" if scaling.spot
+                                      else "")),
+                       ("cost", cost.text() if (cost := group_update.cost(svc, hosts)) is not None else "")):
         if value not in (None, ""):
             print(f"{key:14} {value}")
-    table(None, ("host", "zone", "state", "health", "balancer"),
-          [(m["instance_id"], m["zone"], m["state"], m["health"], m["balancer"]) for m in service_group.members(svc)])
+    table(None, ("host", "zone", "state", "health", "market", "balancer"),
+          [(m["instance_id"], m["zone"], m["state"], m["health"], m.get("market", ""), m["balancer"]) for m in hosts])
 
 
 def logs(text: str, tail: int) -> None:

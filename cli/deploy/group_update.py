@@ -31,6 +31,7 @@ import os
 import time
 from dataclasses import replace
 from types import ModuleType
+from typing import Any
 
 from ..core.errors import UserError
 from . import flow, keys, store, target
@@ -187,3 +188,19 @@ def rotate_key(svc: ServiceRecord, grace: float, say: Say) -> ServiceRecord:
         svc = store.update_service(svc.id, status=READY, pid=None, detail=None)
     return svc
 
+
+
+# --- cost -------------------------------------------------------------------------------------------------------
+def cost(svc: ServiceRecord, hosts: list[dict[str, str]]) -> Any:
+    """offers.ServiceCost of the group's hosts now (each on its market), else of what its bounds buy; None when
+    the row names no instance type (a group made before issue 49) or the table has no such type."""
+    from .offers import planned_markets, service_cost
+
+    types = svc.config.get("group", {}).get("types") or []
+    if not types:
+        return None
+    scaling = scaling_of(svc)
+    live = [h.get("market", "on-demand") for h in hosts if h.get("state") in ("in-service", "pending")]
+    markets = live or planned_markets(0 if svc.status == STOPPED else max(svc.replicas, scaling.first),
+                                      scaling.spot, scaling.on_demand_base)
+    return service_cost(svc.cloud, types[0], markets)

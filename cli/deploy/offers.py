@@ -517,3 +517,62 @@ def explain_merged(choices: list[Choice]) -> list[str]:
             lines.append(f"{choice.cloud} rejected ({len(choice.rejected)}):")
             lines += _rejected_lines(choice.rejected)
     return lines
+
+
+# ----------------------------------------------------------------------------- a service's cost
+
+
+@dataclass(frozen=True)
+class ServiceCost:
+    """What a service's hosts cost per hour as bought (each on its market) and all on demand, from the table.
+
+    Why from the table and not the bill: the table is what ngcx ranked the hosts by, the same figure on both
+    clouds; its prices are estimates (prices_as_of), and a spot price moves hourly, so `show` says "est.".
+    None: a host's type has no public price in the table."""
+
+    hosts: int
+    spot_hosts: int
+    per_hour: float | None
+    on_demand_per_hour: float | None
+    currency: str
+    prices_as_of: str
+
+    @property
+    def saving(self) -> float | None:
+        """The share of the all-on-demand price that buying spot saves (0.0 .. 1.0)."""
+        if not self.per_hour or not self.on_demand_per_hour:
+            return None
+        return 1.0 - self.per_hour / self.on_demand_per_hour
+
+    def text(self) -> str:
+        if self.per_hour is None or self.on_demand_per_hour is None:
+            return f"{self.hosts} host(s): no public price in the offers table"
+        line = (f"{self.per_hour:.3f} {self.currency}/h est. for {self.hosts} host(s) "
+                f"({self.spot_hosts} spot, {self.hosts - self.spot_hosts} on demand)")
+        if self.spot_hosts:
+            line += f"; all on demand {self.on_demand_per_hour:.3f} {self.currency}/h ({self.saving:.0%} saved)"
+        return line + f"; prices as of {self.prices_as_of}"
+
+
+def service_cost(cloud: str, instance_type: str, markets: list[str]) -> ServiceCost | None:
+    """The cost of hosts of `instance_type`, one per entry of `markets` ("spot" / "on-demand"); None when the
+    type is not in the cloud's table."""
+    types, meta = load_table(cloud)
+    row = next((t for t in types if t.name == instance_type), None)
+    if row is None:
+        return None
+    spot = sum(1 for m in markets if m == "spot")
+    on_demand = row.price(spot=False)
+    spot_price = row.price(spot=True)
+    per_hour = None if on_demand is None or spot_price is None else (
+        spot * spot_price + (len(markets) - spot) * on_demand)
+    return ServiceCost(len(markets), spot, per_hour, None if on_demand is None else len(markets) * on_demand,
+                       str(meta.get("currency", "")), str(meta.get("prices_as_of", "")))
+
+
+def planned_markets(hosts: int, spot: bool, on_demand_base: int) -> list[str]:
+    """The markets a group of `hosts` buys: the floor on demand, the rest spot (MixedInstancesPolicy / ESS)."""
+    if not spot:
+        return ["on-demand"] * hosts
+    floor = min(on_demand_base, hosts)
+    return ["on-demand"] * floor + ["spot"] * (hosts - floor)

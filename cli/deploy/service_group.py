@@ -189,7 +189,8 @@ def _ensure(module: ModuleType, svc: ServiceRecord, say: Say) -> ServiceRecord:
         + (f"; spot above {scaling.on_demand_base} on-demand host(s)" if scaling.spot else "")
         + f") behind {svc.endpoint}"
         + (f"; {WAKE_NOTE}" if scaling.to_zero else ""))
-    return store.update_service(svc.id, config=dict(svc.config, group=dict(svc.config["group"], ref=group)))
+    return store.update_service(svc.id, config=dict(svc.config, group=dict(svc.config["group"], ref=group,
+                                                                          types=list(groups.types))))
 
 
 def _wait_serving(module: ModuleType, svc: ServiceRecord, count: int, timeout: float, say: Say) -> None:

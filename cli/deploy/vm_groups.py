@@ -81,6 +81,7 @@ class ServiceGroups:
         """`cloud`: the region's vm.Cloud; `prepare`: the cloud module's (image, pull role, login);
         `wrap_user_data`: what the cloud adds to every host's user-data (aws: the SSM agent check)."""
         self.config, self.cloud, self.prepare, self.wrap, self.kit = config, cloud, prepare, wrap_user_data, kit
+        self.types: tuple[str, ...] = ()
 
     def check(self) -> None:
         """Before any row: a token login cannot be in what a group launches later."""
@@ -141,6 +142,7 @@ class ServiceGroups:
         low, high, desired = sizes
         spot, base = market
         types = tuple(dict.fromkeys(c.itype.name for c in plan.candidates))[:TYPES]
+        self.types = types if spot else types[:1]           # kept in the service's row: `show`'s cost
         return self.kit.spec(name=name, image_id=plan.host_image,
                              user_data=self.wrap(hostscript.render(job, "user-data")),
                              instance_type=types[0], networks=tuple(networks[z] for z in zones),
