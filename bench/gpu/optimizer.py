@@ -44,6 +44,9 @@ import gpu_shim  # noqa: E402
 gpu_shim.ensure_ngcx_runtime()
 
 TARGETS = {("vit_b16", 64): 1.5, ("vit_b16", 256): 1.5, ("resnet50", 256): 1.2}   # ngcx / baseline throughput
+# Two candidates per model (each model takes the ones that apply to it): ~34 s per compile per batch size on an
+# H200 (bench/results/gpu/optimizer/README.md) keeps a model's run under one 10-minute device call.
+DEFAULT_CANDIDATES = ("fp16 max-autotune", "fp8 rowwise max-autotune", "fp16 max-autotune channels-last frozen")
 LATENCY_BATCH = 1          # ngcx's latency no worse than the baseline's (ratio >= 1.0)
 EXAMPLES = 64              # seeded samples the accuracy of both is measured on
 
@@ -131,7 +134,13 @@ def profile_table(torch, fn, rows: int = 15) -> str:
             for _ in range(5):
                 fn()
             torch.cuda.synchronize()
-    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=70)
+    averages = prof.key_averages()
+    for key in ("device_time_total", "cuda_time_total"):     # the name torch 2.4+ uses, then the older one
+        try:
+            return averages.table(sort_by=key, row_limit=rows, max_name_column_width=70)
+        except (KeyError, AttributeError, ValueError):
+            continue
+    return averages.table(row_limit=rows)
 
 
 def run_model(torch, name: str, args, work: Path, report: dict) -> None:
@@ -242,7 +251,10 @@ def main() -> int:
     ap.add_argument("--batches", default="1,8,64,256")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--iters", type=int, default=30, help="timed calls per figure (median kept)")
-    ap.add_argument("--candidates", default="", help="optimize --candidates (default: every one that applies)")
+    ap.add_argument("--candidates", default=",".join(DEFAULT_CANDIDATES),
+                    help="optimize --candidates, each model taking those that apply to it (default: FP16 "
+                         "max-autotune, FP8 rowwise for the transformer, channels-last frozen for ResNet-50: two "
+                         "per model, to fit one 10-minute call; '' = every candidate that applies)")
     ap.add_argument("--gemm-backends", default="ATEN",
                     help="Inductor's max_autotune_gemm_backends for both sides (default ATEN: cuBLAS/cuBLASLt "
                          "only; 'ATEN,TRITON' is Inductor's own, ~15 s of autotuning per GEMM shape and batch "
@@ -255,7 +267,8 @@ def main() -> int:
         ap.error("--repeats must be at least 3: median, min and max need that many")
     args.batch_list = sorted({int(b) for b in args.batches.split(",")})
     args.candidate_list = [c.strip() for c in args.candidates.split(",") if c.strip()] or None
-    report: dict[str, Any] = {"command": " ".join([sys.executable.rsplit("/", 1)[-1], *sys.argv]), "models": {}}
+    report: dict[str, Any] = {"command": " ".join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
+                              "candidates": args.candidate_list or "every one that applies", "models": {}}
     try:
         import torch
         import torchvision

@@ -125,24 +125,10 @@ class TorchEngine:
         self._dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
         self._buckets = sorted(buckets) if buckets else []
         self.max_batch = self._buckets[-1] if self._buckets else 0
-        mod = None if choices and self.device != "cpu" else ep.module().to(self.device)
-        if mod is None:
-            pass
-        elif self._dtype != torch.float32:
-            mod = mod.to(self._dtype)
         self._channels_last = any(len(s.shape) == 4 for s in _input_specs(ep, "float32"))
-        if self._channels_last and mod is not None:
-            mod = mod.to(memory_format=torch.channels_last)
         self.compile_note = None
-        if mod is None:
-            pass
-        elif compile_mode and self.device.startswith("cuda"):
-            import torch._dynamo
-
-            torch._dynamo.config.cache_size_limit = max(64, len(self._buckets) * 4)
-            mod = torch.compile(mod, mode=compile_mode, dynamic=False)
-        elif compile_mode:
-            self.compile_note = "torch.compile skipped on CPU: CUDA graphs need a GPU; running eager"
+        # A tuned plan's variants (below) replace the one module; on the CPU it runs the plain way.
+        mod = None if choices and self.device != "cpu" else self._plain_module(ep, compile_mode)
         self._mod = mod
         # bucket -> the measured optimizer's variant for it (candidates/variant.py), when the plan has choices
         self._variants = _variants(ep, choices, self.device, amax) if choices and self.device != "cpu" else {}
@@ -156,6 +142,23 @@ class TorchEngine:
         self.outputs: list[TensorSpec] = []
         self._out_names: list[str] = []
         self._discover_outputs(ep)
+
+    def _plain_module(self, ep, compile_mode: str | None):
+        """The program's module in the plan's precision (channels_last for images), compiled with one mode."""
+        torch = self._torch
+        mod = ep.module().to(self.device)
+        if self._dtype != torch.float32:
+            mod = mod.to(self._dtype)
+        if self._channels_last:
+            mod = mod.to(memory_format=torch.channels_last)
+        if compile_mode and self.device.startswith("cuda"):
+            import torch._dynamo
+
+            torch._dynamo.config.cache_size_limit = max(64, len(self._buckets) * 4)
+            return torch.compile(mod, mode=compile_mode, dynamic=False)
+        if compile_mode:
+            self.compile_note = "torch.compile skipped on CPU: CUDA graphs need a GPU; running eager"
+        return mod
 
     def _discover_outputs(self, ep) -> None:
         names = list(ep.graph_signature.user_outputs)
