@@ -136,3 +136,50 @@ def test_info_plan_prints_the_choice_and_every_trial(tuned):
     trials = json.loads((res.plan_dir / "manifest.json").read_text())["optimizer"]["trials"]
     assert sum(line.strip().startswith(tuple(t["candidate"] for t in trials)) for line in proc.stdout.splitlines()) \
         >= len(trials)
+
+
+@pytest.mark.skipif(not _gpu(), reason="needs torch with a CUDA GPU (no GPU here; runs on the lent GPU)")
+def test_a_conv_net_gets_channels_last_and_frozen_candidates_that_run(tmp_path):
+    import torch
+
+    from ngcx_runtime.optimize import OptimizeOptions, optimize
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
+                              torch.nn.Conv2d(32, 32, 3, padding=1), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
+                              torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 10)).eval()
+    ep = torch.export.export(net, (torch.randn(2, 3, 32, 32),),
+                             dynamic_shapes=({0: torch.export.Dim("b", min=1, max=64)},))
+    torch.export.save(ep, str(tmp_path / "conv.pt2"))
+    res = optimize(tmp_path / "conv.pt2", tmp_path / "plan", OptimizeOptions(
+        precision="fp16", batch_profile=[8], tune=True,
+        candidates=["fp16 max-autotune", "fp16 max-autotune channels-last frozen"]))
+    rows = {t["candidate"]: t for t in res.manifest["optimizer"]["trials"]}
+    assert set(rows) == {"fp16 max-autotune", "fp16 max-autotune channels-last frozen"}
+    assert all(t["passed"] for t in rows.values()), rows       # freezing folds BN into the conv: same numbers
+    assert "no linear layer" in res.manifest["optimizer"]["skipped"]["fp8 rowwise max-autotune"]
+
+
+@pytest.mark.skipif(not _gpu(), reason="needs torch with a CUDA GPU (no GPU here; runs on the lent GPU)")
+def test_2_4_sparsity_runs_only_when_allowed_and_is_checked_like_any_candidate(tmp_path):
+    import torch
+
+    from ngcx_runtime.optimize import OptimizeOptions, optimize
+
+    if torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("this GPU has no sparse tensor cores (sm < 8.0)")
+    torch.manual_seed(0)
+    ep = torch.export.export(_encoder(torch), (torch.randn(2, 64, 256),),
+                             dynamic_shapes=({0: torch.export.Dim("b", min=1, max=64)},))
+    torch.export.save(ep, str(tmp_path / "enc.pt2"))
+    opts = OptimizeOptions(precision="fp16", batch_profile=[16], tune=True,
+                           candidates=["fp16 max-autotune", "fp16 2:4-sparse max-autotune"])
+    denied = optimize(tmp_path / "enc.pt2", tmp_path / "p1", opts).manifest["optimizer"]
+    assert "--allow-sparsity" in denied["skipped"]["fp16 2:4-sparse max-autotune"]
+    opts.allow_sparsity = True
+    allowed = optimize(tmp_path / "enc.pt2", tmp_path / "p2", opts).manifest["optimizer"]
+    sparse = next(t for t in allowed["trials"] if t["candidate"] == "fp16 2:4-sparse max-autotune")
+    # it ran and was timed; half of every random weight group zeroed is far outside the tolerance
+    assert sparse["median_ms"] is not None and sparse["max_rel_error"] is not None, sparse
+    passing = [t for t in allowed["trials"] if t["passed"]]
+    assert allowed["choices"]["16"]["candidate"] == min(passing, key=lambda t: t["median_ms"])["candidate"]
