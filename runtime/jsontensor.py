@@ -35,6 +35,7 @@ import numpy as np
 from . import wirejson
 
 _NUMBERS = "fbiu"                     # numpy kinds an untyped asarray gives for numbers and true/false
+_NOT_NUMBERS = "'data' must hold numbers (or true/false), not strings or null"
 
 
 class BadTensor(ValueError):
@@ -46,11 +47,16 @@ def from_json(data: list, dtype: np.dtype) -> np.ndarray:
     the nesting's; the caller checks the element count against the request's shape)."""
     try:
         probe = np.asarray(data)                   # the one pass over the list: values' types and the numbers
-    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+    except OverflowError:                          # an int past int64 next to a negative one (UINT64's top half)
+        _only_numbers(data)
+        return _typed(data, None, dtype)
+    except (ValueError, TypeError, RecursionError) as exc:
         raise BadTensor(_not_rectangular(dtype, exc)) from None
     if probe.dtype.kind in "USV":
-        raise BadTensor("'data' must hold numbers (or true/false), not strings or null")
-    return _cast(probe, dtype) if probe.dtype.kind in _NUMBERS else _typed(data, probe, dtype)
+        raise BadTensor(_NOT_NUMBERS)
+    if probe.dtype.kind not in _NUMBERS or (probe.dtype.kind == "f" and dtype.kind in "iu"):
+        return _typed(data, probe, dtype)          # objects, or floats for an integer tensor: numpy's rules
+    return _cast(probe, dtype)
 
 
 def _cast(probe: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -61,26 +67,38 @@ def _cast(probe: np.ndarray, dtype: np.dtype) -> np.ndarray:
         return probe.astype(dtype, copy=False)
     if dtype.kind == "b":
         return probe.astype(dtype, copy=False)     # non-zero is true, as np.asarray(data, bool) reads it
-    if probe.dtype.kind == "f":
-        return _typed(probe.tolist(), probe, dtype)   # floats in an int tensor: numpy's own rules (rare)
-    if probe.size:
+    if probe.size:                                 # ints (or true/false) for an integer tensor: in its range?
         info = np.iinfo(dtype)
         low, high = int(probe.min()), int(probe.max())
         if low < info.min or high > info.max:
-            bad = low if low < info.min else high
-            raise BadTensor(f"'data' is not a rectangular list of {dtype.name} values "
-                            f"(Python integer {bad} out of bounds for {dtype.name})")
+            raise BadTensor(f"'data' holds {low if low < info.min else high}, out of {dtype.name}'s range "
+                            f"{info.min}..{info.max}")
     return probe.astype(dtype, copy=False)
 
 
-def _typed(data: list, probe: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def _only_numbers(data: list) -> None:
+    """Every leaf of a nested list is a number or true/false (a walk in Python: only for the rare lists that
+    an untyped asarray cannot take)."""
+    stack = [data]
+    while stack:                                   # iterative: a deeply nested list is no RecursionError
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif item is None or isinstance(item, str | dict):
+            raise BadTensor(_NOT_NUMBERS)
+
+
+def _typed(data: list, probe: np.ndarray | None, dtype: np.dtype) -> np.ndarray:
     """The old, slower path for what an untyped asarray cannot decide: object arrays (ints past 64 bits, or
     null / strings / lists among numbers) and floats for an integer tensor."""
-    if probe.dtype.kind == "O" and any(v is None or isinstance(v, str | list | dict) for v in probe.reshape(-1)):
-        raise BadTensor("'data' must hold numbers (or true/false), not strings or null")
+    if probe is not None and probe.dtype.kind == "O" and any(
+            v is None or isinstance(v, str | list | dict) for v in probe.reshape(-1)):
+        raise BadTensor(_NOT_NUMBERS)
     try:
         return np.asarray(data, dtype=dtype)
-    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+    except OverflowError as exc:
+        raise BadTensor(f"'data' holds an integer out of {dtype.name}'s range ({exc})") from None
+    except (ValueError, TypeError, RecursionError) as exc:
         raise BadTensor(_not_rectangular(dtype, exc)) from None
 
 
