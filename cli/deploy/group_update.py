@@ -169,12 +169,12 @@ def logs(svc: ServiceRecord, tail: int) -> list[tuple[str, str]]:
 def rotate_key(svc: ServiceRecord, grace: float, say: Say) -> ServiceRecord:
     """A new key on every host of the group without a failed request (see the module docstring)."""
     require(svc, READY, "rotate the key of")
-    module = target(svc.cloud)
-    config, _ = config_of(svc.config)
     old = keys.get(svc.ref)
     if old is None:
         raise UserError(f"service {svc.ref} has no key (deployed with --no-auth)",
                         hint="deploy again without --no-auth")
+    module = target(svc.cloud)
+    config, _ = config_of(svc.config)
     new = keys.pending(svc.ref) or keys.begin_rotation(svc.ref)
     svc = store.update_service(svc.id, status=SVC_UPDATING, pid=os.getpid(), detail="rotating its key")
     try:

@@ -116,18 +116,17 @@ def test_a_cloud_service_without_a_certificate_is_refused_before_its_row_or_key_
 
 
 @pytest.mark.parametrize("args, message", [
-    (["deployments", "stop", "s1"], "service s1 is a scaling group: stop is not built"),
-    (["deployments", "start", "s1"], "service s1 is a scaling group: start is not built"),
-    (["deployments", "logs", "s1"], "service s1 is a scaling group: logs is not built"),
-    (["deployments", "rotate-key", "s1"], "service s1 is a scaling group: key rotation is not built"),
-    (["deployments", "rollback", "s1"], "service s1 is a scaling group: rollback is not built"),
+    (["deployments", "start", "s1"], "cannot start service s1: it is ready"),
+    (["deployments", "rotate-key", "s1"], "service s1 has no key (deployed with --no-auth)"),
+    (["deployments", "rollback", "s1"], "service s1 was never updated: there is nothing to roll back to"),
     (["deployments", "scale", "s1", "3"], "service s1 is autoscaled: give its bounds, not a count"),
     (["deployments", "scale", "s1", "--min", "3", "--max", "2"], "--min 3 --max 2: need 0 <= min <= max"),
     (["deployments", "scale", "s2", "--min", "1", "--max", "3"], "service s2 has a fixed count: give COUNT"),
 ])
-def test_what_an_autoscaled_service_does_not_do_yet_is_one_line_and_changes_nothing(state, args, message):
-    """An autoscaled service (service_group.py) refuses what is not built for scaling groups in one line, before
-    any cloud call (no credentials here), and its row stays as it was; a fixed service refuses --min/--max."""
+def test_what_an_autoscaled_service_refuses_is_one_line_and_changes_nothing(state, args, message):
+    """An autoscaled service (service_group.py, group_update.py) refuses a verb that does not apply now in one
+    line, before any cloud call (no credentials here), and its row stays as it was; a fixed service refuses
+    --min/--max."""
     group = {"min_size": 1, "max_size": 2, "target_requests": 60.0, "ref": {"name": "g", "template_id": "lt-1",
                                                                             "version": "1"}}
     made = store.create_service("aws", "us-east-1", 1, {"image": "x", "group": group})
