@@ -169,13 +169,18 @@ def options_from_manifest(manifest: dict[str, Any]) -> OptimizeOptions:
 
 
 def _tuning_from(manifest: dict[str, Any]) -> dict[str, Any]:
-    """A tuned plan is rebuilt tuned, to the tolerance it recorded (on seeded examples: the user's are not kept)."""
+    """A tuned plan is rebuilt tuned, with the candidates it tried and the tolerance it recorded (on seeded examples:
+    the user's are not kept in the plan)."""
     section = _field(manifest, "optimizer", dict, None)
     if not section:
         return {}
     tol = _field(section, "tolerance", dict, {}, "optimizer.tolerance")
+    from .candidates import ALL
+
+    tried = sorted({t.get("candidate") for t in section.get("trials") or [] if isinstance(t, dict)} & set(ALL))
     return {"tune": True, "min_top1": _number(tol, "min_top1", 0.9),
-            "max_rel_error": _number(tol, "max_rel_error", 0.15)}
+            "max_rel_error": _number(tol, "max_rel_error", 0.15), "candidates": tried or None,
+            "allow_sparsity": any(ALL[n].sparse for n in tried)}
 
 
 def _number(tol: dict[str, Any], key: str, default: float) -> float:

@@ -228,3 +228,15 @@ def test_every_catalogued_candidate_has_a_family_its_builder_knows():
     for c in ALL.values():
         assert c.family in ("compile", "fp8", "sparse")
         assert (c.fp8 is not None) == (c.family == "fp8") and c.sparse == (c.family == "sparse")
+
+
+def test_a_tuned_plan_met_on_another_gpu_is_rebuilt_tuned_with_its_candidates_and_tolerance():
+    from ngcx_runtime.optimize import options_from_manifest
+
+    strict = choose.Tolerance(min_top1=0.95, max_rel_error=0.1)
+    section = choose.record([_trial("fp16 max-autotune", 8, 1.3), _trial("fp16 2:4-sparse max-autotune", 8, 1.1)],
+                            strict, [8], {}, {})
+    opts = options_from_manifest({"precision": "fp16", "batch_profile": [8], "optimizer": section})
+    assert (opts.tune, opts.min_top1, opts.max_rel_error) == (True, 0.95, 0.1)
+    assert opts.candidates == ["fp16 2:4-sparse max-autotune", "fp16 max-autotune"] and opts.allow_sparsity
+    assert options_from_manifest({"precision": "fp16", "batch_profile": [8]}).tune is False
