@@ -25,7 +25,8 @@ real API does not know is a 400 ValidationError), then as AWS documents them:
   does (deregistered, drained, the terminating hook; aws_autoscaling.retire). At or below 100 the old batch
   (desired x (100 - min) / 100, at least 1) leaves first, then its replacements launch. PercentageComplete
   is the share of instances replaced; Status Pending -> InProgress -> Successful. New instances that are not
-  healthy within (HealthCheckGracePeriod + 600) x time_scale fail the refresh (Status Failed, StatusReason
+  healthy within (HealthCheckGracePeriod + 600) x time_scale (or `launch_timeout_s`: hosts that boot a real
+  container take longer than the scaled time) fail the refresh (Status Failed, StatusReason
   says which): they leave again, the old ones were never touched. CancelInstanceRefresh: Cancelling until the
   batch in flight is settled, then Cancelled (replaced instances stay); no active refresh: 400
   ActiveInstanceRefreshNotFound. Not emulated: checkpoints, bake time, alarms, AutoRollback (accepted and
@@ -135,6 +136,7 @@ class Refreshes:
         self._refreshes: dict[str, Refresh] = {}
         self.markets: dict[str, str] = {}              # instance id -> "spot" / "on-demand"
         self.reclaimed: list[str] = []
+        self.launch_timeout_s: float | None = None      # a test's bound on a new instance's health (else below)
 
     def handlers(self) -> dict[str, Callable[[WireRequest], WireResponse]]:
         return {"StartInstanceRefresh": self._start, "DescribeInstanceRefreshes": self._describe,
@@ -294,7 +296,7 @@ class Refreshes:
         """"" once every id is healthy in the group's target groups and warmed up; else why not."""
         group = self.scaling._group(refresh.region, refresh.group)
         grace = float(child_text(group, "HealthCheckGracePeriod") or 300) if group is not None else 300.0
-        deadline = time.monotonic() + (grace + 600) * self.scaling.time_scale
+        deadline = time.monotonic() + (self.launch_timeout_s or (grace + 600) * self.scaling.time_scale)
         arns = [m.text or "" for m in members(group, "TargetGroupARNs")] if group is not None else []
         health: dict[str, str] = {}
         while time.monotonic() < deadline and not self.scaling._closing.is_set():

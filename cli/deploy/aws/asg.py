@@ -10,7 +10,8 @@ duplicate (a name in use under another owner is refused):
 - a launch template: the AMI (the baked host image), instance type, user-data (the host's boot script),
   instance profile, security group, IMDSv2 only, the tags on the instances and volumes it launches. When
   the AMI, user-data, type, profile or group changed, a new *version* (never a new template) and the group
-  moves to it; instances already running keep theirs until they are replaced (rolling them is service.py's).
+  moves to it; instances already running keep theirs until they are replaced (start_refresh: an instance
+  refresh).
 - the group: over spec.subnets (one per zone), attached to the target group, health check type ELB with a
   grace period, min/max/desired. A group that exists keeps its desired capacity (its policy owns it), takes
   the new min/max and template version.
@@ -221,9 +222,10 @@ class AutoScalingGroups:
         Why these preferences: MinHealthyPercentage 100 keeps every serving host until its replacement is
         healthy, MaxHealthyPercentage 200 (above 100: launch before terminate) lets the whole batch launch at
         once; SkipMatching leaves hosts that already run the desired configuration (a retry after an
-        interrupted ngcx replaces only what is left); the health check is the group's (ELB: healthy in the
-        target group), old hosts leave through the deregistration delay and the terminating hook as on
-        scale-in. DesiredConfiguration names the exact version, so AWS moves the group to it on success. A
+        interrupted ngcx replaces only what is left); the health check is the group's (ELB: a host is
+        InService only once healthy in the target group, so InstanceWarmup is 0: it already serves); old
+        hosts leave through the deregistration delay and the terminating hook as on scale-in.
+        DesiredConfiguration names the exact version, so AWS moves the group to it on success. A
         refresh already running (an earlier ngcx's) is that refresh's id, not a second one."""
         template_id, version = self._template(spec)
         desired = _launch(spec, template_id, version)
@@ -232,7 +234,7 @@ class AutoScalingGroups:
             answer = self._call("start_instance_refresh", AutoScalingGroupName=ref.name, Strategy="Rolling",
                                 DesiredConfiguration=desired,
                                 Preferences={"MinHealthyPercentage": 100, "MaxHealthyPercentage": 200,
-                                             "SkipMatching": True, "InstanceWarmup": spec.grace_s})
+                                             "SkipMatching": True, "InstanceWarmup": 0})
         except AwsError as exc:
             if exc.code != "InstanceRefreshInProgress":
                 raise
