@@ -9,6 +9,7 @@ in-flight / queue time as a custom metric) breaches its cloud alarm first after 
 `dashboard` (issue 23) the overview's first paint, bytes and update latency with 200 deployments and 500 images;
 `sbom` (issue 48) `ngcx sbom` on the catalog images built here against the bare dpkg-query + pip list;
 `canary` (issue 49) the time from a bad canary's first error to its rollback on a local service;
+`group_update` (issue 49) an autoscaled spot service's rolling update and a spot reclaim, and what spot saves;
 `trust` (issue 48) sign + attest against the push, verify at deploy, and the build with hash-checked wheels
 against the commit before them.
 The other modules here are helpers of the suite they are named after: peers.py (the hpccm recipes
@@ -25,6 +26,7 @@ from . import (
     cli,
     dashboard,
     deploy,
+    group_update,
     project,
     push,
     runtime,
@@ -52,4 +54,5 @@ SUITES = {
     "sbom": sbom.run,
     "trust": trust.run,
     "canary": canary.run,
+    "group_update": group_update.run,
 }
