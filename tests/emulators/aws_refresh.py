@@ -33,7 +33,8 @@ real API does not know is a 400 ValidationError), then as AWS documents them:
   ignored), warm pool instances. (moto's CreateLaunchTemplateVersion keeps UserData unwrapped, which its
   launch then asserts on: `wrap_user_data` mends the versions before a refresh launches.)
 - Markets: an instance launched into a group with a MixedInstancesPolicy is on demand while the group's
-  on-demand instances are fewer than OnDemandBaseCapacity, then spot for OnDemandPercentageAboveBaseCapacity
+  on-demand instances (those leaving or being replaced by a refresh not counted) are fewer than
+  OnDemandBaseCapacity, then spot for OnDemandPercentageAboveBaseCapacity
   0 (above it, that percentage on demand, rounded up as AWS does); EC2's DescribeInstances shows spot ones
   with InstanceLifecycle spot. The instance type is the launch template's (capacity-optimized choosing among
   the Overrides is not emulated).
@@ -124,6 +125,7 @@ class Refresh:
     started: float = field(default_factory=time.time)
     ended: float | None = None
     cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    outgoing: set[str] = field(default_factory=set)   # the batch being replaced now
 
 
 class Refreshes:
@@ -241,6 +243,8 @@ class Refreshes:
             if refresh.cancel.is_set():
                 return self._end(refresh, "Cancelled", "cancelled by CancelInstanceRefresh")
             now, old = old[:batch], old[batch:]
+            with self._lock:
+                refresh.outgoing = set(now)                # not the on-demand floor's any more (markets)
             if surge:
                 new = self._launch(region, name, len(now))
                 failed = self._wait_healthy(refresh, new)
@@ -254,6 +258,8 @@ class Refreshes:
                 if failed:
                     return self._end(refresh, "Failed", failed)
             self._wait_gone(now)
+            with self._lock:
+                refresh.outgoing = set()
             refresh.percent = int(100 * (total - len(old)) / total)
         refresh.percent = 100
         self._end(refresh, "Cancelled" if refresh.cancel.is_set() else "Successful", "")
@@ -345,7 +351,9 @@ class Refreshes:
             return
         base = int(child_text(policy, "OnDemandBaseCapacity") or 0) if policy is not None else 0
         above = int(child_text(policy, "OnDemandPercentageAboveBaseCapacity") or 100) if policy is not None else 100
-        leaving = {v.instance_id for v in self.scaling.victims()}
+        with self._lock:
+            leaving = {v.instance_id for v in self.scaling.victims()}.union(
+                *(r.outgoing for r in self._refreshes.values() if r.status in ACTIVE))
         current = [child_text(m, "InstanceId") for m in members(group, "Instances")]
         with self._lock:
             kept = [i for i in current if i not in new and i not in leaving]

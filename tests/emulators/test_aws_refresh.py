@@ -147,6 +147,13 @@ def test_a_spot_group_keeps_its_on_demand_floor_and_a_reclaim_drains_before_the_
                             AutoScalingGroupNames=[ref.name])["AutoScalingGroups"][0]
     assert group["CapacityRebalance"] is True
     assert group["MixedInstancesPolicy"]["InstancesDistribution"]["OnDemandBaseCapacity"] == 1
+    rolled = groups.start_refresh(ref, spec(net, "ngcx-svc-spot", min_size=3, max_size=3, desired=3, spot=True,
+                                            on_demand_base=1, instance_types=("g5.xlarge", "g6.xlarge"),
+                                            user_data=replica_user_data("v2")))
+    until("the spot group refreshed", lambda: groups.refresh_state(ref, rolled).status == "done", timeout=60,
+          every=0.2)
+    members = serving(emulator, groups, ref, 3)
+    assert sorted(m.market for m in members) == ["on-demand", "spot", "spot"], members   # the floor kept
     victim = next(m for m in members if m.market == "spot")
     address = emulator._private_ip(victim.instance_id)          # the host's own address: IMDS's caller
     assert metadata(emulator, address, "spot/instance-action")[0] == 404
