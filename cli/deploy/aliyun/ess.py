@@ -143,6 +143,14 @@ class ScalingGroups(Refreshes):
     def __init__(self, api: Api) -> None:
         self.api = api
 
+    @staticmethod
+    def _capacity_of(spec: GroupSpec) -> dict[str, Any]:
+        return _capacity(spec, reset=True)
+
+    @staticmethod
+    def _token(*parts: Any) -> str:
+        return _digest(*parts)
+
     # --- ensure ------------------------------------------------------------------------------------
 
     def ensure_group(self, spec: GroupSpec) -> GroupRef:

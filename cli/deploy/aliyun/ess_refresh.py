@@ -45,16 +45,16 @@ class Refreshes:
 
     api: Api
 
-    _configuration: Callable[[Any, str], str]           # ess.ScalingGroups'
-    _set: Callable[..., dict[str, Any]]                  # ess.ScalingGroups'
+    _configuration: Callable[[Any, str], str]           # ess.ScalingGroups': the configuration of a spec
+    _set: Callable[..., dict[str, Any]]                  # ess.ScalingGroups': a call safe to repeat
+    _capacity_of: Callable[[Any], dict[str, Any]]        # ess.ScalingGroups': the group's spot settings
+    _token: Callable[..., str]                           # ess.ScalingGroups': a digest of the parts
 
     def start_refresh(self, ref: Any, spec: Any) -> str:
         """Every host of the group replaced by one of `spec`'s configuration, in batches, new before old;
         the task's id. The group's spot settings follow `spec` at once (they decide what the refresh launches)."""
-        from .ess import _capacity, _digest
-
         config_id = self._configuration(spec, ref.group_id)
-        self._set("ModifyScalingGroup", ScalingGroupId=ref.group_id, **_capacity(spec, reset=True))
+        self._set("ModifyScalingGroup", ScalingGroupId=ref.group_id, **self._capacity_of(spec))
         tasks = self._tasks(ref)
         for task in tasks:
             if STATES.get(str(task.get("Status"))) in ("pending", "running") and \
@@ -63,7 +63,7 @@ class Refreshes:
         earlier = sorted(str(t.get("InstanceRefreshTaskId")) for t in tasks)
         params = {"ScalingGroupId": ref.group_id, "DesiredConfiguration.ScalingConfigurationId": config_id,
                   "MinHealthyPercentage": 100, "MaxHealthyPercentage": SURGE, "SkipMatching": True}
-        token = f"ngcx-refresh-{_digest(ref.group_id, config_id, earlier)}"
+        token = f"ngcx-refresh-{self._token(ref.group_id, config_id, earlier)}"
         answer = self.api.ess("StartInstanceRefresh", params, token=token, write=True)
         return str(answer["InstanceRefreshTaskId"])
 
