@@ -29,6 +29,12 @@ TargetTrackingScalingRule per group on a Metric: ESS_QPS, the documented LoadBal
 CreateScalingRule, AlarmDimensions: "if you use LoadBalancerRealServerAverageQps as your predefined metric,
 you must use this parameter to specify the rulePool dimension"), or a custom CloudMonitor metric.
 
+Spot (issue 49 item 3, spec.spot): the group is COST_OPTIMIZED with OnDemandBaseCapacity = spec.on_demand_base,
+OnDemandPercentageAboveBaseCapacity 0, CompensateWithOnDemand and SpotInstanceRemedy (a host ECS is about to
+reclaim is replaced, and leaves the server group through the drain, before it goes), its configuration
+SpotAsPriceGo over spec.instance_types (InstanceTypes.N, in the offers table's order); each Member says its
+market from DescribeScalingInstances' SpotStrategy. Rolling a group to a new spec: ess_refresh.py.
+
 Scale to zero (issue 22 item 2): set_idle_stop puts the group in recycle mode (ESS "economical mode",
 ModifyScalingGroup ScalingPolicy recycle; release is the default): a scale-in stops its instances
 (StopCharging, the disk kept) and they stay in the group as `Stopped`; a scale-out starts them first, so a
