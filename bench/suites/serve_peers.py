@@ -37,6 +37,11 @@ CLIENTS = (1, 8, 32)
 SECONDS = 5.0
 MAX_BATCH, DELAY_MS = 32, 1.0
 READY_S = 180.0
+IMAGE_NOTE = ("image: ResNet's request and answer (input 1x3x224x224 FP32, 1000 logits; "
+              "bench/serve_peers/image_model.py says why its compute is small): 3.1 MB of JSON per request "
+              "as json.dumps writes the floats, 602 KB binary. ngcx reads a JSON tensor with orjson and one "
+              "numpy conversion (runtime/jsontensor.py has the per-stage figures), on one core: the GIL holds "
+              "the parse.")
 
 
 def _models(work: Path) -> dict[str, tuple[Path, np.ndarray]]:
@@ -46,6 +51,17 @@ def _models(work: Path) -> dict[str, tuple[Path, np.ndarray]]:
     return {"mlp": (models.mlp(work / "mlp.onnx"), models.sample_inputs("mlp", 1)["x"]),
             "convnet": (models.conv_net(work / "convnet.onnx"), models.sample_inputs("conv", 1)["input"]),
             "image": (image_model.image_net(work / "image.onnx"), image_model.sample(1))}
+
+
+def _chosen(models: dict[str, Any], names: str) -> dict[str, Any]:
+    """NGCX_BENCH_SERVE_MODELS=image (comma-separated names) runs those models only: a rerun of one point set
+    in a quiet spell of a shared machine, written with --out to a folder of its own; empty: every model."""
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in models]
+    if unknown:
+        raise ValueError(f"NGCX_BENCH_SERVE_MODELS: unknown model(s) {', '.join(unknown)}; choose from "
+                         f"{', '.join(models)}")
+    return {n: models[n] for n in wanted} if wanted else models
 
 
 def _bodies(name: str, x: np.ndarray) -> dict[str, tuple[bytes, dict[str, str]]]:
@@ -173,7 +189,7 @@ def run(result: SuiteResult, work: Path, out: Path, peers: dict[str, Peer] | Non
     """Every peer that installs, `result.repeat` rounds; peers, clients and seconds are smaller in the test."""
     log = out / "serve-peers.log"
     log.write_text("")
-    models = _models(work)
+    models = _chosen(_models(work), os.environ.get("NGCX_BENCH_SERVE_MODELS", ""))
     installed, missing = [], {}
     for peer in (peers or PEERS).values():
         reason = ensure_venv(peer, log)
@@ -238,7 +254,8 @@ def _report(result: SuiteResult, rounds: list[dict[str, dict]], installed: list[
                      "onnxruntime and numpy), with max batch "
                      f"{MAX_BATCH} and a {DELAY_MS:g} ms window where it batches, and per-request logging off "
                      "(ngcx-runtime writes none). Clients: 2 forked processes of keep-alive http.client "
-                     f"connections, {seconds:g} s per point after 1 s of warm-up; a point with any error is left out."]
+                     f"connections, {seconds:g} s per point after 1 s of warm-up; a point with any error is left out.",
+                     IMAGE_NOTE]
 
 
 def _headline_first(ratios: list[tuple[str, Ratio]]) -> list[Ratio]:
