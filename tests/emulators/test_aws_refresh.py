@@ -126,12 +126,16 @@ def test_a_refresh_rolls_every_host_to_the_new_version_with_no_failed_request(cl
 
 
 def test_a_refresh_whose_hosts_never_get_healthy_fails_and_keeps_the_old_ones(cloud, groups, net) -> None:
-    emulator, _, _ = cloud
+    emulator, scaling, _ = cloud
     ref = groups.ensure_group(spec(net, "ngcx-svc-bad", min_size=1, max_size=1, desired=1, grace_s=1))
     [old] = serving(emulator, groups, ref, 1)
-    refresh_id = groups.start_refresh(ref, spec(net, "ngcx-svc-bad", user_data="#!/bin/sh\nexit 1\n", grace_s=1))
-    state = until("the refresh ended", lambda: (s := groups.refresh_state(ref, refresh_id)).status in (
-        "done", "failed", "cancelled") and s, timeout=60, every=0.2)
+    scaling.refresh.launch_timeout_s = 5.0                         # the new host's health: 5 s, not (1 + 600) x 0.05
+    try:
+        refresh_id = groups.start_refresh(ref, spec(net, "ngcx-svc-bad", user_data="#!/bin/sh\nexit 1\n", grace_s=1))
+        state = until("the refresh ended", lambda: (s := groups.refresh_state(ref, refresh_id)).status in (
+            "done", "failed", "cancelled") and s, timeout=60, every=0.2)
+    finally:
+        scaling.refresh.launch_timeout_s = None
     assert state.status == "failed" and "healthy" in state.reason, state
     assert [m.instance_id for m in serving(emulator, groups, ref, 1)] == [old.instance_id]
 
