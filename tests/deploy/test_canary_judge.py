@@ -109,3 +109,26 @@ def test_window_figures_come_from_the_runtimes_own_metrics_text(parser, monkeypa
     assert 20.0 < figures.p99_ms <= 50.0                      # the 10 slow ones are the top 5 %
     restarted = slo.parse(_text(5, 1, [3_000] * 5))            # counters went down: counted from zero
     assert slo.figures([slo.delta(after, restarted)]).requests == 6
+
+
+def test_a_window_with_too_little_traffic_is_extended_said_and_never_passed(monkeypatch, tmp_path):
+    """watch() over replicas whose /metrics grow by 5 requests a reading: each window is extended (said once
+    each), MAX_EXTENSIONS times, then the step ends WAIT, which canary._step turns into a rollback."""
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("NGCX_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr(canary, "POLL_S", 0.05)
+    readings: dict[int, int] = {}
+
+    def scrape(record, key):
+        readings[record.id] = readings.get(record.id, 0) + 5
+        return slo.parse(_text(readings[record.id], 0, [3_000] * readings[record.id]))
+
+    monkeypatch.setattr(canary, "_scrape", scrape)
+    svc = SimpleNamespace(ref="s1", id=1)
+    state = SimpleNamespace(svc=svc, olds=[SimpleNamespace(id=1)], news=[SimpleNamespace(id=2)])
+    said: list[str] = []
+    verdict, figures, _, seconds = canary.watch(state, Policy(window_s=0.2, min_requests=10_000), said.append)
+    assert verdict.outcome == WAIT and "too little traffic to judge" in verdict.reasons[0]
+    assert len(said) == canary.MAX_EXTENSIONS and all("watching 0.2 s more" in line for line in said)
+    assert 0.2 * (1 + canary.MAX_EXTENSIONS) <= seconds < 5 and 0 < figures.requests < 10_000
