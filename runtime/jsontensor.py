@@ -2,16 +2,21 @@
 array into JSON text without a list of Python numbers (issue 50 item 5).
 
 Measured first, on a 3x224x224 FP32 request as Python's json and tritonclient write it (3.1 MB, 150,528
-values of 17 digits; this repo's 2-core machine, orjson 3.13, numpy 2.4; figures are the best of 10):
-- the old path took 30 ms in parse_header + parse_infer_request: orjson.loads 12-17 ms, np.asarray(data,
-  float32) 4-5 ms, and a second, untyped np.asarray(data) 5-7 ms that only checked the values' types;
+values of 17 digits), on this repo's 2-core machine with nothing else running (orjson 3.13, numpy 2.4,
+best of 10-20 calls):
+- parse_header + parse_infer_request took 26-27 ms: orjson.loads 10 ms, np.asarray(data, float32) 3.3 ms,
+  a second, untyped np.asarray(data) 4.3 ms that only checked the values' types, and freeing the 150,528
+  Python floats; json.loads alone (no orjson) is 45 ms;
 - numpy's own text routes are slower than orjson plus one conversion, so "text straight into numpy" loses:
-  np.fromstring(sep=",") 80 ms, np.loadtxt 65 ms, np.array(text.split(b","), float32) 53 ms, a regex check
-  of the number grammar alone 132 ms. orjson's float parser (C, Rust) is the fastest here, then one
-  conversion into numpy (3.6-5 ms) is all that is left.
+  np.fromstring(sep=",") 80 ms, np.loadtxt 65 ms, np.array(text.split(b","), float32) 53 ms, a regex
+  check of the number grammar alone 132 ms (these four on a busy machine, where orjson.loads took 16 ms).
+  orjson's number parser is the fastest route here; what it costs is mostly the text (10 ms for these
+  17-digit numbers, 5 ms for as many short ints), not the Python objects.
 So a numeric tensor is read by ONE untyped np.asarray over orjson's list: it is at once the type check
 (numbers and true/false give a number dtype; null, strings and objects do not) and the conversion, then a
-cast into the tensor's dtype (0.2 ms). Parse + build: 30 -> about 19 ms per image.
+cast into the tensor's dtype (0.2 ms). Parse + build: 26-27 -> 21-22 ms per image, in an A/B of the two
+trees in one session. The rest is orjson's (one core: it holds the GIL), which bounds a JSON image point
+of `python -m bench serve-peers` at about 45 requests/s on one core.
 
 The standard library's meaning is kept (wirejson.py reads NaN / Infinity / -Infinity as json does):
 - a float tensor gets float(token) cast to its dtype, as np.asarray(data, dtype) gave: Python ints are
