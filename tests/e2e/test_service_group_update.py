@@ -82,7 +82,7 @@ def test_an_autoscaled_spot_service_rolls_survives_a_reclaim_rolls_back_stops_an
     [spot] = [h for h in after if h["market"] == "spot"]
     with Load(url, key, body, context, clients=LOAD_CLIENTS, rate=RATE) as load:
         load.settle(5)
-        scaling.refresh.reclaim(svc["region"], spot["instance_id"])
+        scaling.refresh.reclaim(cloud.env["AWS_DEFAULT_REGION"], spot["instance_id"])
         replaced = serving(cloud, ref, 2, but={spot["instance_id"]})
         load.settle(5)
     assert not load.errors and load.total() > 20, (load.seen, load.errors[:5])
