@@ -103,7 +103,7 @@ def _rounds(root: Path, work: Path, repeat: int, cloud: str) -> list[dict[str, A
         emu, scaling = _emulator(stack, cloud, hosts, gateway)
         scaling.refresh.launch_timeout_s = STEP_MAX_S
         api = reach_from_hosts(stack, emu, hosts, gateway, metadata)
-        env = {**_env(cloud, emu, relay.address, work / f"group-update-{cloud}"), api_variable: api,
+        env = {**_env(cloud, emu, relay.address, api, work / f"group-update-{cloud}"), api_variable: api,
                "HTTP_PROXY": "", "HTTPS_PROXY": "", "http_proxy": "", "https_proxy": ""}
         Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
         certificate, ca = _certificate(cloud, emu, env, work)
