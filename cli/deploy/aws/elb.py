@@ -6,7 +6,8 @@ Classic ELB is the previous generation). One service = one internet-facing ALB o
 of every zone of the VPC (an ALB needs two zones; a replica that fails over to another zone must still
 get traffic, and an ALB routes only to targets in its enabled zones), one target group (type
 `instance`, the hosts' own TLS on spec.target_port, not verified by the balancer, as AWS does), one
-listener forwarding to it. All three carry the same name (fit_name: elbv2 names are at most 32
+listener forwarding to it (during a canary release a second group, `<group>-w`, beside it and a weighted
+forward: elb_weights.py). All three carry the same name (fit_name: elbv2 names are at most 32
 characters) and the spec's tags; creates in elbv2 are idempotent by name (same settings: same ARN), and
 ensure() finds by name first, so a retry after a lost answer or a killed ngcx makes no duplicate.
 
