@@ -123,7 +123,7 @@ def _rounds(root: Path, work: Path, repeat: int, cloud: str) -> list[dict[str, f
         hosts = DockerHosts(client, insecure_registries=[relay.address])
         emu, scaling = _emulator(stack, cloud, hosts, gateway)
         api = reach_from_hosts(stack, emu, hosts, gateway, metadata)
-        env = {**_env(cloud, emu, relay.address, work / f"autoscale-{cloud}"), api_variable: api,
+        env = {**_env(cloud, emu, relay.address, api, work / f"autoscale-{cloud}"), api_variable: api,
                "HTTP_PROXY": "", "HTTPS_PROXY": "", "http_proxy": "", "https_proxy": ""}
         Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
         certificate, ca = _certificate(cloud, emu, env, work)

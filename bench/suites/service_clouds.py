@@ -20,6 +20,7 @@ destroy the warm pool, so every round starts alike.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -34,22 +35,26 @@ REGION = {"aws": "us-east-1", "aliyun": "cn-hangzhou"}
 def rounds(root: Path, work: Path, repeat: int, cloud: str) -> list[dict[str, float]]:
     """`repeat` rounds on one emulated cloud (module docstring); seconds per figure and round."""
     import docker
+    from clouds import reach_from_hosts
     from emulators.docker_hosts import DockerHosts, RegistryRelay, bridge_gateway
 
-    from .deploy_phases import _emulator, _env, ngcx
+    from .deploy_phases import METADATA, _emulator, _env, ngcx
 
     client = docker.from_env()
-    with RegistryRelay("127.0.0.1:5000", listen_host=bridge_gateway(client)) as relay:
+    gateway = bridge_gateway(client)
+    with RegistryRelay("127.0.0.1:5000", listen_host=gateway) as relay, contextlib.ExitStack() as stack:
         hosts = DockerHosts(client, insecure_registries=[relay.address])
-        with _emulator(cloud, hosts) as emu:
-            env = {**_env(cloud, emu, relay.address, work / f"service-{cloud}"), "HTTP_PROXY": "", "HTTPS_PROXY": "",
-                   "http_proxy": "", "https_proxy": ""}
-            Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
-            certificate, ca = _certificate(cloud, emu, env, work)
-            env["SSL_CERT_FILE"] = str(ca)
-            ngcx(root, env, "push", "ngcx-app/onnx-zero-code:latest", "--registry", REGISTRY[cloud])
-            ngcx(root, env, "hosts", "bake", "--cloud", cloud, "--region", REGION[cloud], "--registry-login", "token")
-            return [_round(root, env, cloud, emu, certificate, i) for i in range(repeat)]
+        emu = stack.enter_context(_emulator(cloud, hosts, gateway))
+        # as deploy_phases (and tests/e2e/clouds.py): hosts reach the metadata service and the API
+        api = reach_from_hosts(stack, emu, hosts, gateway, METADATA[cloud])
+        env = {**_env(cloud, emu, relay.address, api, work / f"service-{cloud}"), "HTTP_PROXY": "",
+               "HTTPS_PROXY": "", "http_proxy": "", "https_proxy": ""}
+        Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
+        certificate, ca = _certificate(cloud, emu, env, work)
+        env["SSL_CERT_FILE"] = str(ca)
+        ngcx(root, env, "push", "ngcx-app/onnx-zero-code:latest", "--registry", REGISTRY[cloud])
+        ngcx(root, env, "hosts", "bake", "--cloud", cloud, "--region", REGION[cloud], "--registry-login", "token")
+        return [_round(root, env, cloud, emu, certificate, i) for i in range(repeat)]
 
 
 def _certificate(cloud: str, emu: Any, env: dict[str, str], work: Path) -> tuple[str, Path]:
