@@ -19,7 +19,8 @@ What moto lacks: it never runs user-data for a group's instances nor gives them 
 at once, never deregisters them from target groups, knows no lifecycle waits (CompleteLifecycleAction:
 NotImplemented, a 500); it reports every instance's LaunchTemplate Version as "1" for "$Latest"; it puts every
 instance in the first subnet; it evaluates no policy; DeleteAutoScalingGroup without ForceDelete removes a group
-that has instances; PutScalingPolicy answers without PolicyARN; a warm pool never has an instance; no balancer
+that has instances; UpdateAutoScalingGroup drops a MixedInstancesPolicy the call does not carry (mended:
+keep_mixed_policy); PutScalingPolicy answers without PolicyARN; a warm pool never has an instance; no balancer
 publishes a metric and no alarm is evaluated.
 
 What this module adds:
@@ -79,7 +80,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .aws_alarms import AlarmActions
-from .aws_refresh import Refreshes
+from .aws_refresh import ACCOUNT, Refreshes
 from .aws_scaling_owner import NS, Victim, scaling_answer
 from .aws_warm_pool import WarmPools
 from .aws_wire import (
@@ -254,8 +255,11 @@ class AutoScaling:
                     int(child_text(group, "DesiredCapacity") or 0), low), high)
                 self._shrink(region, group, target)
                 self.pool.attach(region, group, target)     # warm pool first, moto launches the rest
+            policy = keep_mixed_policy(region, name)
             answer = self.ec2._forward(request)
             if answer.ok:
+                if not any(k.startswith(("MixedInstancesPolicy.", "LaunchTemplate.")) for k in params):
+                    policy()
                 self._sync(region, name)
         if answer.ok:
             self.pool.reconcile(region, name)
@@ -541,3 +545,20 @@ class AutoScaling:
                                                start, end, 60, [statistic], dimensions)
         values = [float(v) for p in points if (v := p.get_statistics_for_type(statistic)) is not None]
         return values[-1] if values else None
+
+
+def keep_mixed_policy(region: str, name: str) -> Callable[[], None]:
+    """moto 5.2.5's UpdateAutoScalingGroup sets the group's MixedInstancesPolicy to what the call carries, so a
+    resize alone (MinSize / MaxSize / DesiredCapacity) drops it, and the hosts it launches come from no template
+    (no user-data) and all on demand (issue 49's `deployments start`). AWS's UpdateAutoScalingGroup reference:
+    "Any properties that you don't specify are not changed by this update request." The returned call puts
+    back the policy the group had before."""
+    from moto.autoscaling.models import autoscaling_backends
+
+    group = autoscaling_backends[ACCOUNT][region].autoscaling_groups.get(name)
+    before = getattr(group, "mixed_instances_policy", None)
+
+    def restore() -> None:
+        if group is not None and before is not None:
+            group.mixed_instances_policy = before
+    return restore

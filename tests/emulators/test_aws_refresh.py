@@ -201,3 +201,25 @@ def metadata(emulator: Ec2Emulator, address: str, leaf: str) -> tuple[int, str]:
             conn.close()
     _, token = call("PUT", "/latest/api/token", {"X-aws-ec2-metadata-token-ttl-seconds": "60"})
     return call("GET", f"/latest/meta-data/{leaf}", {"X-aws-ec2-metadata-token": token})
+
+
+def test_a_spot_group_stopped_and_started_after_two_refreshes_keeps_its_split_and_serves(cloud, groups,
+                                                                                         net) -> None:
+    """Issue 49's `deployments start` after an update and a rollback: the group at 0 hosts, then back to 2;
+    the new hosts get healthy in the target group and keep the on-demand floor (one on demand, one spot)."""
+    emulator, _, _ = cloud
+    mixed = {"spot": True, "on_demand_base": 1, "instance_types": ("g5.xlarge", "g6.xlarge")}
+    ref = groups.ensure_group(spec(net, "ngcx-svc-restart", **mixed))
+    serving(emulator, groups, ref, 2)
+    for version in ("v2", "v1"):                                  # an update, then its rollback
+        rolled = groups.start_refresh(ref, spec(net, "ngcx-svc-restart", user_data=replica_user_data(version),
+                                                **mixed))
+        state = until(f"the refresh to {version} ended", lambda rolled=rolled: (s := groups.refresh_state(
+            ref, rolled)).status in ("done", "failed", "cancelled") and s, timeout=60, every=0.2)
+        assert state.status == "done", state
+        serving(emulator, groups, ref, 2)
+    groups.set_size(ref, 0, 0, 0)
+    until("no host left", lambda: not [m for m in groups.instances(ref) if m.state != "Terminated"], timeout=30)
+    groups.set_size(ref, 2, 2, 2)
+    members = serving(emulator, groups, ref, 2)
+    assert sorted(m.market for m in members) == ["on-demand", "spot"], members
