@@ -7,7 +7,7 @@ ones drain), so the URL never changes and nothing fails; the group keeps one on-
 spot, `show` says which and what the service costs per hour against all on demand; when EC2 takes the spot host
 back (the rebalance recommendation and the two-minute notice in its IMDS) the group launches a replacement and
 the reclaimed host drains from the balancer before it goes; stop leaves no host running and start brings the
-recorded bounds back (start: not asserted yet, see the test).
+recorded bounds back, one host on demand and one spot again, answering.
 
 One service through every step (CI time). The load: LOAD_CLIENTS clients at RATE paced requests/s each (the
 example project's inference, with the key, over the balancer's HTTPS), 2 x 4 = 8 requests/s. The doubles are
@@ -39,7 +39,7 @@ def serving(cloud, ref: str, count: int, but: set[str] = frozenset()) -> list[di
         found) == count and not {h["instance_id"] for h in found} & but and found, timeout=STEP_S, pause=1.0)
 
 
-def test_an_autoscaled_spot_service_rolls_survives_a_reclaim_rolls_back_and_stops(
+def test_an_autoscaled_spot_service_rolls_survives_a_reclaim_rolls_back_stops_and_starts(
         group_cloud, monkeypatch):  # noqa: F811 (test_service_groups' fixture)
     cloud, certificate, tls_env, context, scaling = group_cloud
     if cloud.name != "aws":
@@ -107,8 +107,14 @@ def test_an_autoscaled_spot_service_rolls_survives_a_reclaim_rolls_back_and_stop
     assert stopped.returncode == 0 and "terminate" in stopped.stderr, stopped.stderr[-2000:]
     wait_for("no host left", lambda: hosts(cloud, ref) == [], timeout=STEP_S)
     assert show(cloud, ref)["status"] == "stopped"
-    # `deployments start` is not asserted here: in the emulated run (2026-11-29) the hosts it launched after the
-    # rollback stayed unhealthy in the balancer and both came up on demand; see the issue 49 report.
+    started = cloud.ngcx("deployments", "start", ref, env=tls_env)
+    assert started.returncode == 0 and started.stdout.strip().splitlines()[-1] == url, started.stderr[-2000:]
+    back_up = serving(cloud, ref, 2)
+    assert sorted(h["market"] for h in back_up) == ["on-demand", "spot"], back_up    # the spot split kept
+    assert show(cloud, ref)["status"] == "ready"
+    with Load(url, key, body, context, clients=LOAD_CLIENTS, rate=RATE) as load:
+        load.settle(20)
+    assert not load.errors and load.total() >= 20, (load.seen, load.errors[:5])
 
     gone = cloud.ngcx("deployments", "destroy", ref, "--yes")
     assert gone.returncode == 0, gone.stderr[-2000:]
