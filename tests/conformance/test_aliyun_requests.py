@@ -35,6 +35,7 @@ from ngcx.clouds.aliyun import AliyunCredentials, AliyunError, Api
 
 TESTS = Path(__file__).resolve().parents[1]
 ALIYUN_TESTS = ["emulators/test_aliyun_alb.py", "emulators/test_aliyun_ess.py", "emulators/test_aliyun_ess_alarms.py",
+                "emulators/test_aliyun_ess_refresh.py", "emulators/test_aliyun_ess_spot.py",
                 "emulators/test_aliyun_ram.py", "emulators/test_ecs_emulator.py",
                 "emulators/test_ecs_images_commands.py", "deploy/test_aliyun_alb_client.py",
                 "deploy/test_aliyun_ess_client.py", "deploy/test_aliyun_command_channel.py",
