@@ -1,7 +1,8 @@
 """What FP8 buys a ViT-B/16-sized GEMM on this GPU: torch._scaled_mm (e4m3, tensorwise and rowwise scales) against
-FP16 mm, 8192x768 @ 768x3072, wall-clock mean of 100 calls after one. Output: scaled_mm_probe_h200.txt.
+FP16 mm, 8192x768 @ 768x3072, wall-clock mean of 100 calls after one. Its output on one H200:
+bench/results/gpu/optimizer/scaled_mm_probe_h200.txt.
 
-    python3 bench/results/gpu/optimizer/scaled_mm_probe.py
+Usage: python3 bench/gpu/scaled_mm_probe.py   (needs torch and a GPU of sm >= 8.9; imports nothing from this repo)
 
 (Reformatted for ruff after the run: the same calls, warm-ups and timing.)
 """
