@@ -132,3 +132,37 @@ def test_a_window_with_too_little_traffic_is_extended_said_and_never_passed(monk
     assert verdict.outcome == WAIT and "too little traffic to judge" in verdict.reasons[0]
     assert len(said) == canary.MAX_EXTENSIONS and all("watching 0.2 s more" in line for line in said)
     assert 0.2 * (1 + canary.MAX_EXTENSIONS) <= seconds < 5 and 0 < figures.requests < 10_000
+
+
+def test_a_new_replicas_slow_first_requests_do_not_count_in_its_p99_but_its_errors_do(monkeypatch, tmp_path):
+    """watch(): the canary's first reading holds 20 slow requests (300 ms) and one error, then it answers in 3 ms
+    like the old version. Judged on p99 from the warm-in, it passes the 2x check; its error stays counted."""
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("NGCX_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr(canary, "POLL_S", 0.05)
+    monkeypatch.setattr(canary, "WARM_IN_S", 0.1)
+    served: dict[int, list[int]] = {1: [], 2: []}
+    readings = {1: 0, 2: 0}
+
+    def scrape(record, key):                  # reading 1: the step's start; 2: the slow ones; then warm
+        readings[record.id] += 1
+        if record.id == 1:
+            served[1] += [3_000] * 400
+        elif readings[2] == 2:
+            served[2] += [300_000] * 20
+        elif readings[2] > 2:
+            served[2] += [3_000] * 40
+        failed = 1 if record.id == 2 and readings[2] >= 2 else 0
+        return slo.parse(_text(len(served[record.id]), failed, served[record.id]))
+
+    monkeypatch.setattr(canary, "_scrape", scrape)
+    state = SimpleNamespace(svc=SimpleNamespace(ref="s1", id=1), olds=[SimpleNamespace(id=1)],
+                            news=[SimpleNamespace(id=2)])
+    policy = Policy(window_s=1.0, min_requests=100, max_error_rate=0.05)
+    verdict, figures, baseline, _ = canary.watch(state, policy, lambda line: None)
+    assert verdict.outcome == PASS, verdict
+    assert figures.p99_ms is not None and figures.p99_ms < 2 * baseline.p99_ms + canary.P99_SLACK_MS
+    assert figures.errors == 1 and figures.requests > 100
+    every = slo.figures([slo.delta(slo.Scrape(), slo.parse(_text(len(served[2]), 0, served[2])))])
+    assert every.p99_ms > 100                                 # counted from the first request, it would fail

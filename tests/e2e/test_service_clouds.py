@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import socket
 import ssl
 import time
@@ -171,9 +172,11 @@ def test_a_cloud_service_answers_through_its_balancer_rolls_heals_scales_and_is_
     host = urlsplit(url).hostname or ""
     assert url == f"https://{host}" and host in {str(ip) for ip in LOOPBACK_NET.hosts()}, url
     print(f"{cloud.name}: deploy --replicas 3 to the balancer answering: {to_answer:.1f} s")
-    key = cloud.ngcx("deployments", "key", "s1").stdout.strip()
+    # the service's own ref: the cloud's state is shared with test_canary_clouds.py, whose service came first
+    ref = re.search(r"service (s\d+) ready", made.stderr).group(1)
+    key = cloud.ngcx("deployments", "key", ref).stdout.strip()
     assert key.startswith("ngcx_") and key not in made.stderr + made.stdout
-    svc = show(cloud, "s1")
+    svc = show(cloud, ref)
     assert svc["status"] == "ready" and svc["endpoint"] == url and len(svc["members"]) == 3
     zones = [m["zone"] for m in svc["members"]]
     assert len(set(zones)) == 3, f"the replicas are not spread over the zones: {zones}"
@@ -198,24 +201,24 @@ def test_a_cloud_service_answers_through_its_balancer_rolls_heals_scales_and_is_
     with Load(url, key, body, context) as load:
         load.settle()
         t0 = time.monotonic()
-        rolled = cloud.ngcx(*base, "--service", "s1", "--", *command, env=tls_env)
+        rolled = cloud.ngcx(*base, "--service", ref, "--", *command, env=tls_env)
         rolling = time.monotonic() - t0
         assert rolled.returncode == 0, f"after {rolling:.0f} s: {rolled.stderr[-3000:]}"
         load.settle()
     assert not load.errors and load.total() > 40, (load.seen, load.errors[:5])
     print(f"{cloud.name}: rolling update of 3 replicas: {rolling:.1f} s under {LOAD_CLIENTS} clients, "
           f"{load.total()} requests, 0 failed")
-    svc = show(cloud, "s1")
+    svc = show(cloud, ref)
     assert svc["config"]["cmd"] == command and len(svc["members"]) == 3
     assert {m["status"] for m in svc["members"]} == {"ready"}
 
     # the cloud stops one host: reconcile replaces it, and the balancer no longer sends to it
     victim = svc["members"][0]
     stop_host(cloud, victim["instance_id"])
-    fixed = cloud.ngcx("deployments", "reconcile", "s1", env=tls_env)
+    fixed = cloud.ngcx("deployments", "reconcile", ref, env=tls_env)
     assert fixed.returncode == 0, fixed.stderr[-3000:]
     assert f"replica {victim['id']}'s host is stopped; replacing it" in fixed.stderr, fixed.stderr[-2000:]
-    svc = show(cloud, "s1")
+    svc = show(cloud, ref)
     assert len(svc["members"]) == 3 and victim["id"] not in {m["id"] for m in svc["members"]}
     view = balancer_view(cloud, svc)
     assert victim["instance_id"] not in view and set(view.values()) == {"healthy"}, view
@@ -226,21 +229,21 @@ def test_a_cloud_service_answers_through_its_balancer_rolls_heals_scales_and_is_
     # scale in to 1 under load: the leaving replicas drain, nothing fails
     with Load(url, key, body, context) as load:
         load.settle()
-        scaled = cloud.ngcx("deployments", "scale", "s1", "1", env=tls_env)
+        scaled = cloud.ngcx("deployments", "scale", ref, "1", env=tls_env)
         load.settle()
     assert scaled.returncode == 0, scaled.stderr[-2000:]
     assert not load.errors and load.total() > 40, (load.seen, load.errors[:5])
-    svc = show(cloud, "s1")
+    svc = show(cloud, ref)
     assert len(svc["members"]) == 1 and len(balancer_view(cloud, svc)) == 1
 
     # destroy: no balancer, group or host of the service is left
     members = {m["instance_id"] for m in svc["members"]}
-    gone = cloud.ngcx("deployments", "destroy", "s1", "--yes")
+    gone = cloud.ngcx("deployments", "destroy", ref, "--yes")
     assert gone.returncode == 0, gone.stderr[-2000:]
     assert balancers_left(cloud, svc) == []
     states = {i["id"]: state_of(i) for i in cloud.emulator.instances()}
     assert all(states.get(i, "terminated") in ("terminated", "shutting-down", "deleted", "") for i in members), states
-    assert show(cloud, "s1")["status"] == "destroyed"
+    assert show(cloud, ref)["status"] == "destroyed"
 
     # a service without a certificate is refused in one line, before anything is made (service.py asks for the
     # zones first, which reads the cloud: see service_zones)
