@@ -12,28 +12,29 @@ between them. Weights come from a fixed seed, as tests/runtime/models.py's do.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
 
-OPSET = 17
+from ..core import ROOT
+
 SHAPE = (3, 224, 224)
 CLASSES = 1000
 
 
 def image_net(path: Path | str, channels: int = 16) -> Path:
-    """input [N,3,224,224] -> Conv 4x4 stride 4 (+bias) -> Relu -> GlobalAveragePool -> Gemm -> logits [N,1000]."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    """input [N,3,224,224] -> Conv 4x4 stride 4 (+bias) -> Relu -> GlobalAveragePool -> Gemm -> logits [N,1000].
+    Saved as tests/runtime/models.py saves its models (the same opset, IR version and check)."""
+    from onnx import TensorProto, helper
+
+    sys.path.insert(0, str(ROOT / "tests" / "runtime"))
+    from models import _init, _save
 
     rng = np.random.default_rng(2)
-
-    def init(name: str, arr: np.ndarray):
-        return numpy_helper.from_array(arr.astype(np.float32), name)
-
-    inits = [init("stem.w", rng.normal(0, np.sqrt(2.0 / (3 * 16)), (channels, 3, 4, 4))),
-             init("stem.b", rng.normal(0, 0.1, (channels,))),
-             init("fc.w", rng.normal(0, 0.5, (CLASSES, channels))), init("fc.b", rng.normal(0, 0.1, (CLASSES,)))]
+    inits = [_init("stem.w", rng.normal(0, np.sqrt(2.0 / (3 * 16)), (channels, 3, 4, 4))),
+             _init("stem.b", rng.normal(0, 0.1, (channels,))),
+             _init("fc.w", rng.normal(0, 0.5, (CLASSES, channels))), _init("fc.b", rng.normal(0, 0.1, (CLASSES,)))]
     nodes = [helper.make_node("Conv", ["input", "stem.w", "stem.b"], ["c"], strides=[4, 4], name="stem"),
              helper.make_node("Relu", ["c"], ["r"], name="relu"),
              helper.make_node("GlobalAveragePool", ["r"], ["gap"], name="gap"),
@@ -42,13 +43,7 @@ def image_net(path: Path | str, channels: int = 16) -> Path:
     graph = helper.make_graph(nodes, "image_net",
                               [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", *SHAPE])],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", CLASSES])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path))
-    return path
+    return _save(graph, path)
 
 
 def sample(batch: int = 1, seed: int = 0) -> np.ndarray:

@@ -32,6 +32,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,17 @@ def run(result: SuiteResult, work: Path, out: Path) -> None:
 
 
 def _rounds(root: Path, work: Path, repeat: int, cloud: str) -> list[dict[str, float]]:
+    with group_cloud(root, work, cloud, "autoscale") as (env, scaling, base, ca, _):
+        return [_round(root, env, scaling, base, ca, n + 1) for n in range(repeat)]
+
+
+@contextlib.contextmanager
+def group_cloud(root: Path, work: Path, cloud: str, name: str) -> Iterator[tuple[dict[str, str], Any,
+                                                                                 tuple[str, ...], Path, str]]:
+    """The emulated cloud that an autoscaled service's rounds run on (this suite's and group_update.py's):
+    the registry relay and Docker hosts on the engine's bridge, the emulator and its scaling double, the API
+    reachable from hosts, the user's certificate, the project pushed and the hosts baked. Yields (env, scaling
+    double, the deploy command's start, the CA, region); a double that recorded errors fails the suite."""
     import docker
     from e2e.clouds import reach_from_hosts
     from emulators.docker_hosts import DockerHosts, RegistryRelay, bridge_gateway
@@ -123,18 +135,17 @@ def _rounds(root: Path, work: Path, repeat: int, cloud: str) -> list[dict[str, f
         hosts = DockerHosts(client, insecure_registries=[relay.address])
         emu, scaling = _emulator(stack, cloud, hosts, gateway)
         api = reach_from_hosts(stack, emu, hosts, gateway, metadata)
-        env = {**_env(cloud, emu, relay.address, api, work / f"autoscale-{cloud}"), api_variable: api,
+        env = {**_env(cloud, emu, relay.address, api, work / f"{name}-{cloud}"), api_variable: api,
                "HTTP_PROXY": "", "HTTPS_PROXY": "", "http_proxy": "", "https_proxy": ""}
         Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
         certificate, ca = _certificate(cloud, emu, env, work)
         env["SSL_CERT_FILE"] = str(ca)
         ngcx(root, env, "push", "ngcx-app/onnx-zero-code:latest", "--registry", registry)
         ngcx(root, env, "hosts", "bake", "--cloud", cloud, "--region", region)
-        base = ("deploy", "--cloud", cloud, "--gpu", gpu, "--gpu-mode", "auto", "--certificate", certificate)
-        found = [_round(root, env, scaling, base, ca, n + 1) for n in range(repeat)]
+        yield env, scaling, ("deploy", "--cloud", cloud, "--gpu", gpu, "--gpu-mode", "auto", "--certificate",
+                             certificate), ca, region
         if scaling.errors:
             raise SystemExit(f"the {cloud} scaling double failed: {scaling.errors}")
-        return found
 
 
 def _emulator(stack: contextlib.ExitStack, cloud: str, hosts: Any, gateway: str) -> tuple[Any, Any]:

@@ -21,7 +21,6 @@ a 1-host on-demand floor, against all 3 on demand.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import ssl
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import ROOT, Measurement, Stats, SuiteResult, SuiteSkipped
-from .autoscale import CLOUDS, STEP_MAX_S, _emulator, _hosts, _until
+from .autoscale import STEP_MAX_S, _hosts, _until, group_cloud
 
 LOAD_CLIENTS = 2
 RATE = 4.0
@@ -87,34 +86,9 @@ def _cost(cloud: str, rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _rounds(root: Path, work: Path, repeat: int, cloud: str) -> list[dict[str, Any]]:
-    import docker
-    from e2e.clouds import reach_from_hosts
-    from emulators.docker_hosts import DockerHosts, RegistryRelay, bridge_gateway
-
-    from .deploy_phases import _env, ngcx
-    from .service_clouds import _certificate
-
-    gpu, registry, region, metadata, api_variable = CLOUDS[cloud]
-    client = docker.from_env()
-    gateway = bridge_gateway(client)
-    with contextlib.ExitStack() as stack:
-        relay = stack.enter_context(RegistryRelay("127.0.0.1:5000", listen_host=gateway))
-        hosts = DockerHosts(client, insecure_registries=[relay.address])
-        emu, scaling = _emulator(stack, cloud, hosts, gateway)
+    with group_cloud(root, work, cloud, "group-update") as (env, scaling, base, ca, region):
         scaling.refresh.launch_timeout_s = STEP_MAX_S
-        api = reach_from_hosts(stack, emu, hosts, gateway, metadata)
-        env = {**_env(cloud, emu, relay.address, api, work / f"group-update-{cloud}"), api_variable: api,
-               "HTTP_PROXY": "", "HTTPS_PROXY": "", "http_proxy": "", "https_proxy": ""}
-        Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
-        certificate, ca = _certificate(cloud, emu, env, work)
-        env["SSL_CERT_FILE"] = str(ca)
-        ngcx(root, env, "push", "ngcx-app/onnx-zero-code:latest", "--registry", registry)
-        ngcx(root, env, "hosts", "bake", "--cloud", cloud, "--region", region)
-        base = ("deploy", "--cloud", cloud, "--gpu", gpu, "--gpu-mode", "auto", "--certificate", certificate)
-        found = [_round(root, env, scaling, base, ca, region, n + 1) for n in range(repeat)]
-        if scaling.errors:
-            raise SystemExit(f"the {cloud} scaling double failed: {scaling.errors}")
-        return found
+        return [_round(root, env, scaling, base, ca, region, n + 1) for n in range(repeat)]
 
 
 def _round(root: Path, env: dict[str, str], scaling: Any, base: tuple[str, ...], ca: Path, region: str,
