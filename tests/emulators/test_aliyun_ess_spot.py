@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
+from emulators import test_aliyun_ess_refresh
 from emulators.aliyun_ecs import EcsEmulator
-from emulators.test_aliyun_ess import AK, SECRET, balancer, call, ess_cloud, servers, until
+from emulators.test_aliyun_ess import balancer, call, ess_cloud, servers, until
 from emulators.test_aliyun_ess_refresh import serving, spec_for
 from emulators.test_aws_autoscaling import ProcessHosts
 from emulators.traffic import PacedLoad, spread
 from ngcx.deploy.aliyun.ess import ScalingGroups
-from support import aliyun_sdk_on
 
 A10, T4 = "ecs.gn7i-c8g1.2xlarge", "ecs.gn6i-c4g1.xlarge"
 LOAD_RATE = 20.0                # requests per second through the ALB, on one thread
@@ -38,20 +38,12 @@ def cloud() -> Iterator[tuple[EcsEmulator, ProcessHosts]]:
         yield made
 
 
+groups = test_aliyun_ess_refresh.groups      # ScalingGroups on ngcx's Api; every tagged group gone after
+
+
 @pytest.fixture(scope="module")
 def net(cloud) -> dict[str, Any]:
     return balancer(cloud[0], "ess-spot")
-
-
-@pytest.fixture
-def groups(cloud, monkeypatch) -> Iterator[ScalingGroups]:
-    from ngcx.clouds.aliyun import Api
-
-    aliyun_sdk_on(monkeypatch, cloud[0].endpoint, AK, SECRET)
-    made = ScalingGroups(Api("cn-hangzhou", deadline_s=20))
-    yield made
-    for ref in made.tagged({}):
-        made.delete(ref)
 
 
 def markets(groups: ScalingGroups, ref: Any) -> list[str]:

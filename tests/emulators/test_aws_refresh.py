@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from emulators.aws_autoscaling import AutoScaling
+from emulators import test_aws_autoscaling
 from emulators.aws_ec2 import Ec2Emulator
 from emulators.aws_refresh import check_params
 from emulators.aws_wire import AwsError
@@ -28,8 +28,6 @@ from emulators.test_aws_autoscaling import (
     AMI,
     KEY,
     SECRET,
-    TIME_SCALE,
-    ProcessHosts,
     healthy,
     make_balancer,
     replica_user_data,
@@ -38,19 +36,10 @@ from emulators.test_aws_emulator import until
 from emulators.traffic import PacedLoad
 from ngcx.deploy.aws.asg import AutoScalingGroups, GroupSpec
 
+cloud = test_aws_autoscaling.cloud        # the module's emulated EC2 + Auto Scaling (a fixture)
 OWNER = {"ngcx:owner": "refresh-owner"}
 RATE = 20.0
 LOAD_S = 120.0
-
-
-@pytest.fixture(scope="module")
-def cloud() -> Iterator[tuple[Ec2Emulator, AutoScaling, ProcessHosts]]:
-    hosts = ProcessHosts()
-    with Ec2Emulator(hosts, access_keys={KEY: SECRET}, boot_seconds=0.05, start_seconds=0.05) as emulator:
-        emulator.elbv2.time_scale = TIME_SCALE
-        scaling = AutoScaling(emulator, time_scale=TIME_SCALE)
-        yield emulator, scaling, hosts
-        assert emulator.proxy_errors == [] and emulator.host_errors == [] and scaling.errors == []
 
 
 @pytest.fixture
