@@ -46,21 +46,26 @@ def _short(version: str | None) -> str:
     return (version or "?").split(":")[-1][:12]
 
 
+def _the_group(module: ModuleType, svc: ServiceRecord, config: DeployConfig) -> tuple[Any, dict[str, str]]:
+    """(the target's scaling groups, this service's group ref); a row without a group is one line."""
+    ref = _group_ref(svc)
+    if ref is None:
+        raise UserError(f"service {svc.ref} has no scaling group", hint=f"`ngcx deployments reconcile {svc.ref}`")
+    return _groups(module, config), ref
+
+
 # --- the rolling update --------------------------------------------------------------------------------------
 def roll(module: ModuleType, svc: ServiceRecord, config: DeployConfig, say: Say, what: str) -> None:
     """One instance refresh of the group to `config` (its key hashes already set), watched to its end; a
     failed or timed-out one is cancelled and raised as NotReady (the old hosts kept serving)."""
-    ref = _group_ref(svc)
-    if ref is None:
-        raise UserError(f"service {svc.ref} has no scaling group", hint=f"`ngcx deployments reconcile {svc.ref}`")
+    groups, ref = _the_group(module, svc, config)
     _, options = config_of(svc.config)
     scaling = scaling_of(svc)
-    groups = _groups(module, config)
     sizes = groups.size(ref) or (scaling.min_size, scaling.max_size, scaling.first)
     refresh_id = groups.roll(ref, svc.name, ref_of(svc), sizes, tags_of(svc), options.drain_s, svc.id,
                              scaling.market)
-    store.update_service(svc.id, config=dict(store.service(svc.id).config, group=dict(
-        store.service(svc.id).config["group"], refresh=refresh_id)))
+    row = store.service(svc.id).config
+    store.update_service(svc.id, config=dict(row, group=dict(row["group"], refresh=refresh_id)))
     say(f"service {svc.ref}: {what}: instance refresh {refresh_id} of {sizes[2]} host(s), each new host healthy "
         "in the balancer before an old one drains")
     deadline, seen = time.monotonic() + config.ready_timeout + BOOT_S, -1
@@ -127,9 +132,7 @@ def stop(svc: ServiceRecord, say: Say) -> ServiceRecord:
     require(svc, READY, "stop")
     module = target(svc.cloud)
     scaling = scaling_of(svc)
-    groups, ref = _groups(module, config_of(svc.config)[0]), _group_ref(svc)
-    if ref is None:
-        raise UserError(f"service {svc.ref} has no scaling group", hint=f"`ngcx deployments reconcile {svc.ref}`")
+    groups, ref = _the_group(module, svc, config_of(svc.config)[0])
     if scaling.to_zero:                                 # no wake-up while stopped; the pool stays: hosts park there
         groups.kit.client.put_wake(groups.kit.ref(**ref), ref_of(svc), False)
     groups.resize(ref, 0, 0, 0)
@@ -144,9 +147,7 @@ def start(svc: ServiceRecord, say: Say) -> ServiceRecord:
     module = target(svc.cloud)
     config, _ = config_of(svc.config)
     scaling = scaling_of(svc)
-    groups, ref = _groups(module, config), _group_ref(svc)
-    if ref is None:
-        raise UserError(f"service {svc.ref} has no scaling group", hint=f"`ngcx deployments reconcile {svc.ref}`")
+    groups, ref = _the_group(module, svc, config)
     groups.resize(ref, scaling.min_size, scaling.max_size, scaling.first)
     if scaling.to_zero:
         groups.idle(ref, ref_of(svc), True)
@@ -187,7 +188,6 @@ def rotate_key(svc: ServiceRecord, grace: float, say: Say) -> ServiceRecord:
     finally:
         svc = store.update_service(svc.id, status=READY, pid=None, detail=None)
     return svc
-
 
 
 # --- cost -------------------------------------------------------------------------------------------------------
