@@ -26,7 +26,8 @@ version saw enough requests itself. Every step's judgement (requests, errors, p9
 reasons) is printed, written to the service's row (config["canary"], see ServiceRecord.canary) as it happens,
 and shown by `ngcx deployments show` and the dashboard's service page. An interrupted canary leaves the row's
 config at the old version: `ngcx deployments reconcile` then replaces the canary replicas (another version than
-the row's), which is a rollback.
+the row's), which is a rollback: it gives them weight 0 first, evens the weights out once they are gone, and marks
+the report rolled back (service.py's _canary_interrupted; a kill -9 leaves `outcome: running` until then).
 """
 
 from __future__ import annotations

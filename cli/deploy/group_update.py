@@ -134,7 +134,7 @@ def stop(svc: ServiceRecord, say: Say) -> ServiceRecord:
     scaling = scaling_of(svc)
     groups, ref = _the_group(module, svc, config_of(svc.config)[0])
     if scaling.to_zero:                                 # no wake-up while stopped; the pool stays: hosts park there
-        groups.kit.client.put_wake(groups.kit.ref(**ref), ref_of(svc), False)
+        groups.wake(ref, ref_of(svc), False)
     groups.resize(ref, 0, 0, 0)
     say(f"service {svc.ref}: its hosts drain and "
         + ("stop in the warm pool (disks kept)" if scaling.to_zero else "terminate (nothing billed but the balancer)"))

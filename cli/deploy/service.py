@@ -33,7 +33,7 @@ from typing import Any
 
 from ..core.errors import UserError
 from . import flow, keys, store, target
-from .balancer import BalancerRef
+from .balancer import WEIGHT, BalancerRef
 from .common import (
     DESTROYED,
     FAILED,
@@ -403,7 +403,8 @@ def reconcile(svc: ServiceRecord, say: Say, unhealthy_after: float = UNHEALTHY_A
     """Make the service what its row says, whatever happened (safe from cron; a second run finds nothing to do):
     finish what an interrupted ngcx left (half-made replicas, an unfinished update), make the balancer if it
     is missing, register replicas it lacks, replace replicas whose host is gone or stopped or that the
-    balancer has called unhealthy for `unhealthy_after` s, and bring the count back to `replicas`."""
+    balancer has called unhealthy for `unhealthy_after` s, and bring the count back to `replicas`. A canary
+    whose ngcx died is rolled back on the way (_canary_interrupted)."""
     if svc.status == DESTROYED:
         raise UserError(f"service {svc.ref} is destroyed")
     if svc.status == STOPPED:
@@ -418,6 +419,9 @@ def reconcile(svc: ServiceRecord, say: Say, unhealthy_after: float = UNHEALTHY_A
         _finish_interrupted(module, svc)
         balancer, ref = balancer_up(module, svc)
         svc = store.service(svc.id)
+        canary = _canary_interrupted(svc)
+        if canary:
+            _weigh(module, balancer, ref, svc, config)
         bad = _broken(module, svc, balancer, ref, config, unhealthy_after, say)
         good = [r for r in replicas(svc) if r.id not in {b.id for b in bad}]
         missing = svc.replicas - len(good)
@@ -435,10 +439,38 @@ def reconcile(svc: ServiceRecord, say: Say, unhealthy_after: float = UNHEALTHY_A
             say(f"service {svc.ref}: replica {record.id} removed")
         for record in _victims(good, len(good) - svc.replicas):
             _retire(module, svc, balancer, ref, record, f"scaled in by service {svc.ref}'s reconcile")
+        if canary:
+            _weigh(module, balancer, ref, store.service(svc.id), config)
+            _canary_ended(svc, say)
     except BaseException as exc:
         store.update_service(svc.id, status=READY, pid=None, detail=f"reconcile stopped: {flow.reason(exc)}")
         raise
     return store.update_service(svc.id, status=READY, pid=None, detail=None)
+
+
+def _canary_interrupted(svc: ServiceRecord) -> bool:
+    """The row says a canary is running (canary.py keeps its report under config["canary"]) but no ngcx runs it:
+    a kill -9 or a lost machine mid-canary. Its weights are still split (on AWS a second target group has a share
+    of the listener: aws/elb_weights.py), so they are evened out around the replacement of its replicas."""
+    return (svc.config.get("canary") or {}).get("outcome") == "running"
+
+
+def _weigh(module: ModuleType, balancer: Any, ref: BalancerRef, svc: ServiceRecord, config: DeployConfig) -> None:
+    """Replicas of the row's version at full weight, any other (an interrupted canary's) at 0: no new request
+    reaches a replica about to be replaced. Once they are gone, every member has one weight again, which folds
+    AWS's weighted group back into the service's (elb_weights.Weights._collapse)."""
+    members = [(*module.member(r), WEIGHT if r.spec.get("version") == config.version else 0) for r in replicas(svc)]
+    balancer.set_weights(ref, [m for m in members if m[0]])
+
+
+def _canary_ended(svc: ServiceRecord, say: Say) -> None:
+    """The interrupted canary's report says how it ended: rolled back (its replicas replaced by the row's version)."""
+    row = store.service(svc.id).config
+    why = "interrupted: the ngcx that ran it stopped before judging it; reconcile put the old version back"
+    store.update_service(svc.id, config=dict(row, canary=dict(row["canary"], outcome="rolled back", reason=why,
+                                                               ended_at=time.time())))
+    say(f"service {svc.ref}: the interrupted canary is rolled back; {_short(config_of(row)[0].version)} serves all "
+        "requests")
 
 
 def _finish_interrupted(module: ModuleType, svc: ServiceRecord) -> None:

@@ -173,6 +173,11 @@ class ServiceGroups:
             self.kit.client.put_wake(group, balancer, False)
             self.kit.client.set_idle_stop(group, False)
 
+    def wake(self, ref: dict[str, str], balancer: BalancerRef, on: bool) -> None:
+        """Only the wake alarm on or off, the warm pool left as it is (a stopped --min 0 service: its hosts park
+        in the pool, but a request must not start one: group_update.stop)."""
+        self.kit.client.put_wake(self.kit.ref(**ref), balancer, on)
+
     def release(self, ref: dict[str, str], instance_id: str) -> None:
         self.kit.client.complete_lifecycle(self.kit.ref(**ref), instance_id)
 

@@ -1,6 +1,7 @@
 """`ngcx deploy --service s1 --canary 10` on the workstation, for real: a service of the example project behind
 haproxy under constant load, then a canary that fails 5 % of its requests (rolled back by itself) and a good
-canary (promoted in steps to 100 %), judged on the replicas' own /metrics (issue 49, part 2).
+canary (promoted in steps to 100 %), judged on the replicas' own /metrics (issue 49, part 2), then a canary whose
+ngcx is killed with -9 mid-step, which `ngcx deployments reconcile` rolls back.
 
 What a user notices: the bad canary leaves by itself, no request answered by the old version failed (its own
 replicas count no failure, and every failed request the load saw came from the canary's handler), the old
@@ -17,7 +18,12 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -158,3 +164,31 @@ def test_a_bad_canary_rolls_itself_back_and_a_good_one_is_promoted_under_load(ve
     assert shares[0] < 0.2 and 0.3 < shares[1] < 0.7, shares        # the balancer's weights: 10 %, then 50 %
     human = ngcx(versions, "deployments", "show", "s1", env=state)
     assert "canary" in human.stdout and "promoted" in human.stdout, human.stdout
+
+    # kill -9 of the ngcx running a canary: the row still says "running"; reconcile rolls it back under load
+    log = versions / "killed-canary.log"
+    with Load(url, key, payload) as load, log.open("w") as err:
+        load.settle()
+        running = subprocess.Popen([sys.executable, "-m", "ngcx", "deploy", "--service", "s1", "--canary", "10",
+                                    "--canary-window", "600"], cwd=versions, stdout=subprocess.DEVNULL, stderr=err,
+                                   env={**os.environ, "NGCX_BASE": "offline", **state})
+        try:
+            deadline = time.monotonic() + 300
+            while "canary step 10 %:" not in log.read_text() and running.poll() is None and \
+                    time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert "canary step 10 %:" in log.read_text(), log.read_text()[-3000:]
+        finally:
+            running.send_signal(signal.SIGKILL)
+            running.wait(30)
+        left = show(versions, state)
+        assert left["canary"]["outcome"] == "running" and len(left["members"]) == 4, left["canary"]
+        fixed = ngcx(versions, "deployments", "reconcile", "s1", env=state)
+        load.settle()
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    assert "interrupted canary is rolled back" in fixed.stderr, fixed.stderr[-3000:]
+    assert not load.errors and load.total() > 50, (load.seen, load.errors[:5])
+    after = show(versions, state)
+    assert after["status"] == "ready" and after["version"] == svc["version"]
+    assert sorted(m["id"] for m in after["members"]) == sorted(m["id"] for m in svc["members"])  # the canary's gone
+    assert after["canary"]["outcome"] == "rolled back" and "interrupted" in after["canary"]["reason"]

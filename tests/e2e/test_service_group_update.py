@@ -1,13 +1,16 @@
 """An autoscaled AWS service's service verbs, for real (issue 49): `ngcx deploy … --min 2 --max 2 --spot
 --on-demand-base 1`, then under constant inference load through its balancer a rolling update to a new version,
-a spot host reclaimed by EC2, a rollback — zero failed requests in each — then stop / start, logs and destroy.
+a spot host reclaimed by EC2, a rollback, the key rotated — zero failed requests in each — then logs, stop / start
+and destroy.
 
 What a user notices: the update is the group's own instance refresh (new hosts healthy behind the ALB before old
 ones drain), so the URL never changes and nothing fails; the group keeps one on-demand host and buys the other as
 spot, `show` says which and what the service costs per hour against all on demand; when EC2 takes the spot host
 back (the rebalance recommendation and the two-minute notice in its IMDS) the group launches a replacement and
 the reclaimed host drains from the balancer before it goes; stop leaves no host running and start brings the
-recorded bounds back, one host on demand and one spot again, answering.
+recorded bounds back, one host on demand and one spot again, answering. rotate-key gives every host the new key
+(two instance refreshes) while clients on the old key keep being answered until the grace ends; then the old
+key is refused and the new one opens the service.
 
 One service through every step (CI time). The load: LOAD_CLIENTS clients at RATE paced requests/s each (the
 example project's inference, with the key, over the balancer's HTTPS), 2 x 4 = 8 requests/s. The doubles are
@@ -18,7 +21,14 @@ TIME_SCALE (a 30 s drain is 3 s, the two-minute notice 12 s).
 
 from __future__ import annotations
 
+import http.client
+import os
+import ssl
+import subprocess
+import sys
 import time
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from deploy_helpers import Load
@@ -37,6 +47,44 @@ def serving(cloud, ref: str, count: int, but: set[str] = frozenset()) -> list[di
     return wait_for(f"{count} hosts serving", lambda: (found := [
         h for h in hosts(cloud, ref) if h["state"] == "in-service" and h["balancer"] == "healthy"]) and len(
         found) == count and not {h["instance_id"] for h in found} & but and found, timeout=STEP_S, pause=1.0)
+
+
+def answer(url: str, key: str, body: bytes, context: ssl.SSLContext) -> int:
+    """The status of one inference through the balancer's HTTPS with `key`."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPSConnection(parts.hostname, parts.port or 443, timeout=30, context=context)
+    try:
+        conn.request("POST", "/v2/models/convnet/infer", body, {"Authorization": f"Bearer {key}"})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def rotate_under_load(cloud, ref: str, url: str, key: str, body: bytes, context: ssl.SSLContext,
+                      env: dict[str, str], log: Path, grace: float = 10.0) -> str:
+    """`ngcx deployments rotate-key REF --grace GRACE` while clients on the old key send LOAD_CLIENTS x RATE
+    requests/s: none fails until the new key is in place on every host (the first refresh); once the command is
+    done the old key is refused (401) and the new one (returned) answers. Bounded by each refresh's own limit."""
+    with Load(url, key, body, context, clients=LOAD_CLIENTS, rate=RATE) as load, log.open("w") as err:
+        load.settle(5)
+        rotating = subprocess.Popen([sys.executable, "-m", "ngcx", "deployments", "rotate-key", ref, "--grace",
+                                     f"{grace:g}"], cwd=cloud.project, stdout=subprocess.PIPE, stderr=err, text=True,
+                                    env={**os.environ, "NGCX_BASE": "offline", **cloud.env, **env})
+        try:
+            wait_for("the new key in place", lambda: "the new key is in place" in log.read_text()
+                     or rotating.poll() is not None, timeout=STEP_S)
+            load.settle(5)
+        finally:
+            load.stop.set()
+            out, _ = rotating.communicate(timeout=STEP_S + grace)
+    text = log.read_text()
+    cloud.outputs += [out, text]                                    # the secrets check reads these too
+    assert rotating.returncode == 0 and "the new key is in place" in text, text[-3000:]
+    assert not load.errors and load.total() > 20, (load.seen, load.errors[:5])
+    new_key = cloud.ngcx("deployments", "key", ref).stdout.strip()
+    assert new_key.startswith("ngcx_") and new_key != key
+    assert [answer(url, k, body, context) for k in (key, new_key)] == [401, 200]
+    return new_key
 
 
 def test_an_autoscaled_spot_service_rolls_survives_a_reclaim_rolls_back_stops_and_starts(
@@ -98,6 +146,9 @@ def test_an_autoscaled_spot_service_rolls_survives_a_reclaim_rolls_back_stops_an
         load.settle(5)
     assert not load.errors and load.total() > 40, (load.seen, load.errors[:5])
     assert show(cloud, ref)["config"]["cmd"] != command
+
+    key = rotate_under_load(cloud, ref, url, key, body, context, tls_env, cloud.project.parent / "rotate.log")
+    print("aws group: key rotated on 2 hosts (two instance refreshes), old-key clients answered until the grace")
 
     logs = cloud.ngcx("deployments", "logs", ref, env=tls_env)
     assert logs.returncode == 0 and logs.stdout.count("==> host ") == 2, logs.stderr[-2000:]

@@ -1,12 +1,15 @@
 """An autoscaled spot service on Alibaba Cloud, for real: `ngcx deploy --cloud aliyun --min 2 --max 2 --spot
 --on-demand-base 1`, then `ngcx deploy NEW --service sN` under constant inference load, then ECS reclaims its
-spot host.
+spot host, then the other service verbs: rollback, logs, rotate-key, stop and start.
 
 What a user notices (issue 49): the service runs one on-demand and one spot host (ESS COST_OPTIMIZED with an
 on-demand floor); the new version replaces both hosts through ESS's instance refresh with zero failed
 requests (each new host serves behind the ALB before an old one drains); when ECS reclaims the spot host,
 ESS's remedy launches a replacement and takes the doomed host out of the ALB server group with its drain
-before ECS releases it: zero failed requests, two hosts serving again, one of them spot.
+before ECS releases it: zero failed requests, two hosts serving again, one of them spot. A rollback is the same
+refresh back (zero failed); logs come from each host through Cloud Assistant; rotate-key answers old-key clients
+until the grace ends, then only the new key opens the service; stop leaves no host, start brings the on-demand
+and the spot host back, answering.
 
 The doubles: the ECS emulator's ESS (aliyun_ess.py, aliyun_ess_refresh.py, aliyun_ess_spot.py) and ALB (a
 real haproxy); hosts are containers with their own dockerd, booting the group's user-data. Balancer and group
@@ -34,6 +37,7 @@ from e2e.test_service_clouds import (
     payload,
     show,
 )
+from e2e.test_service_group_update import rotate_under_load
 from e2e.test_service_groups import TIME_SCALE, _service_of, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -114,6 +118,34 @@ def test_an_autoscaled_spot_service_rolls_and_survives_a_reclaim_with_no_failed_
     assert sorted(h["market"] for h in after) == ["on-demand", "spot"], after
     print(f"aliyun group: spot host reclaimed ({NOTICE_S:.0f} s notice), replaced and drained in {replaced:.1f} s; "
           f"{load.total()} requests under {LOAD_CLIENTS} clients at {RATE:.0f} req/s each, 0 failed")
+
+    # rollback under load: ESS's refresh back to the first version
+    with Load(url, key, body, context, clients=LOAD_CLIENTS, rate=RATE) as load:
+        load.settle()
+        back = cloud.ngcx("deployments", "rollback", ref, env=tls_env)
+        assert back.returncode == 0, back.stderr[-3000:]
+        wait_for("two hosts of the first version serving", lambda: len(found := serving(cloud, ref)) == 2 and not {
+            h["instance_id"] for h in found} & {h["instance_id"] for h in after}, timeout=120)
+        load.settle()
+    assert not load.errors and load.total() > 40, (load.seen, load.errors[:5])
+    assert show(cloud, ref)["config"]["cmd"] != command
+
+    logs = cloud.ngcx("deployments", "logs", ref, env=tls_env)
+    assert logs.returncode == 0 and logs.stdout.count("==> host ") == 2, logs.stderr[-2000:]
+    key = rotate_under_load(cloud, ref, url, key, body, context, tls_env, cloud.project.parent / "rotate-aliyun.log")
+
+    stopped = cloud.ngcx("deployments", "stop", ref, env=tls_env)
+    assert stopped.returncode == 0 and "terminate" in stopped.stderr, stopped.stderr[-2000:]
+    wait_for("no host left", lambda: show(cloud, ref)["hosts"] == [], timeout=120)
+    assert show(cloud, ref)["status"] == "stopped"
+    started = cloud.ngcx("deployments", "start", ref, env=tls_env)
+    assert started.returncode == 0 and started.stdout.strip().splitlines()[-1] == url, started.stderr[-2000:]
+    back_up = wait_for("two hosts serving", lambda: len(found := serving(cloud, ref)) == 2 and found, timeout=300)
+    assert sorted(h["market"] for h in back_up) == ["on-demand", "spot"], back_up      # the spot split kept
+    with Load(url, key, body, context, clients=LOAD_CLIENTS, rate=RATE) as load:
+        load.settle(20)
+    assert not load.errors, (load.seen, load.errors[:5])
+    print("aliyun group: rollback (0 failed), logs of 2 hosts, key rotated under load, stopped and started")
 
     gone = cloud.ngcx("deployments", "destroy", ref, "--yes")
     assert gone.returncode == 0, gone.stderr[-2000:]
