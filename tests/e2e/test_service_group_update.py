@@ -87,7 +87,7 @@ def rotate_under_load(cloud, ref: str, url: str, key: str, body: bytes, context:
     return new_key
 
 
-def test_an_autoscaled_spot_service_rolls_survives_a_reclaim_rolls_back_stops_and_starts(
+def test_an_autoscaled_spot_service_rolls_survives_a_reclaim_rolls_back_rotates_its_key_stops_and_starts(
         group_cloud, monkeypatch):  # noqa: F811 (test_service_groups' fixture)
     cloud, certificate, tls_env, context, scaling = group_cloud
     if cloud.name != "aws":
