@@ -69,7 +69,8 @@ def serving(cloud: Cloud, ref: str) -> list[dict]:
     return [h for h in show(cloud, ref)["hosts"] if h["state"] == "in-service" and h["balancer"] == "healthy"]
 
 
-def test_an_autoscaled_spot_service_rolls_survives_a_reclaim_rolls_back_rotates_its_key_stops_and_starts(aliyun_group, monkeypatch):
+def test_an_autoscaled_spot_service_rolls_survives_a_reclaim_rolls_back_rotates_its_key_stops_and_starts(
+        aliyun_group, monkeypatch):
     cloud, certificate, tls_env, context, ess = aliyun_group
     for name, value in {**cloud.env, **tls_env}.items():
         monkeypatch.setenv(name, value)
