@@ -49,7 +49,10 @@ class BadTensor(ValueError):
 
 def from_json(data: list, dtype: np.dtype) -> np.ndarray:
     """`data` (a JSON list, flat or nested, of numbers or true/false) as an array of `dtype` (its shape is
-    the nesting's; the caller checks the element count against the request's shape)."""
+    the nesting's; the caller checks the element count against the request's shape). An array is what
+    jsonbody.py read from a float tensor's flat list of numbers: only the cast is left."""
+    if isinstance(data, np.ndarray):
+        return _cast(data, dtype)
     try:
         probe = np.asarray(data)                   # the one pass over the list: values' types and the numbers
     except OverflowError:                          # an int past int64 next to a negative one (UINT64's top half)

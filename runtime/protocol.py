@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from . import jsontensor, wirejson
+from . import jsonbody, jsontensor, wirejson
 from .engine import BYTES, BYTES_DTYPE, KSERVE_TO_NUMPY, NUMPY_TO_KSERVE, TensorSpec
 
 # Datatypes the protocol knows but numeric engines cannot take: rejected with a clear message.
@@ -133,7 +133,7 @@ def _json_tensor(data: Any, dtype: np.dtype, shape: list[int], where: str) -> np
     string (even "false") into True for a BOOL input (issue 8). BYTES take strings instead.
     Numbers go into numpy in one conversion (jsontensor.py: measured at image size, issue 50).
     """
-    if not isinstance(data, list):
+    if not isinstance(data, list | np.ndarray):    # an array: jsonbody.py read the list's numbers already
         raise ProtocolError(f"{where}: 'data' must be a JSON list of values (flat or nested), "
                             f"got {_brief(data, 40)}")
     if dtype == BYTES_DTYPE:
@@ -179,7 +179,9 @@ def parse_header(raw: bytes | bytearray | memoryview) -> dict[str, Any]:
     if not len(raw):
         raise ProtocolError("the request body is empty; send a JSON inference request with an 'inputs' list")
     try:
-        doc = wirejson.loads(raw)
+        doc = jsonbody.read(raw)                   # image-sized float tensors straight into numpy, else None
+        if doc is None:
+            doc = wirejson.loads(raw)
     except wirejson.NestedTooDeeply:
         raise ProtocolError("the JSON request body is nested too deeply; tensors need at most one "
                             "level per dimension (or send 'data' flat)") from None

@@ -39,9 +39,9 @@ MAX_BATCH, DELAY_MS = 32, 1.0
 READY_S = 180.0
 IMAGE_NOTE = ("image: ResNet's request and answer (input 1x3x224x224 FP32, 1000 logits; "
               "bench/serve_peers/image_model.py says why its compute is small): 3.1 MB of JSON per request "
-              "as json.dumps writes the floats, 602 KB binary. ngcx reads a JSON tensor with orjson and one "
-              "numpy conversion (runtime/jsontensor.py has the per-stage figures), on one core: the GIL holds "
-              "the parse.")
+              "as json.dumps writes the floats, 602 KB binary. ngcx reads such a float tensor from the text "
+              "straight into numpy with simdjson (runtime/jsonbody.py has the figures; orjson and one numpy "
+              "conversion before, runtime/jsontensor.py), on one core: the GIL holds the parse.")
 
 
 def _models(work: Path) -> dict[str, tuple[Path, np.ndarray]]:

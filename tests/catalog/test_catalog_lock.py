@@ -64,7 +64,7 @@ def test_shipped_lock_hashes_every_buildable_release() -> None:
         lock = release_lock(rel, catalog.source)
         assert [req for req, _ in lock.stack] == [p.requirement for p in rel.pins]
         names = {req.split("==")[0] for req, _ in lock.runtime}
-        assert {"grpcio", "protobuf", "orjson", "numpy", "setuptools"} <= names, rel.ref
+        assert {"grpcio", "protobuf", "orjson", "pysimdjson", "numpy", "setuptools"} <= names, rel.ref
         assert {pin_key(r) for r in rel.install} <= {pin_key(req) for req, _ in lock.framework}, rel.ref
         for _, hashes in (*lock.stack, *lock.framework, *lock.runtime):
             assert hashes and all(len(h) == 64 and int(h, 16) >= 0 for h in hashes)

@@ -3,8 +3,9 @@
 What a client notices: the tensor the model gets from a JSON body is exactly what Python's json + numpy make of
 that body (NaN / Infinity / -Infinity, exponents, odd whitespace, nested or flat, ints vs floats per datatype),
 a body that cannot be the tensor is one 400 line (never a 500), and the JSON answer reads back as the same
-tensor, with non-finite values spelled as the standard library spells them. Every test runs with both codecs
-(orjson, and the standard library alone as a checkout without orjson has it).
+tensor, with non-finite values spelled as the standard library spells them. Every test runs with each reader:
+orjson, the standard library alone (as a checkout without orjson has it), and simdjson's route for float tensors
+(runtime/jsonbody.py, taken here from the smallest body on, so each case below goes through it or is handed back).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from ngcx_runtime import wirejson  # noqa: E402
+from ngcx_runtime import jsonbody, wirejson  # noqa: E402
 from ngcx_runtime.engine import KSERVE_TO_NUMPY, TensorSpec  # noqa: E402
 from ngcx_runtime.protocol import (  # noqa: E402
     InferRequest,
@@ -33,11 +34,13 @@ FLOATS = ("FP16", "FP32", "FP64")
 INTS = ("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64")
 
 
-@pytest.fixture(params=["orjson", "stdlib"], autouse=True)
+@pytest.fixture(params=["orjson", "stdlib", "simdjson"], autouse=True)
 def codec(request):
-    wirejson.use(request.param == "orjson")
+    wirejson.use(request.param != "stdlib")
+    jsonbody.use(request.param == "simdjson", min_bytes=0)
     yield request.param
     wirejson.use(wirejson.orjson is not None)
+    jsonbody.use(jsonbody.simdjson is not None)
 
 
 def _parse(body: bytes | str, datatype: str = "FP32", shape: tuple[int, ...] = (-1,)) -> np.ndarray:
@@ -134,6 +137,15 @@ def test_an_image_sized_request_is_read_exactly_flat_and_nested():
         body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3, 224, 224], "data": data}]})
         got = _parse(body, "FP32", (-1, 3, 224, 224))
         assert got.shape == x.shape and got.tobytes() == x.tobytes()
+
+
+def test_an_image_sized_request_of_finite_values_is_read_exactly_flat_and_nested():
+    x = np.random.default_rng(1).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    for data in (x.ravel().tolist(), x.tolist(), x.astype(np.float64).ravel().tolist()):
+        body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3, 224, 224], "data": data}]})
+        got = _parse(body, "FP32", (-1, 3, 224, 224))
+        want = np.asarray(json.loads(body)["inputs"][0]["data"], dtype=np.float32)
+        assert got.shape == x.shape and got.tobytes() == want.tobytes()
 
 
 def test_bytes_tensors_still_take_strings():
