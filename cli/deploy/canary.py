@@ -13,8 +13,10 @@ Why these defaults (`Policy`), each one a user would accept without reading this
   Flagger's and Argo Rollouts' documented examples gate on a 99 % success rate;
 - max p99 1000 ms: past a second an interactive client has usually timed out; the real latency guard is the
   baseline's own p99 (below), since an absolute default cannot know the model;
-- p99 at most 2x the old version's (plus 1 ms for the histogram's coarse low buckets, runtime/batching.py's
-  REQUEST_BUCKETS_US): a 3x p99 fails, noise between two identical replicas (well under 2x) does not; p99 is
+- p99 at most 2.5x the old version's (plus 1 ms for the histogram's coarse low buckets, runtime/batching.py's
+  REQUEST_BUCKETS_US): a 3x p99 fails (issue 49's example of a wrong version), noise between two identical
+  replicas does not: on CI's 2-core machine a good canary (the same model) reached 2.3x the old version's p99
+  over a 15 s step from its warm-in (44.5 vs 19.2 ms, 723 requests, 2026-11-29), so 2x rolled good versions back; p99 is
   read from a warm-in (WARM_IN_S) into each step, errors from its start;
 - window 60 s and at least 100 canary requests: one error is then 1 %, the resolution a 1 % limit needs; a
   window with fewer is extended (MAX_EXTENSIONS times), then the canary is rolled back, never promoted blind;
@@ -69,7 +71,7 @@ class Policy:
     max_p99_ms: float = 1000.0
     window_s: float = 60.0
     min_requests: int = 100
-    p99_factor: float = 2.0
+    p99_factor: float = 2.5
 
 
 @dataclass(frozen=True)
