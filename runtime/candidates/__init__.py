@@ -1,8 +1,9 @@
 """The measured optimizer's candidates: which ones can pay off for a model on a GPU (plain data, no torch).
 
-One module per family builds its candidate in torch: compile.py (torch.compile modes, CUDA graphs,
-channels-last, freezing), fp8.py (FP8 linear layers over torch._scaled_mm), sparse.py (2:4 structured
-sparsity). tune.py builds, times and checks each on the GPU; choose.py (one level up) decides.
+One module per family builds its candidate in torch: variant.py (torch.compile modes, CUDA graphs,
+channels-last, freezing), fused_conv.py (convolutions with their epilogue fused by cuDNN), fp8.py
+(FP8 linear layers over torch._scaled_mm), sparse.py (2:4 structured sparsity). tune.py builds,
+times and checks each on the GPU; choose.py (one level up) decides.
 
 Why a catalog in plain data: what is tried on which GPU is a decision a user reads in the plan
 (`info PLAN` lists what was not tried and why) and a test checks on any CPU, without torch.
@@ -26,6 +27,8 @@ class Candidate:
     freezing: bool = False           # Inductor freezing: weights as constants, conv+BN folded
     fp8: str | None = None           # "rowwise" | "tensorwise" (dynamic) | "static" (calibrated per tensor)
     sparse: bool = False             # 2:4 structured sparsity on the linear layers' weights
+    fused_conv: bool = False         # conv + BN + (residual add) + ReLU as one cuDNN op each (fused_conv.py)
+    gemm_epilogue: bool = False      # linear + GELU as one cuBLASLt call, patch convolution as a GEMM (epilogue.py)
 
 
 # The catalog, in the order they are tried. Names are what a plan records: never rename one.
@@ -36,14 +39,16 @@ COMPILE = [
 CONV = [
     Candidate("fp16 max-autotune channels-last", "compile", channels_last=True),
     Candidate("fp16 max-autotune channels-last frozen", "compile", channels_last=True, freezing=True),
+    Candidate("fp16 cudnn-fused channels-last", "compile", channels_last=True, fused_conv=True),
 ]
 FP8 = [
     Candidate("fp8 rowwise max-autotune", "fp8", fp8="rowwise"),
     Candidate("fp8 tensorwise max-autotune", "fp8", fp8="tensorwise"),
     Candidate("fp8 static max-autotune", "fp8", fp8="static"),
 ]
+EPILOGUE = [Candidate("fp16 gemm-epilogue max-autotune", "compile", gemm_epilogue=True)]
 SPARSE = [Candidate("fp16 2:4-sparse max-autotune", "sparse", sparse=True)]
-ALL = {c.name: c for c in COMPILE + CONV + FP8 + SPARSE}
+ALL = {c.name: c for c in COMPILE + CONV + EPILOGUE + FP8 + SPARSE}
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,14 @@ def applicable(traits: ModelTraits, compute_capability: str | None, allow_sparsi
         else:
             skipped[c.name] = (f"not a convolutional model ({traits.convolutions} convolutions, {traits.linears} "
                                "linear layers): NHWC layouts pay off for convolutions")
+    for c in EPILOGUE:
+        if not traits.linears:
+            skipped[c.name] = "the model has no linear layer whose GEMM could take an epilogue"
+        elif traits.convolutions > traits.linears:
+            skipped[c.name] = (f"a convolutional model ({traits.convolutions} convolutions, {traits.linears} "
+                               "linear layers): its convolutions get the cuDNN-fused candidate instead")
+        else:
+            chosen.append(c)
     for c in FP8:
         if not traits.linears:
             skipped[c.name] = "the model has no linear layer FP8 can take (dims a multiple of 16)"

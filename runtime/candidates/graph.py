@@ -15,7 +15,7 @@ import torch
 LINEAR_TARGETS = (torch.ops.aten.linear.default, torch.nn.functional.linear)
 
 
-def _attr(gm: torch.fx.GraphModule, node) -> torch.Tensor | None:
+def attr(gm: torch.fx.GraphModule, node) -> torch.Tensor | None:
     """The tensor a get_attr node names (None for anything else)."""
     if node is None or getattr(node, "op", None) != "get_attr":
         return None
@@ -23,6 +23,15 @@ def _attr(gm: torch.fx.GraphModule, node) -> torch.Tensor | None:
     for part in node.target.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+def add_buffer(gm: torch.fx.GraphModule, prefix: str, tensor: torch.Tensor) -> str:
+    """Register `tensor` on gm under a new name (prefix_N) and return the name, for a get_attr node."""
+    count = getattr(gm, "_ngcx_buffers", 0)
+    gm._ngcx_buffers = count + 1
+    name = f"{prefix}_{count}"
+    gm.register_buffer(name, tensor)
+    return name
 
 
 def swap_linears(gm: torch.fx.GraphModule, make: Callable[[str, torch.Tensor, torch.Tensor | None],
@@ -38,8 +47,8 @@ def swap_linears(gm: torch.fx.GraphModule, make: Callable[[str, torch.Tensor, to
             continue
         x, w_node = node.args[0], node.args[1]
         b_node = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
-        weight = _attr(gm, w_node)
-        bias = _attr(gm, b_node)
+        weight = attr(gm, w_node)
+        bias = attr(gm, b_node)
         if weight is None or (b_node is not None and bias is None):
             continue                                  # a computed weight or bias: not a layer to swap
         module = make(w_node.target, weight, bias)

@@ -1,9 +1,9 @@
 """One candidate made runnable: the exported program's module, transformed and compiled (torch).
 
 The torch.compile family lives here (modes with and without CUDA graphs, channels-last, Inductor
-freezing); fp8.py and sparse.py rewrite the linear layers before the compile. The same function
-builds a candidate while optimize times it (tune.py) and when a plan is loaded (backends/pytorch.py),
-so what runs is what was measured.
+freezing); fp8.py and sparse.py rewrite the linear layers, fused_conv.py and epilogue.py fuse epilogues,
+before the compile. The same function builds a candidate while optimize times it (tune.py) and when a plan is
+loaded (backends/pytorch.py), so what runs is what was measured.
 """
 
 from __future__ import annotations
@@ -47,10 +47,15 @@ def base_module(ep, device: str, dtype) -> torch.nn.Module:
 
 def build(ep, cand: Candidate, device: str, amax: dict[str, float] | None = None, compiled: bool = True) -> Variant:
     """The candidate's module, FP16 underneath, compiled with its mode (compiled=False: eager, for checks)."""
-    from . import fp8, sparse
+    from . import epilogue, fp8, fused_conv, sparse
 
     mod = base_module(ep, device, torch.float16)
     notes: list[str] = []
+    if cand.fused_conv:
+        notes.append(f"{fused_conv.convert(mod)} convolutions fused with their BN, residual add and ReLU (cuDNN)")
+    if cand.gemm_epilogue:
+        gelus, patches = epilogue.convert(mod)
+        notes.append(f"{gelus} linear layers fused with their GELU (cuBLASLt), {patches} patch convolutions as GEMMs")
     if cand.channels_last:
         mod = mod.to(memory_format=torch.channels_last)
     if cand.fp8:

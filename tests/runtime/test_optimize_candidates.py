@@ -120,19 +120,23 @@ def test_a_convolutional_model_gets_nhwc_candidates_and_no_fp8():
     cands, skipped = applicable(RESNET, "9.0", allow_sparsity=False)
     names = [c.name for c in cands]
     assert "fp16 max-autotune channels-last" in names and "fp16 max-autotune channels-last frozen" in names
+    assert "fp16 cudnn-fused channels-last" in names          # conv + BN + add + ReLU as one cuDNN op each
+    assert "no linear layer" in skipped["fp16 gemm-epilogue max-autotune"]
     assert not any(c.fp8 for c in cands)
     assert "no linear layer" in skipped["fp8 rowwise max-autotune"]       # ResNet-50's fc is 2048 -> 1000
     with_head = ModelTraits(convolutions=53, linears=2, image_input=True)
     assert "a convolutional model (53 convolutions, 2 linear" in applicable(with_head, "9.0", False)[1][
         "fp8 rowwise max-autotune"]
+    assert "cuDNN-fused candidate instead" in applicable(with_head, "9.0", False)[1]["fp16 gemm-epilogue max-autotune"]
 
 
 def test_a_transformer_gets_fp8_on_hopper_but_not_on_ampere():
     on_h100 = [c.name for c in applicable(VIT, "9.0", False)[0]]
     assert {"fp8 rowwise max-autotune", "fp8 tensorwise max-autotune", "fp8 static max-autotune"} <= set(on_h100)
-    assert "fp16 max-autotune channels-last" not in on_h100
+    assert "fp16 max-autotune channels-last" not in on_h100 and "fp16 cudnn-fused channels-last" not in on_h100
+    assert "fp16 gemm-epilogue max-autotune" in on_h100         # linear + GELU in one cuBLASLt call
     cands, skipped = applicable(VIT, "8.0", False)
-    assert not any(c.fp8 for c in cands)
+    assert not any(c.fp8 for c in cands) and "fp16 gemm-epilogue max-autotune" in [c.name for c in cands]
     assert "sm >= 8.9" in skipped["fp8 rowwise max-autotune"] and "8.0" in skipped["fp8 rowwise max-autotune"]
 
 
