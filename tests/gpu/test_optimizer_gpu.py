@@ -63,6 +63,20 @@ def _encoder(torch):
     return Encoder().eval()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def short_autotune():
+    """cuBLAS/cuDNN only in max-autotune: what is checked here is the optimizer's flow, and Inductor's own Triton
+    templates would autotune each GEMM shape for ~15 s (bench/gpu/optimizer.py's --gemm-backends says so), which
+    kept this module past a 10-minute device call (bench/results/gpu/runtime-tests/pytest_gpu_2026-11-29b.log)."""
+    if not _gpu():
+        yield
+        return
+    import torch._inductor.config
+
+    with torch._inductor.config.patch(max_autotune_gemm_backends="ATEN", max_autotune_conv_backends="ATEN"):
+        yield
+
+
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
     """The encoder exported, optimized with --tune at batch 1 and 16 on 48 seeded examples, and its FP32 answers."""
