@@ -150,9 +150,11 @@ def optimizer_reference() -> dict[str, object]:
         doc = json.loads(path.read_text())
         gpu = (doc.get("env") or {}).get("gpu")
         for name, model in (doc.get("models") or {}).items():
+            choices = (model.get("optimizer") or {}).get("choices") or {}
             for i, r in enumerate(model.get("rows") or []):
                 static = bool(model.get("baseline")) or i == 0
                 rows.append({"file": os.path.relpath(path, ROOT), "gpu": gpu, "model": name, "batch": r["batch"],
+                             "plan": (choices.get(str(r["batch"])) or {}).get("candidate"),
                              "torch_compile_img_s": r["baseline_img_s"], "ngcx_img_s": r["ngcx_img_s"],
                              "speedup": r["speedup"], "target": r.get("target"),
                              "met": r.get("met") if static else None, "static_baseline": static,
@@ -174,7 +176,8 @@ def optimizer_notes(ref: dict[str, object]) -> list[str]:
             target = ", not comparable: that baseline was recompiled with a dynamic batch (before dynamic=False)"
         else:
             target = "" if r["target"] is None else f", target {r['target']}x {'met' if r['met'] else 'NOT met'}"
+        plan = f" ({r['plan']})" if r.get("plan") else ""
         out.append(f"GPU optimizer ({r['file']}, {r['gpu']}): {r['model']} batch {r['batch']}: torch.compile "
-                   f"max-autotune FP16 {r['torch_compile_img_s']:,.0f} img/s, ngcx plan {r['ngcx_img_s']:,.0f} img/s "
-                   f"= {sp['median']:.2f}x (min {sp['min']:.2f}, max {sp['max']:.2f}){target}")
+                   f"max-autotune FP16 {r['torch_compile_img_s']:,.0f} img/s, ngcx plan{plan} {r['ngcx_img_s']:,.0f} "
+                   f"img/s = {sp['median']:.2f}x (min {sp['min']:.2f}, max {sp['max']:.2f}){target}")
     return out
