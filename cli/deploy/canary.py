@@ -14,10 +14,11 @@ Why these defaults (`Policy`), each one a user would accept without reading this
 - max p99 1000 ms: past a second an interactive client has usually timed out; the real latency guard is the
   baseline's own p99 (below), since an absolute default cannot know the model;
 - p99 at most 2.5x the old version's (plus 1 ms for the histogram's coarse low buckets, runtime/batching.py's
-  REQUEST_BUCKETS_US): a 3x p99 fails (issue 49's example of a wrong version), noise between two identical
-  replicas does not: on CI's 2-core machine a good canary (the same model) reached 2.3x the old version's p99
-  over a 15 s step from its warm-in (44.5 vs 19.2 ms, 723 requests, 2026-11-29), so 2x rolled good versions back; p99 is
-  read from a warm-in (WARM_IN_S) into each step, errors from its start;
+  REQUEST_BUCKETS_US), judged at 95 % confidence like the error rate (_slow_for_sure): a 3x p99 fails (issue
+  49's example of a wrong version), noise between two identical replicas does not: on CI's 2-core machine a good
+  canary (the same model) reached 2.3x and then 2.9x the old version's p99 over a 15 s step from its warm-in
+  (44.5 vs 19.2 ms, 55.7 vs 19.1 ms, 2026-11-29), so 2x rolled good versions back; p99 is read from a warm-in
+  (WARM_IN_S) into each step, errors from its start;
 - window 60 s and at least 100 canary requests: one error is then 1 %, the resolution a 1 % limit needs; a
   window with fewer is extended (MAX_EXTENSIONS times), then the canary is rolled back, never promoted blind;
 - an early failure needs 95 %-confidence (Wilson's lower bound of the canary's error rate above the limit, over
@@ -152,10 +153,23 @@ def _breaches(canary: slo.Figures, baseline: slo.Figures, policy: Policy) -> lis
     if canary.p99_ms is not None and canary.p99_ms > policy.max_p99_ms:
         reasons.append(f"p99 {canary.p99_ms:.1f} ms is above the {policy.max_p99_ms:g} ms limit")
     if compared and canary.p99_ms is not None and baseline.p99_ms is not None and \
-            canary.p99_ms > policy.p99_factor * baseline.p99_ms + P99_SLACK_MS:
+            canary.p99_ms > policy.p99_factor * baseline.p99_ms + P99_SLACK_MS and _slow_for_sure(canary, baseline,
+                                                                                              policy):
         reasons.append(f"p99 {canary.p99_ms:.1f} ms is {canary.p99_ms / max(baseline.p99_ms, 1e-9):.1f}x the old "
                        f"version's {baseline.p99_ms:.1f} ms (at most {policy.p99_factor:g}x)")
     return reasons
+
+
+def _slow_for_sure(canary: slo.Figures, baseline: slo.Figures, policy: Policy) -> bool:
+    """Whether more than 1 % of the canary's requests (what a p99 above the limit says) were slower than the
+    limit at 95 % confidence, as the early error check is judged. Why: a p99 from a few hundred requests is set by
+    their slowest handful and read from a histogram whose buckets double (runtime/batching.py); in CI on
+    2026-11-29 a good canary (the same model) had 8-odd of ~700 requests over 50 ms, a p99 of 55.7 ms, 2.9x the
+    old version's 19.1 ms, and was rolled back. A version that is really slower moves its whole distribution,
+    and then the share over the limit is far above 1 %. Without the histogram (figures made by hand) the p99
+    alone decides."""
+    slow, total = canary.slower_than(policy.p99_factor * baseline.p99_ms + P99_SLACK_MS)
+    return not total or wilson_low(slow, total) > 0.01
 
 
 def _summary(canary: slo.Figures, baseline: slo.Figures) -> str:

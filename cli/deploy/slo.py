@@ -46,10 +46,28 @@ class Figures:
     requests: int = 0
     errors: int = 0
     p99_ms: float | None = None
+    tail: tuple[tuple[float, float], ...] = ()     # the p99's histogram: cumulative (le ms, successes), +Inf last
 
     @property
     def error_rate(self) -> float:
         return self.errors / self.requests if self.requests else 0.0
+
+    def slower_than(self, ms: float) -> tuple[int, int]:
+        """(successful requests slower than `ms`, all of them) from the histogram, linear inside the bucket `ms`
+        falls in (as quantile() reads it); (0, 0) without one."""
+        if not self.tail or self.tail[-1][1] <= 0:
+            return 0, 0
+        total, below = self.tail[-1][1], 0.0
+        lower_le, lower_count = 0.0, 0.0
+        for le, count in self.tail:
+            if ms < le:
+                below = lower_count if math.isinf(le) else \
+                    lower_count + (count - lower_count) * (ms - lower_le) / (le - lower_le)
+                break
+            lower_le, lower_count = le, count
+        else:
+            below = total
+        return round(total - below), round(total)
 
     def as_json(self) -> dict[str, float | int | None]:
         return {"requests": self.requests, "errors": self.errors, "error_rate": round(self.error_rate, 5),
@@ -114,8 +132,10 @@ def figures(deltas: Iterable[Scrape]) -> Figures:
         success, failure = success + d.success, failure + d.failure
         for le, n in d.buckets.items():
             buckets[le] = buckets.get(le, 0.0) + n
-    p99 = quantile(0.99, sorted(buckets.items()))
-    return Figures(int(success + failure), int(failure), None if p99 is None else p99 / 1000.0)
+    ordered = sorted(buckets.items())
+    p99 = quantile(0.99, ordered)
+    return Figures(int(success + failure), int(failure), None if p99 is None else p99 / 1000.0,
+                   tuple((le / 1000.0, n) for le, n in ordered))
 
 
 def quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:

@@ -166,3 +166,21 @@ def test_a_new_replicas_slow_first_requests_do_not_count_in_its_p99_but_its_erro
     assert figures.errors == 1 and figures.requests > 100
     every = slo.figures([slo.delta(slo.Scrape(), slo.parse(_text(len(served[2]), 0, served[2])))])
     assert every.p99_ms > 100                                 # counted from the first request, it would fail
+
+
+def _figures(durations_us: list[int]) -> slo.Figures:
+    return slo.figures([slo.parse(_text(len(durations_us), 0, durations_us))])
+
+
+def test_a_p99_over_the_limit_from_a_handful_of_slow_requests_is_no_evidence_but_a_slower_version_is():
+    """CI, 2026-11-29: a good canary (the same model) had ~8 of ~700 requests over 50 ms, p99 55.7 ms against the old
+    version's 19.1 ms (2.9x), and was rolled back. The p99 check now needs more than 1 % of the canary's requests
+    over the limit at 95 % confidence; a version 3x slower throughout still fails."""
+    base = _figures([5_000] * 600 + [9_000] * 294 + [15_000] * 6)                 # p99 just under 10 ms
+    limit = POLICY.p99_factor * base.p99_ms + canary.P99_SLACK_MS
+    lucky = _figures([6_000] * 600 + [9_000] * 92 + [60_000] * 8)                 # 8 of 700 slow: p99 in 50..100
+    assert lucky.p99_ms > limit and lucky.slower_than(limit) == (8, 700)          # the p99 alone would fail it
+    assert judge(lucky, base, POLICY, final=True).outcome == PASS
+    slower = _figures([15_000] * 600 + [27_000] * 294 + [45_000] * 6)             # every request 3x the old's
+    verdict = judge(slower, base, POLICY, final=True)
+    assert verdict.outcome == FAIL and "x the old version's" in verdict.reasons[0], verdict
