@@ -152,15 +152,15 @@ def _breaches(canary: slo.Figures, baseline: slo.Figures, policy: Policy) -> lis
         reasons.append(f"error rate {100 * rate:.2f} % against the old version's {100 * base_rate:.2f} %")
     if canary.p99_ms is not None and canary.p99_ms > policy.max_p99_ms:
         reasons.append(f"p99 {canary.p99_ms:.1f} ms is above the {policy.max_p99_ms:g} ms limit")
-    if compared and canary.p99_ms is not None and baseline.p99_ms is not None and \
-            canary.p99_ms > policy.p99_factor * baseline.p99_ms + P99_SLACK_MS and _slow_for_sure(canary, baseline,
-                                                                                              policy):
+    limit = None if baseline.p99_ms is None else policy.p99_factor * baseline.p99_ms + P99_SLACK_MS
+    if compared and canary.p99_ms is not None and limit is not None and canary.p99_ms > limit and \
+            _slow_for_sure(canary, limit):
         reasons.append(f"p99 {canary.p99_ms:.1f} ms is {canary.p99_ms / max(baseline.p99_ms, 1e-9):.1f}x the old "
                        f"version's {baseline.p99_ms:.1f} ms (at most {policy.p99_factor:g}x)")
     return reasons
 
 
-def _slow_for_sure(canary: slo.Figures, baseline: slo.Figures, policy: Policy) -> bool:
+def _slow_for_sure(canary: slo.Figures, limit_ms: float) -> bool:
     """Whether more than 1 % of the canary's requests (what a p99 above the limit says) were slower than the
     limit at 95 % confidence, as the early error check is judged. Why: a p99 from a few hundred requests is set by
     their slowest handful and read from a histogram whose buckets double (runtime/batching.py); in CI on
@@ -168,7 +168,7 @@ def _slow_for_sure(canary: slo.Figures, baseline: slo.Figures, policy: Policy) -
     old version's 19.1 ms, and was rolled back. A version that is really slower moves its whole distribution,
     and then the share over the limit is far above 1 %. Without the histogram (figures made by hand) the p99
     alone decides."""
-    slow, total = canary.slower_than(policy.p99_factor * baseline.p99_ms + P99_SLACK_MS)
+    slow, total = canary.slower_than(limit_ms)
     return not total or wilson_low(slow, total) > 0.01
 
 
